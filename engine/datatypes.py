@@ -1,0 +1,76 @@
+"""Open Inference Protocol datatypes and their numpy and ONNX counterparts."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.errors import InvalidInput
+
+# v2 datatype -> numpy dtype. BYTES tensors are numpy object arrays holding `bytes`.
+NUMPY_DTYPES: dict[str, np.dtype[np.generic]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+}
+
+# ONNX Runtime's type strings ("tensor(float)") -> v2 datatype.
+_ONNX_TO_V2 = {
+    "tensor(bool)": "BOOL",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(string)": "BYTES",
+}
+
+_NUMPY_TO_V2 = {dtype: name for name, dtype in NUMPY_DTYPES.items()}
+
+ALLOWED = ", ".join(NUMPY_DTYPES)
+
+
+def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
+    """The numpy dtype for a v2 datatype; InvalidInput names the allowed ones."""
+    try:
+        return NUMPY_DTYPES[datatype]
+    except KeyError:
+        raise InvalidInput(f"unknown datatype '{datatype}'; allowed: {ALLOWED}") from None
+
+
+def from_onnx(type_str: str) -> str:
+    """The v2 datatype for an ONNX Runtime type string such as 'tensor(float)'."""
+    try:
+        return _ONNX_TO_V2[type_str]
+    except KeyError:
+        raise ValueError(f"ONNX type {type_str} has no Open Inference Protocol datatype") from None
+
+
+def from_numpy(dtype: np.dtype[np.generic]) -> str:
+    """The v2 datatype of a numpy dtype (str/bytes/object arrays are BYTES)."""
+    if dtype.kind in "OSU":
+        return "BYTES"
+    try:
+        return _NUMPY_TO_V2[dtype]
+    except KeyError:
+        raise ValueError(f"numpy dtype {dtype} has no Open Inference Protocol datatype") from None
+
+
+def itemsize(datatype: str) -> int:
+    """Bytes per element of a fixed-size datatype (BYTES has none: -1)."""
+    return -1 if datatype == "BYTES" else NUMPY_DTYPES[datatype].itemsize

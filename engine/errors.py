@@ -1,0 +1,117 @@
+"""The engine's error tree. Transport-neutral: `server/errors.py` maps each class once to an HTTP
+status and a gRPC code.
+
+    EngineError                      base; never raised itself
+    ├── InvalidInput                 400 / INVALID_ARGUMENT
+    ├── ModelNotFound                404 / NOT_FOUND
+    ├── Unauthenticated              401 / UNAUTHENTICATED
+    ├── Forbidden                    403 / PERMISSION_DENIED
+    ├── RateLimited                  429 / RESOURCE_EXHAUSTED (+ Retry-After)
+    │   └── QuotaExceeded            429 / RESOURCE_EXHAUSTED (distinct message)
+    ├── Overloaded                   503 / UNAVAILABLE (+ Retry-After)
+    │   └── ShuttingDown             503 / UNAVAILABLE
+    ├── DeadlineExceeded             504 / DEADLINE_EXCEEDED
+    ├── ModelNotReady                503 / UNAVAILABLE
+    ├── PayloadTooLarge              413 / RESOURCE_EXHAUSTED
+    └── BackendError                 500 / INTERNAL (message is generic; cause is logged)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+
+class EngineError(Exception):
+    """Base of every error the engine reports to a client."""
+
+    retry_after_s: float | None = None
+    headers: Mapping[str, str] = {}
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def retry_after_header(self) -> str | None:
+        """Whole seconds for a Retry-After header, rounded up (never 0)."""
+        if self.retry_after_s is None:
+            return None
+        return str(max(1, math.ceil(self.retry_after_s)))
+
+
+class InvalidInput(EngineError):
+    """The request is malformed or does not fit the model."""
+
+
+class ModelNotFound(EngineError):
+    """No such model, or no such version of it."""
+
+    def __init__(self, name: str, version: str | None = None, available: Sequence[str] = ()) -> None:
+        what = f"model '{name}'" if version is None else f"version '{version}' of model '{name}'"
+        hint = f"; available: {', '.join(available)}" if available else ""
+        super().__init__(f"unknown {what}{hint}")
+        self.name = name
+        self.version = version
+
+
+class ModelNotReady(EngineError):
+    """The model exists but is not loaded (loading, unloading or failed)."""
+
+    def __init__(self, name: str, version: str, state: str) -> None:
+        super().__init__(f"model '{name}' version '{version}' is not ready ({state})")
+
+
+class Unauthenticated(EngineError):
+    """No credentials, or unknown credentials."""
+
+
+class Forbidden(EngineError):
+    """Valid credentials that are not allowed to do this."""
+
+
+class RateLimited(EngineError):
+    """The tenant sent more than its rate allows; retry after `retry_after_s`."""
+
+    def __init__(
+        self, message: str, retry_after_s: float, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
+
+
+class QuotaExceeded(RateLimited):
+    """The tenant used its daily or monthly quota."""
+
+
+class Overloaded(EngineError):
+    """The server cannot take this request now (queue full); retry after `retry_after_s`."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ShuttingDown(Overloaded):
+    """The server is draining and accepts no new work."""
+
+    def __init__(self, message: str = "server is shutting down") -> None:
+        super().__init__(message, retry_after_s=1.0)
+
+
+class DeadlineExceeded(EngineError):
+    """The request's deadline passed before it could be answered."""
+
+
+class PayloadTooLarge(EngineError):
+    """The request body is over the configured limit."""
+
+    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(
+            f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes"
+        )
+
+
+class BackendError(EngineError):
+    """The backend failed to run a batch. The client sees `message`; the cause goes to logs."""

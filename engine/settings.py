@@ -1,0 +1,249 @@
+"""Server settings: one YAML file, overridden by `SLUICE_*` environment variables, overridden by
+CLI flags. Parsed once at start and passed down; unknown keys are errors."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+MiB = 1024 * 1024
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class CacheSettings(Section):
+    backend: Literal["memory", "redis", "tiered"] = "memory"
+    """Where results are cached: in this process, in Redis (shared by replicas), or both."""
+    redis_url: str | None = None
+    """Redis URL for the `redis` and `tiered` backends, e.g. redis://127.0.0.1:6379/0."""
+    memory_bytes: int = Field(256 * MiB, gt=0)
+    """Upper bound of the in-memory cache, counted in bytes of cached arrays."""
+    redis_timeout_s: float = Field(0.05, gt=0, le=10)
+    """Bound on every Redis call; a slower call counts as a miss (or a skipped store)."""
+    namespace: str = Field("sluice", pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Prefix of every Redis key, so several deployments can share one Redis."""
+    max_entry_bytes: int = Field(16 * MiB, gt=0)
+    """Results larger than this are not cached."""
+    error_log_interval_s: float = Field(30.0, gt=0)
+    """Cache failures are logged at most once per this interval (all are counted)."""
+
+
+class ApiKey(Section):
+    digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    """`sha256:` and the hex SHA-256 of the key; `sluice keys create` prints this line."""
+    tenant: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.-]+$")
+    """The tenant this key acts as (rate limits and quotas are per tenant)."""
+    role: Literal["user", "admin"] = "user"
+    """`admin` may also load/unload models and read configs and statistics."""
+    models: list[str] | None = None
+    """If set, the only models this key may use."""
+
+
+class AuthSettings(Section):
+    keys: list[ApiKey] = Field(default_factory=list)
+    """API keys. With none, the server is open (and refuses a non-loopback bind by default)."""
+    admin_endpoints: list[Literal["repository", "config", "statistics"]] = Field(
+        default_factory=lambda: ["repository"]
+    )
+    """Endpoint groups that need an `admin` key when keys are configured."""
+
+
+class TenantLimits(Section):
+    rate_per_s: float | None = Field(None, gt=0)
+    """Sustained rate (token bucket refill) in units per second; unset means unlimited."""
+    burst: float | None = Field(None, gt=0)
+    """Bucket size; defaults to one second of `rate_per_s` (at least 1)."""
+    max_concurrent: int | None = Field(None, gt=0)
+    """Cap on this tenant's requests in flight at once (per replica)."""
+    priority: int = Field(0, ge=0)
+    """Batching priority level of this tenant's requests (higher runs first)."""
+    quota_per_day: int | None = Field(None, gt=0)
+    """Units per UTC day."""
+    quota_per_month: int | None = Field(None, gt=0)
+    """Units per UTC month."""
+    models: dict[str, TenantLimits] = Field(default_factory=dict)
+    """Extra limits for this tenant on one model (rate, burst, concurrency)."""
+    max_queue_share: float = Field(1.0, gt=0, le=1)
+    """Largest share of a model's queue (in rows) this tenant may hold."""
+
+
+class RateLimitSettings(Section):
+    backend: Literal["memory", "redis"] = "memory"
+    """Where buckets and quotas live: this process, or Redis (one limit across replicas)."""
+    redis_url: str | None = None
+    """Redis URL for the `redis` backend."""
+    redis_timeout_s: float = Field(0.05, gt=0, le=10)
+    """Bound on every Redis call."""
+    fail_open: bool = True
+    """Redis unreachable: true falls back to the local limiter; false answers 503."""
+    unit: Literal["requests", "rows"] = "requests"
+    """What a token counts: one request, or one row of the batch dimension."""
+    default: TenantLimits = Field(default_factory=TenantLimits)
+    """Limits for tenants not listed (and the anonymous tenant when no keys are set)."""
+    tenants: dict[str, TenantLimits] = Field(default_factory=dict)
+    """Per-tenant limits, by tenant name."""
+
+
+class BatchingDefaults(Section):
+    max_batch_size: int = Field(32, ge=0)
+    """Rows per batch for models whose config does not say (auto-completed configs)."""
+    max_queue_delay_s: float = Field(0.002, ge=0, le=10)
+    """How long a batch waits for more requests after its first one."""
+    max_queue_size: int = Field(4096, gt=0)
+    """Rows a model version's queue holds before new requests get 503."""
+
+
+class MetricsSettings(Section):
+    enabled: bool = True
+    """Serve Prometheus metrics at /metrics on the HTTP port."""
+    port: int | None = Field(None, gt=0, lt=65536)
+    """Also serve them on this port of their own."""
+
+
+class Settings(BaseSettings):
+    """The root of the server configuration (see configs/server.yaml for every field)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SLUICE_",
+        env_nested_delimiter="__",
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+    host: str = "127.0.0.1"
+    """Address both front-ends bind to."""
+    http_port: int = Field(8000, ge=0, lt=65536)
+    """HTTP/REST port (0 picks a free one)."""
+    grpc_port: int = Field(8001, ge=0, lt=65536)
+    """gRPC port (0 picks a free one)."""
+    grpc_enabled: bool = True
+    """Serve the gRPC front-end."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Least severe log level written."""
+    log_format: Literal["json", "text"] = "json"
+    """Structured JSON lines, or plain text."""
+    model_repository: Path | None = None
+    """Folder of models (`<name>/config.yaml`, `<name>/<version>/model.onnx`); unset serves the
+    built-in demo model."""
+    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    """`none` loads everything at start; `explicit` loads `load_models` and then what the API asks;
+    `poll` also rescans the repository every `poll_interval_s`."""
+    load_models: list[str] = Field(default_factory=list)
+    """Models to load at start in `explicit` mode (`*` for all)."""
+    poll_interval_s: float = Field(5.0, gt=0)
+    """Repository rescan interval in `poll` mode."""
+    max_request_bytes: int = Field(80 * MiB, gt=0)
+    """Largest HTTP request body; larger bodies get 413."""
+    grpc_max_message_bytes: int = Field(80 * MiB, gt=0)
+    """Largest gRPC message, received or sent."""
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """On SIGTERM, how long queued and running requests may take to finish."""
+    inference_threads: int | None = Field(None, gt=0)
+    """Threads that run batches; default: the sum of all model instances (at least 1)."""
+    allow_unauthenticated: bool = False
+    """Allow binding a non-loopback address with no API keys configured."""
+    batching: BatchingDefaults = Field(default_factory=BatchingDefaults)
+    """Defaults for models whose config does not set dynamic batching."""
+    cache: CacheSettings = Field(default_factory=CacheSettings)
+    """Result cache."""
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    """API keys and tenants."""
+    rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    """Per-tenant rate limits and quotas."""
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    """Prometheus metrics."""
+
+    @field_validator("model_repository")
+    @classmethod
+    def _repository_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"model repository '{value}' is not a directory")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence: CLI flags (init) > SLUICE_* environment > YAML file.
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+
+class SettingsError(Exception):
+    """Settings that cannot be used; the message names every bad key."""
+
+
+class _YamlSource(InitSettingsSource):
+    """The YAML file's values, lowest precedence; `load_settings` passes the file's mapping."""
+
+    data: ContextVar[dict[str, Any]] = ContextVar("sluice_yaml_settings", default={})
+
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls, self.data.get())
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping, or SettingsError saying why it is not one."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from `config_file`, the environment and `overrides` (CLI flags, None ignored)."""
+    token = _YamlSource.data.set(read_yaml(config_file) if config_file else {})
+    flags = {key: value for key, value in overrides.items() if value is not None}
+    try:
+        return Settings(**flags)
+    except ValidationError as exc:
+        raise SettingsError(describe(exc, Settings, source=str(config_file or "settings"))) from exc
+    finally:
+        _YamlSource.data.reset(token)
+
+
+def describe(exc: ValidationError, model: type[BaseModel], source: str) -> str:
+    """One line per problem: the dotted key, what is wrong, what was received and what is allowed."""
+    lines = [f"invalid configuration in {source}:"]
+    for error in exc.errors():
+        key = ".".join(str(part) for part in error["loc"])
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            allowed = _allowed_keys(model, error["loc"][:-1])
+            message = f"unknown key; allowed keys here: {', '.join(allowed)}"
+        elif "input" in error and not isinstance(error["input"], dict):
+            message = f"{message} (got {error['input']!r})"
+        lines.append(f"  {key}: {message}")
+    return "\n".join(lines)
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: Any = model
+    for part in loc:
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        current = field.annotation
+        args = getattr(current, "__args__", ())
+        if args:  # dict[str, X] / X | None: descend into the model argument
+            current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), current)
+    return sorted(getattr(current, "model_fields", {}))

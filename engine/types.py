@@ -1,0 +1,64 @@
+"""Request, response and metadata types shared by the engine and every front-end."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """One model input or output. `shape` includes the batch dimension; -1 marks a dynamic axis."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """What the v2 model metadata endpoint reports."""
+
+    name: str
+    versions: tuple[str, ...]
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """A decoded inference request.
+
+    `inputs` maps each input name to its array; BYTES tensors are numpy object arrays of `bytes`.
+    `datatypes` holds the datatype the client declared for each input (checked against the model).
+    `outputs` is the requested output names, or None for all of them.
+    """
+
+    model_name: str
+    inputs: dict[str, np.ndarray]
+    datatypes: dict[str, str]
+    model_version: str | None = None
+    id: str | None = None
+    outputs: list[str] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    timeout_s: float | None = None
+    tenant: str | None = None
+
+
+@dataclass(slots=True)
+class InferResponse:
+    """The engine's answer: one array per output, in the model's output order."""
+
+    model_name: str
+    model_version: str
+    outputs: dict[str, np.ndarray]
+    datatypes: dict[str, str]
+    id: str | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)

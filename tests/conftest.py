@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.redis_process import RedisProcess
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server shared by the session; tests use their own key prefixes or flush."""
+    server = RedisProcess(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A private redis-server that the test may kill and restart."""
+    server = RedisProcess(tmp_path)
+    server.start()
+    yield server
+    server.stop()
