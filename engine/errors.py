@@ -47,7 +47,9 @@ class InvalidInput(EngineError):
 class ModelNotFound(EngineError):
     """No such model, or no such version of it."""
 
-    def __init__(self, name: str, version: str | None = None, available: Sequence[str] = ()) -> None:
+    def __init__(
+        self, name: str, version: str | None = None, available: Sequence[str] = ()
+    ) -> None:
         what = f"model '{name}'" if version is None else f"version '{version}' of model '{name}'"
         hint = f"; available: {', '.join(available)}" if available else ""
         super().__init__(f"unknown {what}{hint}")

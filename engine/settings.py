@@ -38,6 +38,13 @@ class CacheSettings(Section):
     """Results larger than this are not cached."""
     error_log_interval_s: float = Field(30.0, gt=0)
     """Cache failures are logged at most once per this interval (all are counted)."""
+    redis_retry_interval_s: float = Field(0.5, ge=0, le=60)
+    """After a Redis failure, skip Redis (serve misses) this long before trying again; 0 retries
+    on every call."""
+    redis_max_connections: int = Field(64, gt=0, le=10000)
+    """Connections to Redis per process; a call that finds none free within the timeout misses."""
+    redis_max_pending_writes: int = Field(1024, gt=0)
+    """Stores still on their way to Redis beyond which new stores are skipped (and counted)."""
 
 
 class ApiKey(Section):
@@ -54,17 +61,33 @@ class ApiKey(Section):
 class AuthSettings(Section):
     keys: list[ApiKey] = Field(default_factory=list)
     """API keys. With none, the server is open (and refuses a non-loopback bind by default)."""
+    # A plain default: pydantic copies it per instance, and mypy cannot type a lambda's list.
     admin_endpoints: list[Literal["repository", "config", "statistics"]] = Field(
-        default_factory=lambda: ["repository"]
+        default=["repository"]
     )
     """Endpoint groups that need an `admin` key when keys are configured."""
+
+    @field_validator("keys")
+    @classmethod
+    def _digests_unique(cls, keys: list[ApiKey]) -> list[ApiKey]:
+        # One digest naming two tenants would make the acting tenant depend on list order.
+        seen: dict[str, str] = {}
+        for key in keys:
+            if key.digest in seen:
+                raise ValueError(
+                    f"digest {key.digest[:15]}... is listed twice (tenants '{seen[key.digest]}' "
+                    f"and '{key.tenant}'); each key must map to exactly one tenant"
+                )
+            seen[key.digest] = key.tenant
+        return keys
 
 
 class TenantLimits(Section):
     rate_per_s: float | None = Field(None, gt=0)
     """Sustained rate (token bucket refill) in units per second; unset means unlimited."""
-    burst: float | None = Field(None, gt=0)
-    """Bucket size; defaults to one second of `rate_per_s` (at least 1)."""
+    burst: float | None = Field(None, ge=1)
+    """Bucket size; defaults to one second of `rate_per_s` (at least 1). A request larger than
+    the bucket can never pass and is rejected as invalid input."""
     max_concurrent: int | None = Field(None, gt=0)
     """Cap on this tenant's requests in flight at once (per replica)."""
     priority: int = Field(0, ge=0)
@@ -88,6 +111,13 @@ class RateLimitSettings(Section):
     """Bound on every Redis call."""
     fail_open: bool = True
     """Redis unreachable: true falls back to the local limiter; false answers 503."""
+    redis_retry_interval_s: float = Field(1.0, gt=0, le=300)
+    """After a Redis failure, how long to skip Redis (using the fallback, or answering 503)
+    before trying it again, so an outage does not add `redis_timeout_s` to every request."""
+    namespace: str = Field("sluice", pattern=r"^[A-Za-z0-9_.:-]+$")
+    """Prefix of every Redis key, so several deployments can share one Redis."""
+    error_log_interval_s: float = Field(30.0, gt=0)
+    """Redis failures are logged at most once per this interval (all are counted)."""
     unit: Literal["requests", "rows"] = "requests"
     """What a token counts: one request, or one row of the batch dimension."""
     default: TenantLimits = Field(default_factory=TenantLimits)
@@ -192,10 +222,10 @@ class SettingsError(Exception):
 class _YamlSource(InitSettingsSource):
     """The YAML file's values, lowest precedence; `load_settings` passes the file's mapping."""
 
-    data: ContextVar[dict[str, Any]] = ContextVar("sluice_yaml_settings", default={})
+    data: ContextVar[dict[str, Any]] = ContextVar("sluice_yaml_settings")
 
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
-        super().__init__(settings_cls, self.data.get())
+        super().__init__(settings_cls, self.data.get({}))
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -205,7 +235,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, yaml.YAMLError) as exc:
         raise SettingsError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
-        raise SettingsError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+        raise SettingsError(
+            f"{path}: expected a mapping at the top level, got {type(data).__name__}"
+        )
     return data
 
 
@@ -222,7 +254,7 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings
 
 
 def describe(exc: ValidationError, model: type[BaseModel], source: str) -> str:
-    """One line per problem: the dotted key, what is wrong, what was received and what is allowed."""
+    """One line per problem: the dotted key, what is wrong, what was received, what is allowed."""
     lines = [f"invalid configuration in {source}:"]
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"])
@@ -245,5 +277,7 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         current = field.annotation
         args = getattr(current, "__args__", ())
         if args:  # dict[str, X] / X | None: descend into the model argument
-            current = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), current)
+            current = next(
+                (a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), current
+            )
     return sorted(getattr(current, "model_fields", {}))

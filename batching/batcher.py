@@ -1,0 +1,253 @@
+"""The dynamic batcher: one owner task per model version turns queued requests into batches.
+
+A batch is sent when it holds `max_batch_size` rows, when it reaches a preferred size, or when
+`max_queue_delay_s` has passed since its first request was queued. Up to `instances` batches run
+at once. A request is never split across batches; requests whose shapes differ are batched apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from batching.assembly import Padding, SplitError, Tensors, concat, group_key, split
+from batching.queue import QUEUED, RUNNING, Pending, RequestQueue
+from engine.errors import BackendError, DeadlineExceeded, EngineError, ShuttingDown
+
+log = logging.getLogger("sluice.batching")
+
+RunBatch = Callable[[Tensors], Awaitable[Tensors]]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPolicy:
+    """How one model version's requests are batched. `max_batch_size` 0 runs each request alone."""
+
+    max_batch_size: int
+    max_queue_delay_s: float = 0.002
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_size: int = 4096
+    priority_levels: int = 1
+    instances: int = 1
+    padding: Mapping[str, Padding] = field(default_factory=dict)
+    pad_bucket_ratio: float = 1.5
+
+
+class BatchObserver(Protocol):
+    """Receives the timings the statistics need."""
+
+    def batch_done(self, rows: int, requests: int, compute_s: float, ok: bool) -> None: ...
+
+    def request_dequeued(self, queue_s: float) -> None: ...
+
+
+class _NoObserver:
+    def batch_done(self, rows: int, requests: int, compute_s: float, ok: bool) -> None:
+        pass
+
+    def request_dequeued(self, queue_s: float) -> None:
+        pass
+
+
+class Batcher:
+    """Owns one RequestQueue; `submit` is the only way in."""
+
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        policy: BatchPolicy,
+        observer: BatchObserver | None = None,
+        tenant_share: Callable[[str], float] | None = None,
+        label: str = "model",
+    ) -> None:
+        self.policy = policy
+        self.label = label
+        self._run_batch = run_batch
+        self._observer = observer or _NoObserver()
+        self.queue = RequestQueue(policy.priority_levels, policy.max_queue_size, tenant_share)
+        self._wakeup = asyncio.Event()
+        self._gate = asyncio.Event()  # test hook: cleared by pause(), the owner waits on it
+        self._gate.set()
+        self._slots = asyncio.Semaphore(policy.instances)
+        self._running: set[asyncio.Task[None]] = set()
+        self._closing = False
+        self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
+
+    @property
+    def batched(self) -> bool:
+        return self.policy.max_batch_size > 0
+
+    async def submit(
+        self,
+        inputs: Tensors,
+        rows: int,
+        priority: int = 0,
+        tenant: str = "",
+        deadline: float | None = None,
+    ) -> Tensors:
+        """Queue one request and wait for its outputs. `deadline` is on time.monotonic()."""
+        if self._closing:
+            raise ShuttingDown()
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
+        item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future())
+        self.queue.put(item)
+        self._wakeup.set()
+        try:
+            if deadline is None:
+                return await asyncio.shield(item.future)
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    return await asyncio.shield(item.future)
+            except TimeoutError:
+                if item.state == RUNNING:
+                    return await asyncio.shield(item.future)
+                self.queue.cancel(item)
+                raise DeadlineExceeded(
+                    f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
+                    f"past its timeout of {deadline - now:.3f} s; it was not run"
+                ) from None
+        except asyncio.CancelledError:
+            # The client left: a queued request is withdrawn and never computed.
+            self.queue.cancel(item)
+            item.future.cancel()
+            raise
+
+    def pause(self) -> None:
+        """Test hook: stop forming batches (queued requests wait) until resume()."""
+        self._gate.clear()
+
+    def resume(self) -> None:
+        self._gate.set()
+
+    async def drain(self) -> None:
+        """Send everything queued at once, without waiting for batch windows, and wait for it."""
+        self._closing = True
+        self._wakeup.set()
+        while self.queue.requests or self._running:
+            if self._running:
+                await asyncio.wait(set(self._running))
+            else:
+                await asyncio.sleep(0.001)  # the owner is forming the next batch
+
+    async def close(self) -> None:
+        """Stop at once: queued and running requests are answered ShuttingDown."""
+        self._closing = True
+        self._owner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._owner
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+        for item in self.queue.withdraw_all():
+            _settle(item, exc=ShuttingDown("server shut down before this request ran"))
+
+    async def _own(self) -> None:
+        while True:
+            await self._slots.acquire()
+            try:
+                batch = await self._next_batch()
+            except BaseException:
+                self._slots.release()
+                raise
+            task = asyncio.create_task(self._execute(batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _next_batch(self) -> list[Pending]:
+        policy = self.policy
+        while True:
+            await self._gate.wait()
+            head = self.queue.head()
+            if head is None:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            if not self.batched:
+                batch = self.queue.take(head.group, max_rows=head.rows, max_requests=1)
+            else:
+                await self._fill_window(head)
+                if not self._gate.is_set():
+                    continue
+                batch = self.queue.take(head.group, policy.max_batch_size)
+            if batch:
+                return batch
+
+    async def _fill_window(self, head: Pending) -> None:
+        """Wait until the head's group can make a full or preferred batch, or its window ends."""
+        policy = self.policy
+        largest_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
+        window_end = head.enqueued + policy.max_queue_delay_s
+        while head.state == QUEUED and not self._closing and self._gate.is_set():
+            rows = self.queue.group_rows(head.group)
+            if (
+                rows >= policy.max_batch_size
+                or rows >= largest_preferred
+                or rows in policy.preferred_batch_sizes
+            ):
+                return
+            remaining = window_end - time.monotonic()
+            if remaining <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._wakeup.wait()
+
+    async def _execute(self, batch: list[Pending]) -> None:
+        try:
+            now = time.monotonic()
+            for item in batch:
+                self._observer.request_dequeued(now - item.enqueued)
+            await self._run(batch)
+        finally:
+            self._slots.release()
+
+    async def _run(self, batch: list[Pending]) -> None:
+        rows = sum(item.rows for item in batch)
+        started = time.monotonic()
+        try:
+            if self.batched:
+                inputs, layout = concat([item.inputs for item in batch], self.policy.padding)
+                parts = split(await self._run_batch(inputs), layout)
+            else:
+                parts = [await self._run_batch(batch[0].inputs)]
+        except Exception as exc:
+            self._observer.batch_done(rows, len(batch), time.monotonic() - started, ok=False)
+            if len(batch) > 1:
+                # Find the request that broke the batch: each one alone, so the others still pass.
+                for item in batch:
+                    await self._run([item])
+                return
+            _settle(batch[0], exc=self._backend_error(exc))
+            return
+        self._observer.batch_done(rows, len(batch), time.monotonic() - started, ok=True)
+        for item, outputs in zip(batch, parts, strict=True):
+            _settle(item, result=outputs)
+
+    def _backend_error(self, exc: Exception) -> EngineError:
+        if isinstance(exc, EngineError):
+            return exc
+        if isinstance(exc, SplitError):
+            return BackendError(f"{self.label} returned outputs that do not match its batch: {exc}")
+        log.error("%s failed a batch", self.label, exc_info=exc)
+        return BackendError(f"{self.label} failed: {type(exc).__name__}: {exc}")
+
+
+def _settle(
+    item: Pending, result: dict[str, np.ndarray] | None = None, exc: Exception | None = None
+) -> None:
+    if item.future.done():  # the caller already left
+        return
+    if exc is not None:
+        item.future.set_exception(exc)
+    else:
+        item.future.set_result(result or {})

@@ -1,0 +1,25 @@
+"""The contract every backend meets: load a model file, describe it, run a batch."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from engine.types import TensorSpec
+
+
+class Backend(Protocol):
+    """A loaded model. `run` is synchronous and thread-safe: the engine calls it from a thread
+    pool, possibly from several threads at once (one per model instance)."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    platform: str
+    provider: str
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every output for one batch; BYTES tensors in and out are object arrays of bytes."""
+        ...
+
+    def close(self) -> None: ...

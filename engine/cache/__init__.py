@@ -1,0 +1,45 @@
+"""Result cache: keys, the binary value codec, memory / Redis / tiered backends and in-flight
+coalescing. The engine builds one cache with `build_cache(settings.cache)` and one `Coalescer`,
+and looks requests up after admission and validation, before the batcher."""
+
+from engine.cache.coalesce import Coalescer
+from engine.cache.codec import CorruptEntry, decode, encode
+from engine.cache.contract import (
+    CachedResult,
+    CacheStats,
+    ResultCache,
+    copy_outputs,
+    copy_result,
+)
+from engine.cache.factory import build_cache
+from engine.cache.key import (
+    TRANSPORT_PARAMETERS,
+    cache_key,
+    cache_requested,
+    namespace,
+    request_key,
+)
+from engine.cache.memory import MemoryCache
+from engine.cache.redis_cache import RedisCache
+from engine.cache.tiered import TieredCache
+
+__all__ = [
+    "TRANSPORT_PARAMETERS",
+    "CacheStats",
+    "CachedResult",
+    "Coalescer",
+    "CorruptEntry",
+    "MemoryCache",
+    "RedisCache",
+    "ResultCache",
+    "TieredCache",
+    "build_cache",
+    "cache_key",
+    "cache_requested",
+    "copy_outputs",
+    "copy_result",
+    "decode",
+    "encode",
+    "namespace",
+    "request_key",
+]

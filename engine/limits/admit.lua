@@ -1,0 +1,118 @@
+-- Admit one request against every token bucket and quota of a tenant in one atomic step.
+--
+-- KEYS[i]  one hash per check; all carry the tenant's {hash tag}, so this also runs on a cluster
+-- ARGV[1]  clock override in microseconds, or "" for Redis TIME (only tests override it)
+-- ARGV[2]  units this request costs
+-- ARGV[3]  "1": charge every check when all pass; "0": only read (the usage endpoint)
+-- ARGV[3i+1], ARGV[3i+2], ARGV[3i+3] describe KEYS[i]:
+--          "bucket", rate_per_s, burst   or   "day" | "month", limit, 0
+-- Returns {allowed (0|1), now_us, then for each KEYS[i]: level, window_end_s}. Numbers travel
+-- as %.17g strings because Redis truncates Lua numbers in replies to integers. A bucket's level
+-- is its tokens before this request; a quota's level is the units used before it.
+--
+-- Mirrors engine/limits/bucket.py and engine/limits/quota.py; the tests keep them in step.
+
+local function fmt(x)
+  return string.format("%.17g", x)
+end
+
+-- Howard Hinnant's civil_from_days / days_from_civil (proleptic Gregorian calendar, UTC).
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor(
+    (doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400
+  if month <= 2 then
+    year = year + 1
+  end
+  return year, month
+end
+
+local function days_from_civil(year, month, day)
+  if month <= 2 then
+    year = year - 1
+  end
+  local era = math.floor(year / 400)
+  local yoe = year - era * 400
+  local mp = month > 2 and month - 3 or month + 9
+  local doy = math.floor((153 * mp + 2) / 5) + day - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- The quota window containing now_s: its id and its end in Unix seconds.
+local function window(kind, now_s)
+  local day = math.floor(now_s / 86400)
+  if kind == "day" then
+    return day, (day + 1) * 86400
+  end
+  local year, month = civil_from_days(day)
+  local next_year, next_month = year, month + 1
+  if next_month == 13 then
+    next_year, next_month = year + 1, 1
+  end
+  return year * 12 + month - 1, days_from_civil(next_year, next_month, 1) * 86400
+end
+
+local now_us
+if ARGV[1] == "" then
+  local time = redis.call("TIME")
+  now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+else
+  now_us = tonumber(ARGV[1])
+end
+local now_s = now_us / 1000000
+local units = tonumber(ARGV[2])
+local allowed = 1
+local reply = {0, fmt(now_us)}
+local writes = {}
+
+for i, key in ipairs(KEYS) do
+  local kind = ARGV[3 * i + 1]
+  local a = tonumber(ARGV[3 * i + 2])
+  local b = tonumber(ARGV[3 * i + 3])
+  if kind == "bucket" then
+    local stored = redis.call("HMGET", key, "tokens", "ts")
+    local tokens = b
+    if stored[1] then
+      local elapsed_s = math.max(0, now_us - tonumber(stored[2])) / 1000000
+      tokens = math.min(b, tonumber(stored[1]) + elapsed_s * a)
+    end
+    if units > tokens then
+      allowed = 0
+    end
+    reply[#reply + 1] = fmt(tokens)
+    reply[#reply + 1] = "0"
+    -- Once a bucket is full again its key means nothing: let it expire then.
+    writes[i] = {"tokens", fmt(tokens - units), "ts", fmt(now_us), math.ceil(b / a * 1000) + 1000}
+  else
+    local id, end_s = window(kind, now_s)
+    local stored = redis.call("HMGET", key, "window", "used")
+    local used = 0
+    if stored[1] and tonumber(stored[1]) == id then
+      used = tonumber(stored[2])
+    end
+    if used + units > a then
+      allowed = 0
+    end
+    reply[#reply + 1] = fmt(used)
+    reply[#reply + 1] = fmt(end_s)
+    writes[i] = {"window", fmt(id), "used", fmt(used + units),
+                 math.ceil((end_s - now_s) * 1000) + 1000}
+  end
+end
+
+reply[1] = allowed
+if allowed == 1 and ARGV[3] == "1" then
+  for i, key in ipairs(KEYS) do
+    local w = writes[i]
+    redis.call("HSET", key, w[1], w[2], w[3], w[4])
+    redis.call("PEXPIRE", key, w[5])
+  end
+end
+return reply

@@ -1,0 +1,234 @@
+"""The admission facade: `Limiter.admit` says whether a tenant's request may run now.
+
+    admission = await limiter.admit(principal.tenant, request.model_name, rows)
+    with admission:                      # gives the concurrency slot back, whatever happens
+        response = await run(request)    # admission.headers: X-RateLimit-* for the reply
+
+Order within `admit`: the local concurrency slot first (free to undo), then one backend call
+that evaluates and charges every bucket and quota together. A rejection, an exception or a
+cancellation while waiting for Redis hands the slot back before `admit` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from engine.errors import Overloaded
+from engine.limits import verdict
+from engine.limits.backend import BackendUnavailable, LimitBackend, Outcome
+from engine.limits.concurrency import ConcurrencyGate
+from engine.limits.memory_backend import MemoryBackend
+from engine.limits.plan import Check, Plan, build_plan, full_plan, tenant_limits
+from engine.limits.redis_backend import RedisBackend
+from engine.limits.usage import usage_report
+from engine.settings import RateLimitSettings, SettingsError, TenantLimits
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LimiterCounters:
+    """Running totals for metrics; read them, never reset them."""
+
+    rejections: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(tenant, reason) -> requests refused. Reasons: `rate`, `quota_day`, `quota_month`,
+    `concurrency`, `too_large`, `unavailable` (Redis down with fail_open false)."""
+    backend_failures: int = 0
+    """Admissions and usage reads that Redis did not answer."""
+    fallback_admissions: int = 0
+    """Of those, the ones the local limiter decided instead (fail_open)."""
+
+
+class Admission:
+    """A granted request. Holds its concurrency slots until `release()` (or the end of a
+    `with`/`async with` block); releasing twice is harmless."""
+
+    __slots__ = ("_release", "headers", "priority")
+
+    def __init__(
+        self,
+        release: Callable[[], None] | None = None,
+        headers: dict[str, str] | None = None,
+        priority: int = 0,
+    ) -> None:
+        self._release = release
+        self.headers: dict[str, str] = headers or {}
+        """X-RateLimit-Limit/-Remaining/-Reset of the tightest limit (empty if unlimited)."""
+        self.priority = priority
+        """The tenant's batching priority level (`TenantLimits.priority`)."""
+
+    def release(self) -> None:
+        """Give the concurrency slots back."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    async def __aenter__(self) -> Admission:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+class Limiter:
+    """Rate limits, quotas and concurrency caps for every tenant (see `build_limiter`)."""
+
+    def __init__(
+        self,
+        settings: RateLimitSettings,
+        backend: LimitBackend | None = None,
+        *,
+        local: MemoryBackend | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`backend` defaults to `local`, the in-process backend that is also the fallback."""
+        self._settings = settings
+        self._local = local or MemoryBackend()
+        self._backend: LimitBackend = backend or self._local
+        self._clock = clock
+        self._gate = ConcurrencyGate()
+        self._plans: dict[tuple[str, str | None], Plan] = {}
+        self._unlogged_failures = 0
+        self._logged_at = -float("inf")
+        self.counters = LimiterCounters()
+
+    @property
+    def unit(self) -> str:
+        """`requests` or `rows`: what a token and a quota unit count."""
+        return self._settings.unit
+
+    def limits_for(self, tenant: str) -> TenantLimits:
+        """The tenant's configured limits (priority, max_queue_share, ...)."""
+        return tenant_limits(self._settings, tenant)
+
+    def in_flight(self, tenant: str, model: str | None = None) -> int:
+        """Requests of `tenant` (on `model`, if given and capped) holding a slot now."""
+        return self._gate.in_flight(tenant, model)
+
+    async def admit(self, tenant: str, model: str, rows: int = 1) -> Admission:
+        """Admit one request of `rows` rows (batch dimension) or raise.
+
+        Raises RateLimited (bucket empty, or `max_concurrent` reached), QuotaExceeded (daily or
+        monthly quota used), InvalidInput (more rows than the bucket can ever hold) or
+        Overloaded (Redis unavailable and `fail_open` false).
+        """
+        plan = self._plan(tenant, model)
+        if plan.unlimited:
+            return Admission(priority=plan.priority)
+        units = max(1, rows) if self._settings.unit == "rows" else 1
+        smallest = plan.smallest_bucket
+        if smallest is not None and units > smallest.burst:
+            self._reject(tenant, "too_large")
+            raise verdict.too_large(tenant, smallest, units, self.unit)
+        full = self._gate.try_acquire(tenant, plan.caps)
+        if full is not None:
+            self._reject(tenant, "concurrency")
+            raise verdict.concurrency_limited(tenant, full)
+        admission = Admission(lambda: self._gate.release(tenant, plan.caps), priority=plan.priority)
+        try:
+            if plan.checks:
+                admission.headers = await self._charge(tenant, plan.checks, units)
+        except BaseException:
+            admission.release()  # rejected, failed or cancelled: the slot must not leak
+            raise
+        return admission
+
+    async def usage(self, tenant: str) -> dict[str, Any]:
+        """The tenant's quotas, buckets and slots now, for `GET /v2/tenants/self/usage`."""
+        plan = full_plan(self._settings, tenant)
+        outcome, source = await self._apply(tenant, plan.checks, 0, commit=False)
+        reports = [verdict.report(level, 0, False, outcome.now_unix_s) for level in outcome.levels]
+        return usage_report(
+            tenant, self.unit, source, reports, plan.caps, self._gate, outcome.now_unix_s
+        )
+
+    async def aclose(self) -> None:
+        """Close the backend's connections."""
+        await self._backend.aclose()
+
+    def _plan(self, tenant: str, model: str) -> Plan:
+        # Only models with limits of their own get a plan each, so clients sending made-up
+        # model names cannot grow this cache; tenants are bounded by the configured keys.
+        scoped = model if model in self.limits_for(tenant).models else None
+        plan = self._plans.get((tenant, scoped))
+        if plan is None:
+            plan = self._plans[(tenant, scoped)] = build_plan(self._settings, tenant, scoped)
+        return plan
+
+    async def _charge(self, tenant: str, checks: Sequence[Check], units: int) -> dict[str, str]:
+        outcome, _ = await self._apply(tenant, checks, units, commit=True)
+        reports = [
+            verdict.report(level, units, outcome.allowed, outcome.now_unix_s)
+            for level in outcome.levels
+        ]
+        if not outcome.allowed:
+            reason, error = verdict.rejection(tenant, reports, units, self.unit)
+            self._reject(tenant, reason)
+            raise error
+        tightest = verdict.tightest(reports)
+        return verdict.headers(tightest) if tightest is not None else {}
+
+    async def _apply(
+        self, tenant: str, checks: Sequence[Check], units: int, *, commit: bool
+    ) -> tuple[Outcome, str]:
+        try:
+            return await self._backend.apply(
+                tenant, checks, units, commit=commit
+            ), self._backend.name
+        except BackendUnavailable as exc:
+            self._note_failure(exc)
+            if not self._settings.fail_open:
+                self._reject(tenant, "unavailable")
+                raise Overloaded(
+                    f"rate limiter unavailable: {exc}", self._settings.redis_retry_interval_s
+                ) from exc
+            self.counters.fallback_admissions += 1
+            outcome = await self._local.apply(tenant, checks, units, commit=commit)
+            return outcome, f"{self._local.name} (fallback: {self._backend.name} unavailable)"
+
+    def _note_failure(self, exc: BackendUnavailable) -> None:
+        self.counters.backend_failures += 1
+        self._unlogged_failures += 1
+        now = self._clock()
+        if now - self._logged_at >= self._settings.error_log_interval_s:
+            action = "using the local limiter" if self._settings.fail_open else "answering 503"
+            logger.warning(
+                "rate limiter backend failed %d time(s) since the last report, %s: %s",
+                self._unlogged_failures,
+                action,
+                exc,
+            )
+            self._logged_at = now
+            self._unlogged_failures = 0
+
+    def _reject(self, tenant: str, reason: str) -> None:
+        self.counters.rejections[(tenant, reason)] += 1
+
+
+def build_limiter(settings: RateLimitSettings) -> Limiter:
+    """The limiter `settings` describe: in-process, or Redis with the in-process fallback."""
+    if settings.backend == "memory":
+        return Limiter(settings)
+    if not settings.redis_url:
+        raise SettingsError("rate_limit.backend is 'redis' but rate_limit.redis_url is not set")
+    backend = RedisBackend(
+        settings.redis_url,
+        namespace=settings.namespace,
+        timeout_s=settings.redis_timeout_s,
+        retry_interval_s=settings.redis_retry_interval_s,
+    )
+    return Limiter(settings, backend)

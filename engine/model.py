@@ -1,0 +1,141 @@
+"""One loaded model version: its backend, batcher, statistics and effective config."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from batching.assembly import Padding
+from batching.batcher import Batcher, BatchPolicy
+from engine import datatypes
+from engine.backends.base import Backend
+from engine.model_config import ModelConfig, effective_batching
+from engine.settings import BatchingDefaults
+from engine.stats import ModelStats
+from engine.types import TensorSpec
+
+log = logging.getLogger("sluice.model")
+
+
+def open_backend(config: ModelConfig, path: Path, label: str) -> Backend:
+    """Load the model file with the configured runtime (blocking: call from a thread)."""
+    if config.backend == "tensorrt":
+        from engine.backends.tensorrt import TensorRTBackend
+
+        return TensorRTBackend(path, config.tensorrt, label)
+    from engine.backends.onnxruntime import OnnxBackend
+
+    return OnnxBackend(path, config.onnxruntime, label)
+
+
+def batch_size_limit(config: ModelConfig, inputs: tuple[TensorSpec, ...], default: int) -> int:
+    """Auto-complete: batched when every input's first axis is dynamic, unless the config says."""
+    dynamic_first = bool(inputs) and all(s.shape and s.shape[0] == -1 for s in inputs)
+    if config.max_batch_size is None:
+        return default if dynamic_first else 0
+    if config.max_batch_size > 0 and not dynamic_first:
+        fixed = [s.name for s in inputs if not s.shape or s.shape[0] != -1]
+        raise ValueError(
+            f"max_batch_size is {config.max_batch_size} but inputs {', '.join(fixed)} have no "
+            "dynamic first axis; set max_batch_size: 0 or export the model with a batch axis"
+        )
+    return config.max_batch_size
+
+
+def warm_up(backend: Backend, sizes: list[int], max_batch_size: int) -> None:
+    """Run zeros through the model so the first real request pays no first-run cost."""
+    batches = sorted({min(s, max_batch_size) for s in sizes}) if max_batch_size else [0]
+    for batch in batches:
+        feed = {}
+        for spec in backend.inputs:
+            shape = [1 if d == -1 else d for d in spec.shape]
+            if batch:
+                shape[0] = batch
+            dtype = datatypes.numpy_dtype(spec.datatype)
+            feed[spec.name] = (
+                np.full(shape, b"", dtype=object)
+                if spec.datatype == "BYTES"
+                else np.zeros(shape, dtype)
+            )
+        backend.run(feed)
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    name: str
+    version: str
+    config: ModelConfig
+    backend: Backend
+    max_batch_size: int
+    generation: int
+    stats: ModelStats
+    batcher: Batcher
+    executor: ThreadPoolExecutor
+
+    @property
+    def label(self) -> str:
+        return f"model '{self.name}' version {self.version}"
+
+    def inputs(self) -> tuple[TensorSpec, ...]:
+        return self.backend.inputs
+
+    async def close(self) -> None:
+        await self.batcher.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.backend.close()
+
+
+async def load_model(
+    name: str,
+    version: int,
+    path: Path,
+    config: ModelConfig,
+    defaults: BatchingDefaults,
+    generation: int,
+    tenant_share: Callable[[str], float] | None = None,
+) -> LoadedModel:
+    """Open, auto-complete, warm up and start batching one model version."""
+    label = f"model '{name}' version {version}"
+    started = time.monotonic()
+    backend = await asyncio.to_thread(open_backend, config, path, label)
+    try:
+        max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
+        if config.warmup.enabled:
+            await asyncio.to_thread(warm_up, backend, config.warmup.batch_sizes, max_batch)
+    except BaseException:
+        backend.close()
+        raise
+    delay, queue_rows = effective_batching(config, defaults)
+    batching = config.dynamic_batching
+    policy = BatchPolicy(
+        max_batch_size=max_batch if batching.enabled else 0,
+        max_queue_delay_s=delay,
+        preferred_batch_sizes=tuple(s for s in batching.preferred_batch_sizes if s <= max_batch),
+        max_queue_size=max(queue_rows, max_batch),
+        priority_levels=batching.priority_levels,
+        instances=config.instances,
+        padding={k: Padding(v.axis, v.value) for k, v in batching.pad.items()},
+        pad_bucket_ratio=batching.pad_bucket_ratio,
+    )
+    executor = ThreadPoolExecutor(config.instances, thread_name_prefix=f"infer-{name}-{version}")
+    loop = asyncio.get_running_loop()
+
+    async def run_batch(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return await loop.run_in_executor(executor, backend.run, inputs)
+
+    stats = ModelStats()
+    batcher = Batcher(run_batch, policy, stats, tenant_share, label)
+    log.info(
+        "loaded %s on %s in %.3f s (max_batch_size %d)",
+        label, backend.provider, time.monotonic() - started, max_batch,
+    )  # fmt: skip
+    return LoadedModel(
+        name, str(version), config, backend, max_batch, generation, stats, batcher, executor
+    )

@@ -1,0 +1,70 @@
+"""The model repository on disk: `<root>/<name>/config.yaml`, `<root>/<name>/<version>/model.*`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import InvalidInput
+from engine.model_config import ModelConfig, load_model_config
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
+
+
+def check_name(kind: str, value: str) -> str:
+    """A model or version name from a client: letters, digits, `_`, `-`, `.`, never a path."""
+    if not NAME_PATTERN.fullmatch(value) or value in {".", ".."}:
+        raise InvalidInput(
+            f"invalid {kind} name {value!r}: use 1-128 letters, digits, '_', '-' or '.', "
+            "not starting with '.' or '-'"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """One model folder as found on disk: its config and the version files its policy serves."""
+
+    name: str
+    path: Path
+    config: ModelConfig
+    versions: dict[int, Path]
+
+
+class Repository:
+    """Scans a model repository folder. Only names matching NAME_PATTERN are ever looked up."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def names(self) -> list[str]:
+        return sorted(
+            child.name
+            for child in self.root.iterdir()
+            if child.is_dir() and NAME_PATTERN.fullmatch(child.name)
+        )
+
+    def entry(self, name: str) -> ModelEntry | None:
+        """The model's entry, or None when the folder does not exist (or has no versions)."""
+        path = self.root / check_name("model", name)
+        if not path.is_dir():
+            return None
+        config = load_model_config(path)
+        filename = MODEL_FILES[config.backend]
+        found = {
+            int(child.name): child / filename
+            for child in path.iterdir()
+            if child.is_dir() and child.name.isdigit() and (child / filename).is_file()
+        }
+        served = config.version_policy.select(list(found))
+        return ModelEntry(name, path, config, {v: found[v] for v in served})
+
+    def scan(self) -> dict[str, ModelEntry]:
+        entries = {}
+        for name in self.names():
+            entry = self.entry(name)
+            if entry is not None and entry.versions:
+                entries[name] = entry
+        return entries

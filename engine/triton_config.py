@@ -1,0 +1,65 @@
+"""A loaded model's effective configuration in Triton's JSON model-config shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.model import LoadedModel
+from engine.types import TensorSpec
+
+_TYPES = {
+    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16",
+    "UINT32": "TYPE_UINT32", "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8",
+    "INT16": "TYPE_INT16", "INT32": "TYPE_INT32", "INT64": "TYPE_INT64",
+    "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64", "BYTES": "TYPE_STRING",
+}  # fmt: skip
+
+
+def _tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
+    dims = list(spec.shape[1:] if batched else spec.shape)
+    return {"name": spec.name, "data_type": _TYPES[spec.datatype], "dims": dims}
+
+
+def triton_config(model: LoadedModel) -> dict[str, Any]:
+    """What Triton's `GET /v2/models/{name}/config` would answer for this model."""
+    config = model.config
+    batched = model.max_batch_size > 0
+    policy = config.version_policy
+    if policy.all:
+        version_policy: dict[str, Any] = {"all": {}}
+    elif policy.specific is not None:
+        version_policy = {"specific": {"versions": policy.specific}}
+    else:
+        version_policy = {"latest": {"num_versions": policy.latest}}
+    batch_policy = model.batcher.policy
+    result: dict[str, Any] = {
+        "name": model.name,
+        "platform": model.backend.platform,
+        "backend": config.backend,
+        "version_policy": version_policy,
+        "max_batch_size": model.max_batch_size,
+        "input": [_tensor(spec, batched) for spec in model.backend.inputs],
+        "output": [_tensor(spec, batched) for spec in model.backend.outputs],
+        "instance_group": [
+            {"name": f"{model.name}_0", "count": config.instances, "kind": "KIND_CPU"}
+        ],
+        "default_model_filename": "model.plan" if config.backend == "tensorrt" else "model.onnx",
+        "parameters": {},
+    }
+    if batched and config.dynamic_batching.enabled:
+        result["dynamic_batching"] = {
+            "preferred_batch_size": list(batch_policy.preferred_batch_sizes),
+            "max_queue_delay_microseconds": int(batch_policy.max_queue_delay_s * 1e6),
+            "preserve_ordering": False,
+            "priority_levels": batch_policy.priority_levels,
+            "default_priority_level": config.dynamic_batching.default_priority,
+            "default_queue_policy": {
+                "max_queue_size": batch_policy.max_queue_size,
+                "default_timeout_microseconds": int(
+                    (config.dynamic_batching.default_timeout_s or 0) * 1e6
+                ),
+                "allow_timeout_override": True,
+                "timeout_action": "REJECT",
+            },
+        }
+    return result

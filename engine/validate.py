@@ -1,0 +1,70 @@
+"""Checks a decoded request against the model's metadata before it is queued."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.errors import InvalidInput
+from engine.types import InferRequest, TensorSpec
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def check_request(
+    request: InferRequest,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    max_batch_size: int,
+    label: str,
+) -> int:
+    """Raise InvalidInput naming the first problem; return the request's rows (1 if unbatched)."""
+    expected = {spec.name: spec for spec in inputs}
+    for name in request.inputs:
+        if name not in expected:
+            raise InvalidInput(
+                f"unexpected input '{name}' for {label}; it takes: {', '.join(expected)}"
+            )
+    rows: int | None = None
+    for spec in inputs:
+        if spec.name not in request.inputs:
+            raise InvalidInput(
+                f"missing input '{spec.name}' for {label}; it takes: {', '.join(expected)}"
+            )
+        datatype = request.datatypes.get(spec.name, spec.datatype)
+        if datatype != spec.datatype:
+            raise InvalidInput(
+                f"input '{spec.name}' has datatype {datatype}; {label} expects {spec.datatype}"
+            )
+        shape = request.inputs[spec.name].shape
+        if len(shape) != len(spec.shape) or any(
+            want not in (-1, got) for got, want in zip(shape, spec.shape, strict=False)
+        ):
+            raise InvalidInput(
+                f"input '{spec.name}' has shape {_fmt(shape)}; {label} expects {_fmt(spec.shape)}"
+            )
+        if max_batch_size > 0:
+            if rows is not None and shape[0] != rows:
+                raise InvalidInput(
+                    f"input '{spec.name}' has batch size {shape[0]} but other inputs have {rows}; "
+                    "every input must have the same first dimension"
+                )
+            rows = shape[0]
+    if max_batch_size > 0 and rows is not None:
+        if rows < 1:
+            raise InvalidInput(f"batch size is 0; {label} needs at least 1 row")
+        if rows > max_batch_size:
+            raise InvalidInput(
+                f"batch size {rows} exceeds the maximum of {max_batch_size} for {label}"
+            )
+    if request.outputs is not None:
+        known = [spec.name for spec in outputs]
+        for name in request.outputs:
+            if name not in known:
+                raise InvalidInput(
+                    f"unknown output '{name}' requested from {label}; it has: {', '.join(known)}"
+                )
+        if len(set(request.outputs)) != len(request.outputs):
+            raise InvalidInput(f"an output is requested twice: {', '.join(request.outputs)}")
+    return rows if rows is not None else 1

@@ -1,0 +1,155 @@
+"""The HTTP/REST front-end: the Open Inference Protocol (KServe v2) on FastAPI."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive
+
+from engine.engine import Engine
+from engine.errors import EngineError, InvalidInput, PayloadTooLarge
+from engine.settings import Settings
+from engine.types import InferResponse, ModelMetadata
+from server import codec
+from server.errors import error_headers, http_status
+
+T = TypeVar("T")
+# Bodies larger than this are decoded and encoded in a worker thread, off the event loop.
+OFF_LOOP_BYTES = 256 * 1024
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def error_response(exc: EngineError) -> Response:
+    return json_response({"error": exc.message}, http_status(exc), error_headers(exc))
+
+
+def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
+    return {
+        "name": meta.name,
+        "versions": list(meta.versions),
+        "platform": meta.platform,
+        "inputs": [spec.as_dict() for spec in meta.inputs],
+        "outputs": [spec.as_dict() for spec in meta.outputs],
+    }
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or PayloadTooLarge as soon as it passes `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(int(declared), limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(size, limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Returns when the client goes away (call only after the body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`; if the client disconnects first, cancel it (the batcher withdraws it)."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(until_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, EngineError):
+                await task
+    return task.result()
+
+
+async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
+    return await asyncio.to_thread(func, *args) if size > OFF_LOOP_BYTES else func(*args)
+
+
+def create_app(settings: Settings, engine: Engine) -> FastAPI:
+    """The FastAPI application serving `engine`."""
+    app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None)
+    app.state.engine = engine
+    app.state.settings = settings
+
+    @app.exception_handler(EngineError)
+    async def _engine_error(_: Request, exc: EngineError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+        return json_response({"error": str(exc.detail)}, exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return json_response({"error": str(exc.errors())}, 400)
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return json_response({"live": engine.live}, 200 if engine.live else 503)
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        return json_response({"ready": engine.ready}, 200 if engine.ready else 503)
+
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return json_response(engine.server_metadata())
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> Response:
+        return json_response(metadata_json(engine.model_metadata(name, version)))
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        engine.model_metadata(name, version)  # unknown model or version: 404
+        is_ready = engine.model_ready(name, version)
+        return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(request: Request, name: str, version: str | None = None) -> Response:
+        body = await read_body(request, settings.max_request_bytes)
+        # TODO(protocol): binary tensor data extension (Inference-Header-Content-Length).
+        if not body:
+            raise InvalidInput("request body is empty; expected a JSON inference request")
+        infer_request = await off_loop(len(body), _decode, body, name, version)
+        response = await unless_disconnected(request, engine.infer(infer_request))
+        size = sum(a.nbytes for a in response.outputs.values())
+        return Response(
+            await off_loop(size, codec.encode_response, response),
+            media_type="application/json",
+        )
+
+    return app
+
+
+def _decode(body: bytes, name: str, version: str | None) -> Any:
+    return codec.decode_request(codec.parse_json(body), name, version)
+
+
+__all__ = ["InferResponse", "create_app", "error_response", "json_response", "metadata_json"]

@@ -1,0 +1,203 @@
+"""JSON tensors of the Open Inference Protocol: request decoding and response encoding."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from engine import datatypes
+from engine.errors import InvalidInput
+from engine.types import InferRequest, InferResponse
+
+# Which numpy kinds a JSON array may decode to for each family of datatypes.
+_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or InvalidInput saying what is wrong with it."""
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed JSON in request body: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidInput(f"request body must be a JSON object, got {type(payload).__name__}")
+    return payload
+
+
+def _field(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj:
+        raise InvalidInput(f"{where}: missing field '{key}'")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise InvalidInput(f"{where}: field '{key}' must be {names}, got {value!r:.60}")
+    return value
+
+
+def tensor_header(item: Any, index: int) -> tuple[str, str, list[int], dict[str, Any]]:
+    """Name, datatype, shape and parameters of one `inputs` entry, all checked."""
+    if not isinstance(item, dict):
+        raise InvalidInput(f"inputs[{index}] must be an object, got {type(item).__name__}")
+    name = _field(item, "name", str, f"inputs[{index}]")
+    where = f"input '{name}'"
+    datatype = _field(item, "datatype", str, where)
+    datatypes.numpy_dtype(datatype)
+    shape = _field(item, "shape", list, where)
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidInput(f"{where}: shape must be a list of non-negative integers, got {shape}")
+    parameters = item.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput(f"{where}: parameters must be an object")
+    return name, datatype, shape, parameters
+
+
+def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    """A JSON `data` field (flat or nested) as an array of `shape`; values are type-checked."""
+    where = f"input '{name}'"
+    if not isinstance(data, list):
+        data = [data]
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        flat = _flatten(data)
+        if not all(isinstance(v, str) for v in flat):
+            raise InvalidInput(f"{where}: BYTES data must be strings")
+        array = np.empty(len(flat), dtype=object)
+        array[:] = [v.encode("utf-8") for v in flat]
+    else:
+        target = datatypes.numpy_dtype(datatype)
+        try:
+            raw = np.asarray(data)
+        except ValueError:
+            raise InvalidInput(f"{where}: data is a ragged nested list") from None
+        if raw.size and raw.dtype.kind not in _KINDS.get(target.kind, ""):
+            got = "text" if raw.dtype.kind in "US" else f"{raw.dtype.kind!r}-kind values"
+            if raw.dtype.kind == "O":
+                got = "mixed or out-of-range values"
+            raise InvalidInput(f"{where}: data holds {got}; datatype {datatype} needs "
+                               f"{'booleans' if target.kind == 'b' else 'numbers'}")  # fmt: skip
+        if target.kind in "iu" and raw.size:
+            info = np.iinfo(target.str)
+            low, high = raw.min(), raw.max()
+            if low < info.min or high > info.max:
+                raise InvalidInput(
+                    f"{where}: value {low if low < info.min else high} is out of range for "
+                    f"{datatype} ({info.min} to {info.max})"
+                )
+        array = raw.astype(target, copy=False).reshape(-1)
+    if array.size != count:
+        raise InvalidInput(f"{where}: shape {shape} needs {count} values, data has {array.size}")
+    return array.reshape(shape)
+
+
+def _flatten(data: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for value in stack[-1]:
+            if isinstance(value, list):
+                stack.append(iter(value))
+                break
+            out.append(value)
+        else:
+            stack.pop()
+    return out
+
+
+def decode_request(
+    payload: dict[str, Any],
+    model_name: str,
+    model_version: str | None,
+    arrays: dict[str, np.ndarray] | None = None,
+) -> InferRequest:
+    """An InferRequest from a v2 JSON body. `arrays` holds inputs already decoded elsewhere
+    (binary tensor data), by name; every other input must carry JSON `data`."""
+    inputs_json = _field(payload, "inputs", list, "request")
+    if not inputs_json:
+        raise InvalidInput("request: 'inputs' is empty")
+    arrays = arrays or {}
+    inputs: dict[str, np.ndarray] = {}
+    types: dict[str, str] = {}
+    for index, item in enumerate(inputs_json):
+        name, datatype, shape, _ = tensor_header(item, index)
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' is given twice")
+        if name in arrays:
+            inputs[name] = arrays[name]
+        else:
+            if "data" not in item:
+                raise InvalidInput(f"input '{name}': missing field 'data'")
+            inputs[name] = decode_data(name, datatype, shape, item["data"])
+        types[name] = datatype
+    outputs = None
+    if payload.get("outputs") is not None:
+        outputs_json = _field(payload, "outputs", list, "request")
+        outputs = [_field(o if isinstance(o, dict) else {}, "name", str, f"outputs[{i}]")
+                   for i, o in enumerate(outputs_json)]  # fmt: skip
+    parameters = payload.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("request: 'parameters' must be an object")
+    request_id = payload.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput(f"request: 'id' must be a string, got {request_id!r:.60}")
+    return InferRequest(
+        model_name=model_name,
+        model_version=model_version,
+        inputs=inputs,
+        datatypes=types,
+        id=request_id,
+        outputs=outputs,
+        parameters=parameters,
+        priority=_int_parameter(parameters, "priority"),
+        timeout_s=_timeout(parameters),
+    )
+
+
+def _int_parameter(parameters: dict[str, Any], key: str) -> int | None:
+    value = parameters.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value!r:.60}")
+    return value
+
+
+def _timeout(parameters: dict[str, Any]) -> float | None:
+    """Triton's `timeout` parameter is in microseconds; 0 means none."""
+    micros = _int_parameter(parameters, "timeout")
+    return micros / 1e6 if micros else None
+
+
+def output_json(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:
+    """One output tensor as v2 JSON with flat data."""
+    if datatype == "BYTES":
+        data: Any = [
+            v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel()
+        ]
+    else:
+        data = np.ascontiguousarray(array).ravel()
+        if data.dtype == np.float16:
+            data = data.astype(np.float32)
+    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
+
+
+def response_json(response: InferResponse) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model_name": response.model_name,
+        "model_version": response.model_version,
+        "outputs": [
+            output_json(name, response.datatypes[name], array)
+            for name, array in response.outputs.items()
+        ],
+    }
+    if response.id is not None:
+        body["id"] = response.id
+    if response.parameters:
+        body["parameters"] = response.parameters
+    return body
+
+
+def encode_response(response: InferResponse) -> bytes:
+    return orjson.dumps(response_json(response), option=orjson.OPT_SERIALIZE_NUMPY)

@@ -1,0 +1,139 @@
+"""The process lifecycle: HTTP (uvicorn) and gRPC (grpc.aio) in one event loop, owning signals.
+
+Shutdown order on SIGTERM/SIGINT: readiness turns 503 and new requests get 503 -> queued and
+running requests finish (bounded by drain_timeout_s; what is left is answered 503) -> listeners
+close and open connections finish -> backends close. A second signal exits at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import math
+import os
+import signal
+import socket
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+from engine.engine import Engine
+from engine.settings import Settings, SettingsError
+from server.app import create_app
+
+log = logging.getLogger("sluice.server")
+
+
+def check_exposure(settings: Settings) -> None:
+    """Refuse to serve a non-loopback address with no API keys unless explicitly allowed."""
+    if settings.auth.keys or settings.allow_unauthenticated:
+        return
+    try:
+        loopback = ipaddress.ip_address(settings.host).is_loopback
+    except ValueError:
+        loopback = settings.host == "localhost"
+    if not loopback:
+        raise SettingsError(
+            f"refusing to serve {settings.host} with no API keys configured: add keys under "
+            "auth.keys (see `sluice keys create`) or pass --allow-unauthenticated"
+        )
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: sluice's Server decides the shutdown order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class Server:
+    """Runs the engine and both front-ends until a signal (or `stop()`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.engine = Engine(settings)
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self.http: _Uvicorn | None = None
+        self.grpc: Any = None
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown; a second call exits the process at once."""
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal: exiting without draining")
+            os._exit(1)
+        self._stop.set()
+
+    async def serve(self) -> None:
+        check_exposure(self.settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        await self.engine.start()
+        try:
+            await self._serve()
+        finally:
+            await self.engine.close()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+
+    async def _serve(self) -> None:
+        settings = self.settings
+        http_socket = _bind(settings.host, settings.http_port)
+        self.http_port = http_socket.getsockname()[1]
+        config = uvicorn.Config(
+            create_app(settings, self.engine),
+            http="httptools",
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+            timeout_graceful_shutdown=max(math.ceil(settings.drain_timeout_s), 1),
+            timeout_keep_alive=30,
+            backlog=2048,
+        )
+        self.http = _Uvicorn(config)
+        http_task = asyncio.create_task(self.http.serve(sockets=[http_socket]), name="http")
+        if settings.grpc_enabled:
+            await self._start_grpc()
+        log.info(
+            "sluice serving HTTP on %s:%s%s",
+            settings.host, self.http_port,
+            f", gRPC on {settings.host}:{self.grpc_port}" if self.grpc else "",
+        )  # fmt: skip
+        stop_task = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        log.info("shutting down: draining requests (at most %.1f s)", settings.drain_timeout_s)
+        await self.engine.drain()
+        self.http.should_exit = True
+        if self.grpc is not None:
+            await self.grpc.stop(grace=1.0)
+        await http_task
+        stop_task.cancel()
+
+    async def _start_grpc(self) -> None:
+        try:
+            from server.grpc_service import build_grpc_server
+        except ImportError:
+            log.warning("gRPC front-end not available in this build")
+            return
+        self.grpc, self.grpc_port = build_grpc_server(self.settings, self.engine)
+        await self.grpc.start()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.set_inheritable(True)
+    return sock
