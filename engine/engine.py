@@ -21,6 +21,7 @@ from engine.errors import (
     ModelNotReady,
     ShuttingDown,
 )
+from engine.metrics import Metrics
 from engine.model import LoadedModel, load_model
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import Settings
@@ -52,6 +53,8 @@ class Engine:
         self._started = False
         self._draining = False
         self._poller: asyncio.Task[None] | None = None
+        self._in_flight = 0
+        self.metrics = Metrics(self._snapshot)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -116,6 +119,13 @@ class Engine:
 
     async def infer(self, request: InferRequest) -> InferResponse:
         """Answer one request, or raise an EngineError saying why not."""
+        self._in_flight += 1
+        try:
+            return await self._infer(request)
+        finally:
+            self._in_flight -= 1
+
+    async def _infer(self, request: InferRequest) -> InferResponse:
         started = time.monotonic()
         if self._draining:
             raise ShuttingDown()
@@ -188,6 +198,10 @@ class Engine:
             models = [self._resolve(name, version)]
         return {"model_stats": [m.stats.triton(m.name, m.version) for m in models]}
 
+    def label_for(self, name: str) -> str:
+        """`name` if such a model is loaded, else a fixed label (clients cannot grow metrics)."""
+        return name if name in self._models else "_unknown"
+
     def models(self) -> list[LoadedModel]:
         """Every loaded model version."""
         return self._all_models()
@@ -231,6 +245,14 @@ class Engine:
             self._clear_failed(name)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "models": self._all_models(),
+            "index": self.repository_index() if self._repository else [],
+            "in_flight": self._in_flight,
+            "cache": None,
+        }
 
     def _require_control(self) -> None:
         if self.settings.model_control_mode == "none":

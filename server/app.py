@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -20,6 +22,9 @@ from engine.settings import Settings
 from engine.types import InferResponse, ModelMetadata
 from server import codec
 from server.errors import error_headers, http_status
+from server.logs import RequestIdMiddleware
+
+log = logging.getLogger("sluice.http")
 
 T = TypeVar("T")
 # Bodies larger than this are decoded and encoded in a worker thread, off the event loop.
@@ -93,6 +98,7 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> Response:
@@ -130,9 +136,28 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         is_ready = engine.model_ready(name, version)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
 
+    if settings.metrics.enabled:
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
     async def infer(request: Request, name: str, version: str | None = None) -> Response:
+        started = time.monotonic()
+        status = 200
+        try:
+            return await _infer(request, name, version)
+        except EngineError as exc:
+            status = http_status(exc)
+            raise
+        finally:
+            elapsed = time.monotonic() - started
+            engine.metrics.request(engine.label_for(name), version or "", "http", status, elapsed)
+            log.debug("POST %s -> %d in %.3f ms", request.url.path, status, elapsed * 1e3)
+
+    async def _infer(request: Request, name: str, version: str | None) -> Response:
         body = await read_body(request, settings.max_request_bytes)
         # TODO(protocol): binary tensor data extension (Inference-Header-Content-Length).
         if not body:
@@ -140,10 +165,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         infer_request = await off_loop(len(body), _decode, body, name, version)
         response = await unless_disconnected(request, engine.infer(infer_request))
         size = sum(a.nbytes for a in response.outputs.values())
-        return Response(
-            await off_loop(size, codec.encode_response, response),
-            media_type="application/json",
-        )
+        encode_started = time.monotonic()
+        body = await off_loop(size, codec.encode_response, response)
+        engine.metrics.encode.labels("http").observe(time.monotonic() - encode_started)
+        return Response(body, media_type="application/json")
 
     return app
 

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from batching.assembly import Layout, Padding, SplitError, bucket, concat, group_key, split
+
+DTYPES = st.sampled_from([np.float32, np.float64, np.int8, np.int64, np.uint16, np.bool_])
+
+
+@given(
+    dtype=DTYPES,
+    tail=st.lists(st.integers(1, 3), min_size=0, max_size=2),
+    counts=st.lists(st.integers(1, 4), min_size=1, max_size=6),
+    data=st.data(),
+)
+def test_concat_split_round_trip(
+    dtype: type, tail: list[int], counts: list[int], data: st.DataObject
+) -> None:
+    parts = [
+        {"a": data.draw(hnp.arrays(dtype, (n, *tail))), "b": np.arange(n * 2).reshape(n, 2)}
+        for n in counts
+    ]
+    batch, layout = concat(parts, {})
+    assert batch["a"].shape[0] == sum(counts)
+    back = split(batch, layout)
+    for part, result in zip(parts, back, strict=True):
+        np.testing.assert_array_equal(part["a"], result["a"])
+        np.testing.assert_array_equal(part["b"], result["b"])
+
+
+def test_padding_pads_to_longest_and_split_cuts_back() -> None:
+    parts = [{"ids": np.ones((1, 3), np.int64)}, {"ids": np.full((2, 5), 7, np.int64)}]
+    batch, layout = concat(parts, {"ids": Padding(axis=1, value=-9)})
+    assert batch["ids"].shape == (3, 5)
+    assert batch["ids"][0].tolist() == [1, 1, 1, -9, -9]
+    outputs = {"h": np.repeat(batch["ids"][:, :, None], 2, axis=2), "pooled": batch["ids"][:, :1]}
+    back = split(outputs, layout)
+    assert back[0]["h"].shape == (1, 3, 2)
+    assert back[1]["h"].shape == (2, 5, 2)
+    assert back[0]["pooled"].shape == (1, 1)  # axis 1 is not the padded length: left alone
+
+
+def test_split_checks_row_counts() -> None:
+    with pytest.raises(SplitError, match="output 'y' has 3 rows; the batch has 4 rows"):
+        split({"y": np.zeros((3, 2))}, Layout((2, 2), ((), ())))
+    with pytest.raises(SplitError, match="output 'y' has a scalar"):
+        split({"y": np.float32(1.0)}, Layout((1,), ((),)))  # type: ignore[dict-item]
+
+
+def test_group_key_separates_shapes_and_buckets_padded_lengths() -> None:
+    pad = {"ids": Padding(axis=1, value=0)}
+    key = lambda n: group_key({"ids": np.zeros((1, n), np.int64)}, pad, 1.5)  # noqa: E731
+    assert key(4) == key(5)
+    assert key(4) != key(9)
+    assert group_key({"x": np.zeros((1, 3))}, {}, 1.5) != group_key(
+        {"x": np.zeros((1, 4))}, {}, 1.5
+    )
+    assert group_key({"x": np.zeros((2, 3))}, {}, 1.5) == group_key(
+        {"x": np.zeros((5, 3))}, {}, 1.5
+    )
+
+
+def test_bucket_ratio_bounds_padding_waste() -> None:
+    for length in range(2, 500):
+        same = [n for n in range(2, 500) if bucket(n, 1.5) == bucket(length, 1.5)]
+        assert max(same) / min(same) < 1.5 + 1e-9 or max(same) - min(same) <= 1
+    assert bucket(7, 1.0) == 7

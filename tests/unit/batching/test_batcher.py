@@ -1,0 +1,329 @@
+"""Deterministic batcher tests: pause() holds batch formation, so batch composition is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from batching.assembly import Padding
+from batching.batcher import Batcher, BatchPolicy
+from engine.errors import BackendError, DeadlineExceeded, Overloaded, ShuttingDown
+
+Tensors = dict[str, np.ndarray]
+
+
+class Recorder:
+    """A fake run_batch: doubles `x`, records each batch's row tags; fails on a -1 row."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.running = 0
+        self.peak = 0
+        self.gate: asyncio.Event | None = None
+        self.entered: asyncio.Queue[None] = asyncio.Queue()
+
+    async def __call__(self, inputs: Tensors) -> Tensors:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        self.entered.put_nowait(None)
+        try:
+            if self.gate is not None:
+                await self.gate.wait()
+            x = inputs["x"]
+            self.batches.append([int(v) for v in x[:, 0]])
+            if (x == -1).any():
+                raise ValueError("row with -1")
+            return {"y": x * 2}
+        finally:
+            self.running -= 1
+
+
+def rows(tag: int, count: int = 1, width: int = 2) -> Tensors:
+    return {"x": np.full((count, width), tag, dtype=np.int64)}
+
+
+async def settle() -> None:
+    """Let every ready task run up to its next real wait."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def submit_all(
+    batcher: Batcher, items: list[Tensors], **kwargs: object
+) -> list[asyncio.Task[Tensors]]:
+    tasks = [
+        asyncio.create_task(batcher.submit(item, item["x"].shape[0], **kwargs))  # type: ignore[arg-type]
+        for item in items
+    ]
+    await settle()
+    return tasks
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()
+
+
+def make(recorder: Recorder, **policy: object) -> Batcher:
+    settings = {"max_batch_size": 4, "max_queue_delay_s": 5.0, **policy}
+    return Batcher(recorder, BatchPolicy(**settings))  # type: ignore[arg-type]
+
+
+async def test_full_batches_go_at_once(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(i) for i in range(8)])
+    batcher.resume()
+    results = await asyncio.gather(*tasks)
+    assert recorder.batches == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [int(r["y"][0, 0]) for r in results] == [2 * i for i in range(8)]
+    await batcher.close()
+
+
+async def test_preferred_size_goes_at_once(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=8, preferred_batch_sizes=(3,))
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(i) for i in range(3)])
+    batcher.resume()
+    await asyncio.gather(*tasks)
+    assert recorder.batches == [[0, 1, 2]]
+    await batcher.close()
+
+
+async def test_partial_batch_waits_for_the_delay(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=8, max_queue_delay_s=0.05)
+    started = time.monotonic()
+    tasks = await submit_all(batcher, [rows(1), rows(2)])
+    await asyncio.gather(*tasks)
+    assert recorder.batches == [[1, 2]]
+    assert time.monotonic() - started >= 0.05
+    await batcher.close()
+
+
+async def test_rows_count_and_requests_are_never_split(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1, 3), rows(2, 1), rows(3, 2), rows(4, 2)])
+    batcher.resume()
+    results = await asyncio.gather(*tasks)
+    assert recorder.batches == [[1, 1, 1, 2], [3, 3, 4, 4]]
+    assert [r["y"].shape[0] for r in results] == [3, 1, 2, 2]
+    await batcher.close()
+
+
+async def test_higher_priority_first_fifo_within_level(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=1, priority_levels=3)
+    batcher.pause()
+    low = await submit_all(batcher, [rows(1), rows(2)], priority=0)
+    high = await submit_all(batcher, [rows(3), rows(4)], priority=2)
+    batcher.resume()
+    await asyncio.gather(*low, *high)
+    assert recorder.batches == [[3], [4], [1], [2]]
+    await batcher.close()
+
+
+async def test_tenants_share_a_level_round_robin(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=2)
+    batcher.pause()
+    flood = await submit_all(batcher, [rows(i) for i in range(6)], tenant="flood")
+    modest = await submit_all(batcher, [rows(100), rows(101)], tenant="modest")
+    batcher.resume()
+    await asyncio.gather(*flood, *modest)
+    # The modest tenant's requests are in the first two batches, not after the flood.
+    assert recorder.batches[0] == [0, 100]
+    assert sorted(recorder.batches[1]) == [1, 101]
+    await batcher.close()
+
+
+async def test_tenant_share_caps_queued_rows(recorder: Recorder) -> None:
+    batcher = Batcher(
+        recorder,
+        BatchPolicy(max_batch_size=4, max_queue_delay_s=5.0, max_queue_size=10),
+        tenant_share=lambda tenant: 0.3 if tenant == "flood" else 1.0,
+    )
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(i) for i in range(3)], tenant="flood")
+    with pytest.raises(Overloaded, match="tenant 'flood' holds 3 queued rows"):
+        await batcher.submit(rows(9), 1, tenant="flood")
+    other = await submit_all(batcher, [rows(50)], tenant="other")
+    batcher.resume()
+    await asyncio.gather(*tasks, *other)
+    assert sorted(tag for batch in recorder.batches for tag in batch) == [0, 1, 2, 50]
+    await batcher.close()
+
+
+async def test_full_queue_rejects_at_once(recorder: Recorder) -> None:
+    batcher = make(recorder, max_queue_size=4, max_queue_delay_s=0.05)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1, 3)])
+    with pytest.raises(Overloaded, match="3 of 4 rows queued, request has 2"):
+        await batcher.submit(rows(2, 2), 2)
+    batcher.resume()
+    await asyncio.gather(*tasks)
+    await batcher.close()
+
+
+async def test_deadline_in_queue_answers_and_never_runs(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    with pytest.raises(DeadlineExceeded, match="it was not run"):
+        await batcher.submit(rows(7), 1, deadline=time.monotonic() + 0.01)
+    assert batcher.queue.requests == 0
+    batcher.resume()
+    tasks = await submit_all(batcher, [rows(i) for i in range(4)])
+    await asyncio.gather(*tasks)
+    assert recorder.batches == [[0, 1, 2, 3]]
+    await batcher.close()
+
+
+async def test_running_request_is_not_cut_off_by_its_deadline(recorder: Recorder) -> None:
+    recorder.gate = asyncio.Event()
+    batcher = make(recorder, max_batch_size=1)
+    task = asyncio.create_task(batcher.submit(rows(5), 1, deadline=time.monotonic() + 0.02))
+    await recorder.entered.get()
+    await asyncio.sleep(0.03)  # the deadline passes while the batch runs
+    recorder.gate.set()
+    assert int((await task)["y"][0, 0]) == 10
+    await batcher.close()
+
+
+async def test_cancelled_request_is_removed_before_run(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(i) for i in range(5)])
+    tasks[1].cancel()
+    await settle()
+    assert batcher.queue.rows == 4
+    batcher.resume()
+    await asyncio.gather(*(t for i, t in enumerate(tasks) if i != 1))
+    assert recorder.batches == [[0, 2, 3, 4]]
+    await batcher.close()
+
+
+async def test_all_cancelled_batch_never_runs(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1), rows(2)])
+    for task in tasks:
+        task.cancel()
+    await settle()
+    batcher.resume()
+    later = await submit_all(batcher, [rows(i) for i in range(10, 14)])
+    await asyncio.gather(*later)
+    assert recorder.batches == [[10, 11, 12, 13]]
+    await batcher.close()
+
+
+async def test_failure_fails_only_the_bad_request(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1), rows(-1), rows(3), rows(4)])
+    batcher.resume()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[1], BackendError)
+    assert "row with -1" in results[1].message
+    assert [int(r["y"][0, 0]) for i, r in enumerate(results) if i != 1] == [2, 6, 8]  # type: ignore[index]
+    await batcher.close()
+
+
+async def test_row_count_mismatch_is_a_clear_error() -> None:
+    async def wrong(inputs: Tensors) -> Tensors:
+        return {"y": inputs["x"][:1]}
+
+    batcher = Batcher(wrong, BatchPolicy(max_batch_size=4, max_queue_delay_s=0.01))
+    with pytest.raises(BackendError, match="output 'y' has 1 rows; the batch has 2 rows"):
+        await batcher.submit(rows(1, 2), 2)
+    await batcher.close()
+
+
+async def test_shape_groups_batch_apart(recorder: Recorder) -> None:
+    batcher = make(recorder, max_queue_delay_s=0.05)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1), rows(2, width=5), rows(3), rows(4), rows(5)])
+    batcher.resume()
+    await asyncio.gather(*tasks[:1], *tasks[2:])
+    assert recorder.batches[0] == [1, 3, 4, 5]
+    await asyncio.wait_for(tasks[1], 10)
+    assert recorder.batches[1] == [2]
+    await batcher.close()
+
+
+async def test_unbatched_model_runs_each_request_alone(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=0)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(i) for i in range(3)])
+    batcher.resume()
+    await asyncio.gather(*tasks)
+    assert recorder.batches == [[0], [1], [2]]
+    await batcher.close()
+
+
+async def test_instances_run_batches_concurrently(recorder: Recorder) -> None:
+    recorder.gate = asyncio.Event()
+    batcher = make(recorder, max_batch_size=1, instances=2)
+    tasks = await submit_all(batcher, [rows(i) for i in range(4)])
+    await recorder.entered.get()
+    await recorder.entered.get()  # two batches inside run_batch at once
+    recorder.gate.set()
+    await asyncio.gather(*tasks)
+    assert recorder.peak == 2
+    await batcher.close()
+
+
+async def test_padding_merges_lengths_and_slices_outputs_back(recorder: Recorder) -> None:
+    async def identity(inputs: Tensors) -> Tensors:
+        recorder.batches.append(list(inputs["x"].shape))
+        return {"y": inputs["x"] * 2}
+
+    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=0.05,
+                         padding={"x": Padding(axis=1, value=0)}, pad_bucket_ratio=1.5)  # fmt: skip
+    batcher = Batcher(identity, policy)
+    batcher.pause()
+    items = [rows(1, width=4), rows(2, width=5), rows(3, width=9), rows(4, width=5)]
+    tasks = await submit_all(batcher, items)
+    batcher.resume()
+    await asyncio.wait([tasks[0], tasks[1], tasks[3]])
+    assert recorder.batches[0] == [3, 5]  # lengths 4 and 5 share a bucket, padded to 5
+    results = [t.result() for t in (tasks[0], tasks[1], tasks[3])]
+    assert [r["y"].shape for r in results] == [(1, 4), (1, 5), (1, 5)]
+    assert (results[0]["y"] == 2).all()
+    assert (await asyncio.wait_for(tasks[2], 10))["y"].shape == (1, 9)
+    await batcher.close()
+
+
+async def test_random_payloads_come_back_to_their_callers() -> None:
+    async def double(inputs: Tensors) -> Tensors:
+        await asyncio.sleep(0)
+        return {"y": inputs["x"] * 2}
+
+    batcher = Batcher(double, BatchPolicy(max_batch_size=16, max_queue_delay_s=0.001, instances=3))
+    rng = np.random.default_rng(1)
+    payloads = [rng.standard_normal((int(rng.integers(1, 4)), 3)) for _ in range(300)]
+    results = await asyncio.gather(*(batcher.submit({"x": p}, p.shape[0]) for p in payloads))
+    for payload, result in zip(payloads, results, strict=True):
+        np.testing.assert_array_equal(result["y"], payload * 2)
+    await batcher.close()
+
+
+async def test_drain_answers_everything_queued(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=4, max_queue_delay_s=30.0)
+    tasks = await submit_all(batcher, [rows(i) for i in range(3)])
+    await batcher.drain()  # does not wait 30 s for the window
+    assert [int(t.result()["y"][0, 0]) for t in tasks] == [0, 2, 4]
+    with pytest.raises(ShuttingDown):
+        await batcher.submit(rows(1), 1)
+    await batcher.close()
+
+
+async def test_close_answers_queued_requests_shutting_down(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1), rows(2)])
+    await batcher.close()
+    for task in tasks:
+        with pytest.raises(ShuttingDown):
+            await task
+    assert recorder.batches == []
