@@ -10,9 +10,19 @@ import logging
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from engine.cache import (
+    CachedResult,
+    Coalescer,
+    ResultCache,
+    build_cache,
+    cache_key_async,
+    cache_requested,
+    copy_result,
+)
 from engine.demo import write_demo_repository
 from engine.errors import (
     EngineError,
@@ -49,12 +59,13 @@ class Engine:
         self._failed: dict[tuple[str, str], str] = {}  # (name, version) -> reason
         self._loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
-        self._generation = 0
         self._started = False
         self._draining = False
         self._poller: asyncio.Task[None] | None = None
         self._in_flight = 0
         self.metrics = Metrics(self._snapshot)
+        self.cache: ResultCache | None = None
+        self._coalescer: Coalescer[CachedResult] = Coalescer(clone=copy_result)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -71,6 +82,7 @@ class Engine:
             self._tempdir = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
             root = write_demo_repository(self._tempdir)
         self._repository = Repository(root)
+        self.cache = build_cache(self.settings.cache)
         mode = self.settings.model_control_mode
         names = self.repository.names()
         if mode == "explicit" and "*" not in self.settings.load_models:
@@ -112,6 +124,8 @@ class Engine:
         for model in self._all_models():
             await model.close()
         self._models.clear()
+        if self.cache is not None:
+            await self.cache.close()
         if self._tempdir is not None:
             shutil.rmtree(self._tempdir, ignore_errors=True)
 
@@ -142,22 +156,65 @@ class Engine:
             )
         timeout_s = request.timeout_s or batching.default_timeout_s
         deadline = started + timeout_s if timeout_s else None
-        try:
+        names = request.outputs or [spec.name for spec in model.backend.outputs]
+        types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
+
+        async def compute() -> CachedResult:
             outputs = await model.batcher.submit(
                 request.inputs, rows, priority, request.tenant or "", deadline
             )
+            return CachedResult({name: outputs[name] for name in names}, types)
+
+        parameters: dict[str, Any] = {}
+        try:
+            if (
+                self.cache is not None
+                and model.config.cache.enabled
+                and cache_requested(request.parameters)
+            ):
+                result, hit = await self._cached(model, request, compute)
+                parameters["cache_hit"] = hit
+            else:
+                result = await compute()
         except EngineError:
             model.stats.request_done(time.monotonic() - started, ok=False)
             raise
         model.stats.request_done(time.monotonic() - started, ok=True)
-        names = request.outputs or [spec.name for spec in model.backend.outputs]
         return InferResponse(
             model_name=model.name,
             model_version=model.version,
-            outputs={name: outputs[name] for name in names},
-            datatypes={s.name: s.datatype for s in model.backend.outputs if s.name in names},
+            outputs=dict(result.outputs),
+            datatypes=dict(result.datatypes),
             id=request.id,
+            parameters=parameters,
         )
+
+    async def _cached(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        compute: Callable[[], Awaitable[CachedResult]],
+    ) -> tuple[CachedResult, bool]:
+        """The cached result, or one computed once for every identical request in flight."""
+        assert self.cache is not None
+        cache = self.cache
+        key = await cache_key_async(
+            self.settings.cache.namespace, model.name, model.version, model.generation,
+            request.inputs, request.datatypes, request.outputs, request.parameters,
+        )  # fmt: skip
+        looked_up = time.monotonic()
+        hit = await cache.get(key)
+        if hit is not None:
+            model.stats.cache_hit.add(time.monotonic() - looked_up)
+            return hit, True
+        model.stats.cache_miss.add(time.monotonic() - looked_up)
+
+        async def compute_and_store() -> CachedResult:
+            result = await compute()
+            await cache.put(key, result, model.config.cache.ttl_s)
+            return result
+
+        return await self._coalescer.run(key, compute_and_store), False
 
     # -- metadata --------------------------------------------------------------------------------
 
@@ -251,7 +308,7 @@ class Engine:
             "models": self._all_models(),
             "index": self.repository_index() if self._repository else [],
             "in_flight": self._in_flight,
-            "cache": None,
+            "cache": self.cache.stats if self.cache is not None else None,
         }
 
     def _require_control(self) -> None:
@@ -308,12 +365,10 @@ class Engine:
         current = self._models.get(entry.name, {})
         fresh: dict[str, LoadedModel] = {}
         for version, path in entry.versions.items():
-            self._generation += 1
             try:
                 fresh[str(version)] = await load_model(
-                    entry.name, version, path, entry.config, self.settings.batching,
-                    self._generation,
-                )  # fmt: skip
+                    entry.name, version, path, entry.config, self.settings.batching
+                )
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
                 self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"

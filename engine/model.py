@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +50,16 @@ def batch_size_limit(config: ModelConfig, inputs: tuple[TensorSpec, ...], defaul
     return config.max_batch_size
 
 
+def fingerprint(path: Path, config: ModelConfig) -> str:
+    """Content hash of the model file and its config: the same on every replica serving the same
+    files, so a shared cache is shared, and new whenever either changes, so stale entries die."""
+    digest = hashlib.blake2b(config.model_dump_json().encode(), digest_size=12)
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def warm_up(backend: Backend, sizes: list[int], max_batch_size: int) -> None:
     """Run zeros through the model so the first real request pays no first-run cost."""
     batches = sorted({min(s, max_batch_size) for s in sizes}) if max_batch_size else [0]
@@ -74,7 +85,7 @@ class LoadedModel:
     config: ModelConfig
     backend: Backend
     max_batch_size: int
-    generation: int
+    generation: str
     stats: ModelStats
     batcher: Batcher
     executor: ThreadPoolExecutor
@@ -98,13 +109,13 @@ async def load_model(
     path: Path,
     config: ModelConfig,
     defaults: BatchingDefaults,
-    generation: int,
     tenant_share: Callable[[str], float] | None = None,
 ) -> LoadedModel:
     """Open, auto-complete, warm up and start batching one model version."""
     label = f"model '{name}' version {version}"
     started = time.monotonic()
     backend = await asyncio.to_thread(open_backend, config, path, label)
+    generation = await asyncio.to_thread(fingerprint, path, config)
     try:
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
         if config.warmup.enabled:

@@ -15,6 +15,7 @@ from engine.cache.factory import build_cache
 from engine.cache.key import (
     TRANSPORT_PARAMETERS,
     cache_key,
+    cache_key_async,
     cache_requested,
     namespace,
     request_key,
@@ -35,6 +36,7 @@ __all__ = [
     "TieredCache",
     "build_cache",
     "cache_key",
+    "cache_key_async",
     "cache_requested",
     "copy_outputs",
     "copy_result",

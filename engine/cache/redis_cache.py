@@ -81,6 +81,7 @@ class RedisCache:
         self._next_log = float("-inf")
         self._unlogged = 0
         self._closed = False
+        self._disconnected = False
 
     @classmethod
     def from_settings(cls, settings: CacheSettings) -> RedisCache:
@@ -148,8 +149,9 @@ class RedisCache:
 
     async def close(self) -> None:
         """Finish pending writes, then close every connection. Later calls are misses."""
-        self._closed = True
+        self._closed = True  # no new writes; the ones in flight may still finish
         await self.flush()
+        self._disconnected = True
         await self._client.aclose(close_connection_pool=True)
 
     async def _fetch(self, key: bytes, with_ttl: bool) -> tuple[CachedResult, float | None] | None:
@@ -191,7 +193,9 @@ class RedisCache:
             self._stats.stores += 1
 
     async def _call(self, op: str, call: Callable[[], Awaitable[T]]) -> T | _Failed:
-        if self._closed or self._clock() < self._down_until:
+        if self._disconnected:
+            return _FAILED
+        if self._clock() < self._down_until:
             self._stats.errors += 1
             return _FAILED
         try:
