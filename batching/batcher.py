@@ -1,7 +1,9 @@
 """The dynamic batcher: one owner task per model version turns queued requests into batches.
 
 A batch is sent when it holds `max_batch_size` rows, when it reaches a preferred size, or when
-`max_queue_delay_s` has passed since its first request was queued. Up to `instances` batches run
+`max_queue_delay_s` has passed since its first request was queued — or at once when no batch of
+the model is running (`dispatch_when_idle`): waiting then only adds latency, and requests that
+arrive while it runs form the next batch by themselves. Up to `instances` batches run
 at once. A request is never split across batches; requests whose shapes differ are batched apart.
 """
 
@@ -38,6 +40,7 @@ class BatchPolicy:
     instances: int = 1
     padding: Mapping[str, Padding] = field(default_factory=dict)
     pad_bucket_ratio: float = 1.5
+    dispatch_when_idle: bool = True
 
 
 class BatchObserver(Protocol):
@@ -186,6 +189,8 @@ class Batcher:
         policy = self.policy
         largest_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
         window_end = head.enqueued + policy.max_queue_delay_s
+        if policy.dispatch_when_idle and not self._running:
+            return
         while head.state == QUEUED and not self._closing and self._gate.is_set():
             rows = self.queue.group_rows(head.group)
             if (

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import (
     CachedResult,
     Coalescer,
@@ -26,11 +27,13 @@ from engine.cache import (
 from engine.demo import write_demo_repository
 from engine.errors import (
     EngineError,
+    Forbidden,
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
     ShuttingDown,
 )
+from engine.limits import Limiter, build_limiter
 from engine.metrics import Metrics
 from engine.model import LoadedModel, load_model
 from engine.repository import ModelEntry, Repository, check_name
@@ -65,6 +68,8 @@ class Engine:
         self._in_flight = 0
         self.metrics = Metrics(self._snapshot)
         self.cache: ResultCache | None = None
+        self.authenticator = Authenticator(settings.auth)
+        self.limiter: Limiter = build_limiter(settings.rate_limit)
         self._coalescer: Coalescer[CachedResult] = Coalescer(clone=copy_result)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -126,6 +131,7 @@ class Engine:
         self._models.clear()
         if self.cache is not None:
             await self.cache.close()
+        await self.limiter.aclose()
         if self._tempdir is not None:
             shutil.rmtree(self._tempdir, ignore_errors=True)
 
@@ -147,13 +153,40 @@ class Engine:
         rows = check_request(
             request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
         )
+        tenant = request.tenant or ANONYMOUS_TENANT
+        async with await self.limiter.admit(tenant, model.name, rows) as admission:
+            priority = self._priority(model, request.priority, tenant, admission.priority)
+            return await self._admitted(model, request, rows, priority, started)
+
+    def _priority(
+        self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
+    ) -> int:
+        """The request's batching level: as asked, or the tenant's, or the model's default. A
+        tenant with configured limits cannot ask for more than its own priority."""
         batching = model.config.dynamic_batching
-        priority = batching.default_priority if request.priority is None else request.priority
-        if not 0 <= priority < batching.priority_levels:
+        top = batching.priority_levels - 1
+        if asked is None:
+            return min(tenant_priority, top) if tenant_priority else batching.default_priority
+        if not 0 <= asked <= top:
             raise InvalidInput(
-                f"priority {priority} is out of range for {model.label}: it has priority levels "
-                f"0 to {batching.priority_levels - 1}"
+                f"priority {asked} is out of range for {model.label}: it has priority levels "
+                f"0 to {top}"
             )
+        if tenant in self.settings.rate_limit.tenants and asked > tenant_priority:
+            raise Forbidden(
+                f"tenant '{tenant}' may use priority up to {tenant_priority}; asked for {asked}"
+            )
+        return asked
+
+    async def _admitted(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        rows: int,
+        priority: int,
+        started: float,
+    ) -> InferResponse:
+        batching = model.config.dynamic_batching
         timeout_s = request.timeout_s or batching.default_timeout_s
         deadline = started + timeout_s if timeout_s else None
         names = request.outputs or [spec.name for spec in model.backend.outputs]
@@ -161,7 +194,7 @@ class Engine:
 
         async def compute() -> CachedResult:
             outputs = await model.batcher.submit(
-                request.inputs, rows, priority, request.tenant or "", deadline
+                request.inputs, rows, priority, request.tenant or ANONYMOUS_TENANT, deadline
             )
             return CachedResult({name: outputs[name] for name in names}, types)
 
@@ -367,8 +400,9 @@ class Engine:
         for version, path in entry.versions.items():
             try:
                 fresh[str(version)] = await load_model(
-                    entry.name, version, path, entry.config, self.settings.batching
-                )
+                    entry.name, version, path, entry.config, self.settings.batching,
+                    lambda tenant: self.limiter.limits_for(tenant).max_queue_share,
+                )  # fmt: skip
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
                 self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"

@@ -134,6 +134,7 @@ async def load_model(
         instances=config.instances,
         padding={k: Padding(v.axis, v.value) for k, v in batching.pad.items()},
         pad_bucket_ratio=batching.pad_bucket_ratio,
+        dispatch_when_idle=batching.dispatch_when_idle,
     )
     executor = ThreadPoolExecutor(config.instances, thread_name_prefix=f"infer-{name}-{version}")
     loop = asyncio.get_running_loop()

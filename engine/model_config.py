@@ -71,6 +71,8 @@ class DynamicBatching(Section):
     """Inputs that may be padded along an axis so requests of different lengths share a batch."""
     pad_bucket_ratio: float = Field(1.5, ge=1)
     """A padded batch only merges requests whose lengths are within this ratio of each other."""
+    dispatch_when_idle: bool = True
+    """Send at once when no batch of this model is running instead of waiting for the delay."""
 
     @model_validator(mode="after")
     def _priorities(self) -> DynamicBatching:

@@ -56,7 +56,10 @@ class Repository:
         found = {
             int(child.name): child / filename
             for child in path.iterdir()
-            if child.is_dir() and child.name.isdigit() and (child / filename).is_file()
+            if child.is_dir()
+            and child.name.isascii()  # '²'.isdigit() is true, int('²') fails
+            and child.name.isdigit()
+            and (child / filename).is_file()
         }
         served = config.version_policy.select(list(found))
         return ModelEntry(name, path, config, {v: found[v] for v in served})

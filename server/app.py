@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive
 
+from engine.auth import Principal, api_key_from_headers
 from engine.engine import Engine
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge
 from engine.settings import Settings
@@ -120,18 +121,34 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     async def ready() -> Response:
         return json_response({"ready": engine.ready}, 200 if engine.ready else 503)
 
+    def principal(request: Request, model: str | None = None) -> Principal:
+        """The caller, from its API key; Forbidden when it may not use `model`."""
+        caller = engine.authenticator.authenticate(api_key_from_headers(request.headers))
+        if model is not None:
+            caller.check_model(model)
+        return caller
+
+    app.state.principal = principal
+
     @app.get("/v2")
-    async def server_metadata() -> Response:
+    async def server_metadata(request: Request) -> Response:
+        principal(request)
         return json_response(engine.server_metadata())
+
+    @app.get("/v2/tenants/self/usage")
+    async def usage(request: Request) -> Response:
+        return json_response(await engine.limiter.usage(principal(request).tenant))
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(name: str, version: str | None = None) -> Response:
+    async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
+        principal(request, name)
         return json_response(metadata_json(engine.model_metadata(name, version)))
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(name: str, version: str | None = None) -> Response:
+    async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
+        principal(request, name)
         engine.model_metadata(name, version)  # unknown model or version: 404
         is_ready = engine.model_ready(name, version)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
@@ -158,17 +175,40 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
             log.debug("POST %s -> %d in %.3f ms", request.url.path, status, elapsed * 1e3)
 
     async def _infer(request: Request, name: str, version: str | None) -> Response:
+        tenant = principal(request, name).tenant
         body = await read_body(request, settings.max_request_bytes)
-        # TODO(protocol): binary tensor data extension (Inference-Header-Content-Length).
+        # Binary tensor data extension (server/binary.py): a JSON header of
+        # Inference-Header-Content-Length bytes, then the binary inputs; outputs go back as
+        # binary when asked (binary_data / binary_data_output); gzip/deflate both ways.
+        from server import binary
+
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")
-        infer_request = await off_loop(len(body), _decode, body, name, version)
+
+        def decode() -> tuple[Any, binary.BinaryRequest]:
+            limit = settings.max_request_bytes
+            plain = binary.decompress(body, request.headers.get("content-encoding"), limit)
+            split = binary.split_request(plain, request.headers)
+            return codec.decode_request(split.header, name, version, split.arrays), split
+
+        def json_data(array: Any, datatype: str) -> Any:
+            return codec.output_json("", datatype, array)["data"]
+
+        infer_request, split = await off_loop(len(body), decode)
+        infer_request.tenant = tenant
         response = await unless_disconnected(request, engine.infer(infer_request))
         size = sum(a.nbytes for a in response.outputs.values())
         encode_started = time.monotonic()
-        body = await off_loop(size, codec.encode_response, response)
+        content, headers = await off_loop(
+            size,
+            binary.encode_response,
+            response,
+            split.binary_outputs(response.outputs),
+            json_data,
+            request.headers.get("accept-encoding"),
+        )
         engine.metrics.encode.labels("http").observe(time.monotonic() - encode_started)
-        return Response(body, media_type="application/json")
+        return Response(content, headers=headers)
 
     return app
 

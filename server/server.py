@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import math
 import os
@@ -19,26 +18,12 @@ from typing import Any
 
 import uvicorn
 
+from engine.auth import ensure_safe_bind
 from engine.engine import Engine
 from engine.settings import Settings, SettingsError
 from server.app import create_app
 
 log = logging.getLogger("sluice.server")
-
-
-def check_exposure(settings: Settings) -> None:
-    """Refuse to serve a non-loopback address with no API keys unless explicitly allowed."""
-    if settings.auth.keys or settings.allow_unauthenticated:
-        return
-    try:
-        loopback = ipaddress.ip_address(settings.host).is_loopback
-    except ValueError:
-        loopback = settings.host == "localhost"
-    if not loopback:
-        raise SettingsError(
-            f"refusing to serve {settings.host} with no API keys configured: add keys under "
-            "auth.keys (see `sluice keys create`) or pass --allow-unauthenticated"
-        )
 
 
 class _Uvicorn(uvicorn.Server):
@@ -71,7 +56,9 @@ class Server:
         self._stop.set()
 
     async def serve(self) -> None:
-        check_exposure(self.settings)
+        ensure_safe_bind(
+            self.settings.host, self.settings.auth, self.settings.allow_unauthenticated
+        )
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)

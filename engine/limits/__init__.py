@@ -7,9 +7,9 @@ this process (`memory`) or in Redis (`redis`, one atomic Lua script per admissio
 concurrency caps are always per process.
 """
 
-from engine.limits.backend import BackendUnavailable, LimitBackend, Outcome
 from engine.limits.limiter import Admission, Limiter, LimiterCounters, build_limiter
-from engine.limits.memory_backend import MemoryBackend
+from engine.limits.local import MemoryBackend
+from engine.limits.plan import BackendUnavailable, LimitBackend, Outcome
 from engine.limits.redis_backend import RedisBackend
 
 __all__ = [

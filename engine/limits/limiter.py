@@ -21,12 +21,18 @@ from typing import Any
 
 from engine.errors import Overloaded
 from engine.limits import verdict
-from engine.limits.backend import BackendUnavailable, LimitBackend, Outcome
-from engine.limits.concurrency import ConcurrencyGate
-from engine.limits.memory_backend import MemoryBackend
-from engine.limits.plan import Check, Plan, build_plan, full_plan, tenant_limits
+from engine.limits.local import ConcurrencyGate, MemoryBackend
+from engine.limits.plan import (
+    BackendUnavailable,
+    Check,
+    LimitBackend,
+    Outcome,
+    Plan,
+    build_plan,
+    full_plan,
+    tenant_limits,
+)
 from engine.limits.redis_backend import RedisBackend
-from engine.limits.usage import usage_report
 from engine.settings import RateLimitSettings, SettingsError, TenantLimits
 
 logger = logging.getLogger(__name__)
@@ -150,9 +156,12 @@ class Limiter:
     async def usage(self, tenant: str) -> dict[str, Any]:
         """The tenant's quotas, buckets and slots now, for `GET /v2/tenants/self/usage`."""
         plan = full_plan(self._settings, tenant)
-        outcome, source = await self._apply(tenant, plan.checks, 0, commit=False)
+        if plan.checks:
+            outcome, source = await self._apply(tenant, plan.checks, 0, commit=False)
+        else:  # nothing stored anywhere: no round trip to Redis
+            outcome, source = Outcome(True, (), time.time()), self._backend.name
         reports = [verdict.report(level, 0, False, outcome.now_unix_s) for level in outcome.levels]
-        return usage_report(
+        return verdict.usage_report(
             tenant, self.unit, source, reports, plan.caps, self._gate, outcome.now_unix_s
         )
 

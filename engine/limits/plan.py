@@ -1,4 +1,7 @@
-"""What to check for one tenant (and model): the `Plan` resolved from `RateLimitSettings`.
+"""What to check for one tenant (and model), and what a backend answered.
+
+`Plan` is resolved from `RateLimitSettings`; `LimitBackend` is the contract of where buckets
+and quotas are stored; `Outcome` is its answer.
 
 A plan lists token buckets and quotas (`Check`, evaluated by a backend) and concurrency caps
 (`Cap`, always local to this process). Tenant-wide limits come from `rate_limit.tenants[tenant]`
@@ -8,8 +11,9 @@ adds its own rate, burst, concurrency and quotas on top (both must pass).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from engine.limits.bucket import effective_burst
 from engine.settings import RateLimitSettings, TenantLimits
@@ -102,3 +106,52 @@ def _scope(limits: TenantLimits, model: str | None) -> tuple[tuple[Check, ...], 
         checks.append(Check("month", model, limit=limits.quota_per_month))
     caps = (Cap(model, limits.max_concurrent),) if limits.max_concurrent is not None else ()
     return tuple(checks), caps
+
+
+# -- the backend contract ---------------------------------------------------------------------
+# A backend evaluates every check of a plan at once and, when all pass and `commit` is set,
+# charges them all: a request rejected by one limit uses up none of the others. It reports the
+# raw levels (tokens before the request, units used before it); `verdict` derives what clients
+# are told from them, the same way for every backend.
+
+
+class BackendUnavailable(Exception):
+    """The backend could not answer (Redis down, slow or failing); `str()` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Level:
+    """One check's state when the request was evaluated."""
+
+    check: Check
+    level: float
+    """Bucket: tokens available before this request. Quota: units used before it."""
+    window_end_s: float = 0.0
+    """Quota: Unix time at which the current window ends (the counter resets)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The backend's answer for one admission."""
+
+    allowed: bool
+    """Every check passed (and, if committed, every check was charged)."""
+    levels: tuple[Level, ...]
+    now_unix_s: float
+    """The backend's clock (Redis `TIME` for Redis) at evaluation."""
+
+
+class LimitBackend(Protocol):
+    """Stores buckets and quotas; `memory` for one process, `redis` across replicas."""
+
+    name: str
+
+    async def apply(
+        self, tenant: str, checks: Sequence[Check], units: int, *, commit: bool
+    ) -> Outcome:
+        """Evaluate `checks` for `units`; charge all of them only if all pass and `commit`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections."""
+        ...

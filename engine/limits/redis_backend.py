@@ -22,8 +22,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
-from engine.limits.backend import BackendUnavailable, Level, Outcome
-from engine.limits.plan import Check
+from engine.limits.plan import BackendUnavailable, Check, Level, Outcome
 
 SCRIPT = resources.files("engine.limits").joinpath("admit.lua").read_text()
 SCRIPT_SHA = hashlib.sha1(SCRIPT.encode()).hexdigest()

@@ -1,4 +1,5 @@
-"""What clients are told: per-check reports, X-RateLimit headers and the rejection errors.
+"""What clients are told: per-check reports, X-RateLimit headers, the rejection errors and the
+body of `GET /v2/tenants/self/usage`.
 
 Derived from a backend's `Outcome` with the shared arithmetic of `bucket` and `quota`, so the
 memory and Redis backends answer with the same numbers and the same words.
@@ -9,11 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engine.errors import InvalidInput, QuotaExceeded, RateLimited
 from engine.limits import bucket, quota
-from engine.limits.backend import Level
-from engine.limits.plan import Cap, Check
+from engine.limits.local import ConcurrencyGate
+from engine.limits.plan import Cap, Check, Level
 
 _PERIOD_WORD = {"day": "daily", "month": "monthly"}
 
@@ -38,22 +40,25 @@ class Report:
 
 def report(level: Level, units: int, charged: bool, now_unix_s: float) -> Report:
     """The report for one check of a request of `units`, charged or not."""
+    # Durations are rounded to the microsecond (the backends' clock resolution), so float noise
+    # such as 0.15000000000000002 never turns into an extra second of Retry-After.
     check = level.check
     if check.kind == "bucket":
         tokens = level.level
         passed = bucket.passes(tokens, units)
         after = tokens - units if charged else tokens
+        retry_s = 0.0 if passed else bucket.retry_after_s(tokens, units, check.rate_per_s)
         return Report(
             check,
             passed,
             after,
-            0.0 if passed else bucket.retry_after_s(tokens, units, check.rate_per_s),
-            bucket.reset_after_s(after, check.burst, check.rate_per_s),
+            round(retry_s, 6),
+            round(bucket.reset_after_s(after, check.burst, check.rate_per_s), 6),
         )
     used = round(level.level)
     passed = quota.passes(used, units, check.limit)
     used_after = used + units if charged else used
-    reset_after_s = max(0.0, level.window_end_s - now_unix_s)
+    reset_after_s = round(max(0.0, level.window_end_s - now_unix_s), 6)
     return Report(
         check,
         passed,
@@ -144,3 +149,64 @@ def _quota_message(tenant: str, item: Report, units: int, unit: str) -> str:
 
 def _on(model: str | None) -> str:
     return "" if model is None else f" on model '{model}'"
+
+
+def usage_report(
+    tenant: str,
+    unit: str,
+    source: str,
+    reports: Sequence[Report],
+    caps: Sequence[Cap],
+    gate: ConcurrencyGate,
+    now_unix_s: float,
+) -> dict[str, Any]:
+    """JSON-ready usage: tenant-wide figures at the top, per-model ones under `models`.
+
+    Each of `rate`, `day`, `month`, `concurrency` is null when that limit is not configured
+    (quotas are only counted where configured, so an unlimited tenant costs no Redis writes).
+    """
+    models = sorted(
+        {item.check.model for item in reports if item.check.model is not None}
+        | {cap.model for cap in caps if cap.model is not None}
+    )
+    body: dict[str, Any] = {"tenant": tenant, "unit": unit, "source": source}
+    body.update(_scope(tenant, None, reports, caps, gate))
+    body["models"] = {model: _scope(tenant, model, reports, caps, gate) for model in models}
+    body["as_of"] = quota.iso_utc(now_unix_s)
+    return body
+
+
+def _scope(
+    tenant: str,
+    model: str | None,
+    reports: Sequence[Report],
+    caps: Sequence[Cap],
+    gate: ConcurrencyGate,
+) -> dict[str, Any]:
+    scope: dict[str, Any] = {"rate": None, "day": None, "month": None, "concurrency": None}
+    for item in reports:
+        check = item.check
+        if check.model != model:
+            continue
+        if check.kind == "bucket":
+            scope["rate"] = {
+                "rate_per_s": check.rate_per_s,
+                "burst": check.burst,
+                "available": round(item.remaining, 3),
+                "full_after_s": bucket.whole_seconds(item.reset_after_s),
+            }
+        else:
+            scope[check.kind] = {
+                "used": item.used,
+                "limit": check.limit,
+                "remaining": max(0, check.limit - item.used),
+                "resets_at": quota.iso_utc(item.resets_at_s),
+                "reset_after_s": bucket.whole_seconds(item.reset_after_s),
+            }
+    for cap in caps:
+        if cap.model == model:
+            scope["concurrency"] = {
+                "in_flight": gate.in_flight(tenant, model),
+                "max_concurrent": cap.limit,
+            }
+    return scope

@@ -94,12 +94,24 @@ async def test_preferred_size_goes_at_once(recorder: Recorder) -> None:
 
 
 async def test_partial_batch_waits_for_the_delay(recorder: Recorder) -> None:
-    batcher = make(recorder, max_batch_size=8, max_queue_delay_s=0.05)
+    batcher = make(recorder, max_batch_size=8, max_queue_delay_s=0.05, dispatch_when_idle=False)
     started = time.monotonic()
     tasks = await submit_all(batcher, [rows(1), rows(2)])
     await asyncio.gather(*tasks)
     assert recorder.batches == [[1, 2]]
     assert time.monotonic() - started >= 0.05
+    await batcher.close()
+
+
+async def test_idle_model_dispatches_at_once_and_busy_model_batches(recorder: Recorder) -> None:
+    recorder.gate = asyncio.Event()
+    batcher = make(recorder, max_batch_size=8, max_queue_delay_s=30.0)
+    first = await submit_all(batcher, [rows(1)])
+    await recorder.entered.get()  # sent without waiting 30 s: nothing else was running
+    later = await submit_all(batcher, [rows(i) for i in range(2, 10)])
+    recorder.gate.set()
+    await asyncio.gather(*first, *later)
+    assert recorder.batches == [[1], [2, 3, 4, 5, 6, 7, 8, 9]]
     await batcher.close()
 
 

@@ -1,0 +1,218 @@
+"""The batching benchmark: sluice vs the limit (raw in-process ONNX Runtime at its best batch size)
+vs a plain FastAPI + onnxruntime server vs the HTTP floor, all in one run, each server pinned to
+core 0 and the load generator (wrk; a grpc.aio client for gRPC) to core 1.
+
+    python -m loadtests.benchmarks.batching --out loadtests/benchmarks/results [--seconds 10]
+
+Writes batching.json (every measurement) and batching.md (the table). Needs `wrk` and `taskset`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from loadtests.benchmarks.models import MODELS, write_repository
+
+SERVER_CORE, CLIENT_CORE = "0", "1"
+CONCURRENCY = (1, 16, 64)
+LUA = """
+wrk.method = "POST"
+local f = io.open("{body}", "rb"); wrk.body = f:read("*a"); f:close()
+wrk.headers["Content-Type"] = "{content_type}"
+{extra_headers}
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('RESULT {{"requests": %d, "duration_us": %d, "errors": %d, ' ..
+    '"non2xx": %d, "p50_us": %d, "p99_us": %d}}\\n', summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.timeout, e.status, latency:percentile(50),
+    latency:percentile(99)))
+end
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pinned(core: str, *args: str) -> list[str]:
+    return ["taskset", "-c", core, *args]
+
+
+@contextmanager
+def server(kind: str, repo: Path) -> Iterator[str]:
+    """Start one server pinned to SERVER_CORE; yield its base URL."""
+    port = free_port()
+    if kind == "sluice":
+        command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
+                   "--http-port", str(port), "--grpc-port", str(free_port()),
+                   "--log-level", "warning"]  # fmt: skip
+    else:
+        command = [sys.executable, "-m", "loadtests.benchmarks.baseline", kind, str(repo), str(port)]
+    process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(url + "/v2/health/ready", timeout=1.0)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"{kind} server did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def json_body(model: str, rows: int = 1) -> bytes:
+    shape = (rows, *MODELS[model][1])
+    data = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    payload = {"inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32",
+                           "data": data.ravel().tolist()}]}  # fmt: skip
+    return json.dumps(payload).encode()
+
+
+def binary_body(model: str) -> tuple[bytes, int]:
+    shape = (1, *MODELS[model][1])
+    data = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    header = json.dumps({
+        "inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32",
+                    "parameters": {"binary_data_size": data.nbytes}}],
+        "outputs": [{"name": next(iter(output_names(model))),
+                     "parameters": {"binary_data": True}}],
+    }).encode()  # fmt: skip
+    return header + data.tobytes(), len(header)
+
+
+def output_names(model: str) -> list[str]:
+    return ["probabilities"] if model == "mlp" else ["logits"]
+
+
+def wrk(url: str, body: bytes, concurrency: int, seconds: float, headers: dict[str, str]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        body_path = Path(tmp) / "body"
+        body_path.write_bytes(body)
+        extra = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
+        script = Path(tmp) / "post.lua"
+        script.write_text(LUA.format(body=body_path, content_type="application/json",
+                                     extra_headers=extra))  # fmt: skip
+        out = subprocess.run(
+            pinned(CLIENT_CORE, "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout",
+                   "10s", "-s", str(script), url),
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    result: dict[str, Any] = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    result["throughput"] = (result["requests"] - result["non2xx"]) / (result["duration_us"] / 1e6)
+    return result
+
+
+def grpc_load(target: str, model: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    out = subprocess.run(
+        pinned(CLIENT_CORE, sys.executable, "-m", "loadtests.benchmarks.grpc_load", target, model,
+               str(concurrency), str(seconds)),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def raw_limit(repo: Path, model: str) -> list[dict[str, float]]:
+    out = subprocess.run(
+        pinned(SERVER_CORE, sys.executable, "-m", "loadtests.benchmarks.raw", str(repo), model),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--grpc", action="store_true", help="also measure gRPC (needs the proto)")
+    args = parser.parse_args()
+    for tool in ("wrk", "taskset"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is needed (apt-get install wrk util-linux)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = write_repository(Path(tmp))
+        limits = {model: raw_limit(repo, model) for model in MODELS}
+        for kind in ("sluice", "plain", "floor"):
+            with server(kind, repo) as url:
+                for model in MODELS if kind != "floor" else ["mlp"]:
+                    for concurrency in CONCURRENCY:
+                        target = f"{url}/v2/models/{model}/infer"
+                        result = wrk(target, json_body(model), concurrency, args.seconds, {})
+                        rows.append({"server": kind, "protocol": "json", "model": model,
+                                     "concurrency": concurrency, **result})  # fmt: skip
+                        print(json.dumps(rows[-1]), flush=True)
+                        if kind == "sluice":
+                            body, length = binary_body(model)
+                            headers = {"Inference-Header-Content-Length": str(length)}
+                            result = wrk(target, body, concurrency, args.seconds, headers)
+                            rows.append({"server": kind, "protocol": "binary", "model": model,
+                                         "concurrency": concurrency, **result})  # fmt: skip
+                            print(json.dumps(rows[-1]), flush=True)
+    report = {"limits": limits, "rows": rows, "machine": machine()}
+    (args.out / "batching.json").write_text(json.dumps(report, indent=1))
+    (args.out / "batching.md").write_text(table(report, args))
+    print(table(report, args))
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+
+
+def table(report: dict[str, Any], args: argparse.Namespace) -> str:
+    limits = {m: max(r["samples_per_s"] for r in rows) for m, rows in report["limits"].items()}
+    best = {m: max(rows, key=lambda r: r["samples_per_s"])["batch"]
+            for m, rows in report["limits"].items()}  # fmt: skip
+    plain = {(r["model"], r["concurrency"]): r["throughput"]
+             for r in report["rows"] if r["server"] == "plain"}  # fmt: skip
+    lines = [
+        "# Batching benchmark",
+        "",
+        f"Command: `python -m loadtests.benchmarks.batching --seconds {args.seconds:g}`; "
+        f"servers on core {SERVER_CORE}, load generator on core {CLIENT_CORE}; {report['machine']}.",
+        "",
+        "Raw ONNX Runtime (the limit, one thread): "
+        + "; ".join(f"{m} {limits[m]:,.0f} samples/s at batch {best[m]}" for m in limits),
+        "",
+        "| server | protocol | model | concurrency | req/s | % of limit | x plain FastAPI | p50 ms | p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        base = plain.get((r["model"], r["concurrency"]))
+        vs_plain = f"{r['throughput'] / base:.2f}" if base and r["server"] != "plain" else "-"
+        pct = f"{100 * r['throughput'] / limits[r['model']]:.1f}%" if r["server"] != "floor" else "-"
+        lines.append(
+            f"| {r['server']} | {r['protocol']} | {r['model']} | {r['concurrency']} | "
+            f"{r['throughput']:,.0f} | {pct} | {vs_plain} | {r['p50_us'] / 1e3:.2f} | "
+            f"{r['p99_us'] / 1e3:.2f} | {r['errors'] + r['non2xx']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The Limiter over a real Redis: one limit across instances, and Redis failing under it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from engine.errors import Overloaded, RateLimited
+from engine.limits import Admission, Limiter, build_limiter
+from engine.limits.redis_backend import RedisBackend
+from engine.settings import RateLimitSettings
+from tests.redis_process import RedisProcess
+
+
+def settings(url: str, **extra: Any) -> RateLimitSettings:
+    return RateLimitSettings.model_validate(
+        {"backend": "redis", "redis_url": url, "namespace": f"t{uuid.uuid4().hex[:12]}", **extra}
+    )
+
+
+async def test_two_limiters_sharing_redis_hold_one_global_limit(redis_url: str) -> None:
+    rate, burst, duration_s = 20.0, 5.0, 1.0
+    config = settings(redis_url, tenants={"acme": {"rate_per_s": rate, "burst": burst}})
+    limiters = [build_limiter(config), build_limiter(config)]
+    accepted = [0, 0]
+
+    async def hammer(index: int, until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                with await limiters[index].admit("acme", "m"):
+                    accepted[index] += 1
+            except RateLimited:
+                pass
+            await asyncio.sleep(0.004)  # pacing (~250 attempts/s each), not synchronisation
+
+    started = time.monotonic()
+    until = started + duration_s
+    await asyncio.gather(hammer(0, until), hammer(1, until))
+    elapsed_s = time.monotonic() - started
+    for limiter in limiters:
+        assert limiter.counters.backend_failures == 0
+        await limiter.aclose()
+    total = sum(accepted)
+    assert total <= rate * elapsed_s + burst + 1
+    assert total >= rate * duration_s * 0.7
+    assert min(accepted) > 0
+
+
+async def run_all(limiter: Limiter, count: int) -> list[object]:
+    async def one() -> object:
+        try:
+            return await limiter.admit("acme", "m")
+        except (RateLimited, Overloaded) as exc:
+            return exc
+
+    return await asyncio.gather(*(one() for _ in range(count)), return_exceptions=True)
+
+
+def kinds(results: list[object]) -> Counter[str]:
+    """How many results of each type (concurrent admissions reach Redis in any order)."""
+    return Counter(type(result).__name__ for result in results)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(process: RedisProcess, clock: Clock, **extra: Any) -> Limiter:
+    config = settings(process.url, tenants={"acme": {"rate_per_s": 0.01, "burst": 3}}, **extra)
+    backend = RedisBackend(
+        process.url,
+        namespace=config.namespace,
+        timeout_s=0.5,
+        retry_interval_s=config.redis_retry_interval_s,
+        clock=clock,
+    )
+    return Limiter(config, backend, clock=clock)
+
+
+async def test_redis_killed_fail_open_uses_the_local_limiter(redis_process: RedisProcess) -> None:
+    clock = Clock()
+    limiter = make(redis_process, clock)
+    first = await run_all(limiter, 2)
+    assert all(isinstance(result, Admission) for result in first)
+    redis_process.stop()
+    during = await run_all(limiter, 5)
+    # The local limiter starts with a full bucket of its own: 3 pass, the rest are refused.
+    assert kinds(during) == {"Admission": 3, "RateLimited": 2}
+    assert limiter.counters.fallback_admissions == 5
+    assert (await limiter.usage("acme"))["source"] == "memory (fallback: redis unavailable)"
+    redis_process.start()  # an empty Redis on the same port: the old bucket is gone
+    clock.now += 1.0  # past redis_retry_interval_s
+    after = await run_all(limiter, 4)
+    assert kinds(after) == {"Admission": 3, "RateLimited": 1}
+    assert (await limiter.usage("acme"))["source"] == "redis"
+    await limiter.aclose()
+
+
+async def test_redis_killed_fail_closed_answers_overloaded(redis_process: RedisProcess) -> None:
+    clock = Clock()
+    limiter = make(redis_process, clock, fail_open=False, redis_retry_interval_s=2.0)
+    assert isinstance((await run_all(limiter, 1))[0], Admission)
+    pending = asyncio.ensure_future(run_all(limiter, 5))
+    await asyncio.sleep(0)  # let the five admissions start before Redis dies under them
+    redis_process.stop()
+    results = list(await pending) + list(await run_all(limiter, 5))
+    assert all(isinstance(result, Admission | Overloaded) for result in results)
+    overloaded = [result for result in results if isinstance(result, Overloaded)]
+    assert len(overloaded) >= 5
+    assert {error.retry_after_s for error in overloaded} == {2.0}
+    with pytest.raises(Overloaded):
+        await limiter.usage("acme")
+    redis_process.start()
+    clock.now += 2.0
+    assert isinstance((await run_all(limiter, 1))[0], Admission)
+    await limiter.aclose()
+
+
+async def test_cancelled_while_waiting_for_redis_releases_the_slot(redis_url: str, proxy) -> None:
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    tenants = {"acme": {"rate_per_s": 0.001, "burst": 5, "max_concurrent": 1}}
+    limiter = build_limiter(settings(url, tenants=tenants, redis_timeout_s=5.0))
+    with await limiter.admit("acme", "m") as first:
+        assert first.headers["X-RateLimit-Remaining"] == "4"
+    proxy.hold()
+    task = asyncio.create_task(limiter.admit("acme", "m"))
+    await proxy.reply_held.wait()  # Redis ran the script; its answer is held back
+    assert limiter.in_flight("acme") == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert limiter.in_flight("acme") == 0
+    proxy.release()
+    # The cancelled call's late reply must not reach the next caller: it sees its own answer.
+    with await limiter.admit("acme", "m") as third:
+        assert third.headers["X-RateLimit-Remaining"] == "2"
+    assert limiter.counters.backend_failures == 0
+    await limiter.aclose()
+
+
+async def test_slow_redis_fail_open_answers_within_the_timeout(redis_url: str, proxy) -> None:
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    limiter = build_limiter(
+        settings(url, tenants={"acme": {"rate_per_s": 1}}, redis_timeout_s=0.05)
+    )
+    (await limiter.admit("acme", "m")).release()
+    proxy.hold()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    admission = await limiter.admit("acme", "m")  # the local bucket is still full
+    assert loop.time() - started < 1.0
+    assert admission.headers["X-RateLimit-Remaining"] == "0"
+    assert limiter.counters.fallback_admissions == 1
+    await limiter.aclose()
