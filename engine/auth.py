@@ -134,6 +134,19 @@ class Authenticator:
         return found
 
 
+def authenticate_headers(
+    authenticator: Authenticator,
+    headers: Mapping[str, str] | Iterable[tuple[str, str | bytes]],
+    model: str | None = None,
+) -> Principal:
+    """The principal behind HTTP headers or gRPC metadata; Forbidden when it may not use `model`.
+    Every front-end authenticates through this one function."""
+    principal = authenticator.authenticate(api_key_from_headers(headers))
+    if model is not None:
+        principal.check_model(model)
+    return principal
+
+
 def api_key_from_headers(
     headers: Mapping[str, str] | Iterable[tuple[str, str | bytes]],
 ) -> str | None:

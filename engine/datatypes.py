@@ -74,3 +74,25 @@ def from_numpy(dtype: np.dtype[np.generic]) -> str:
 def itemsize(datatype: str) -> int:
     """Bytes per element of a fixed-size datatype (BYTES has none: -1)."""
     return -1 if datatype == "BYTES" else NUMPY_DTYPES[datatype].itemsize
+
+
+MAX_DIMS = 64
+# numpy refuses shapes whose non-zero dimensions multiply past this, even when one is 0.
+_MAX_ELEMENTS = 2**62
+
+
+def check_shape(name: str, shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """A tensor shape a client sent, checked: non-negative whole numbers, at most MAX_DIMS of
+    them, small enough for numpy to represent."""
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise InvalidInput(
+            f"input '{name}': shape must be a list of non-negative integers, got {shape!r:.80}"
+        )
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(f"input '{name}': shape has {len(shape)} dimensions; at most {MAX_DIMS}")
+    nonzero = 1
+    for dim in shape:
+        nonzero *= max(dim, 1)
+        if nonzero > _MAX_ELEMENTS:
+            raise InvalidInput(f"input '{name}': shape {list(shape)} is too large for any array")
+    return tuple(shape)

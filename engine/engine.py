@@ -46,7 +46,7 @@ log = logging.getLogger("sluice.engine")
 
 VERSION = "0.1.0"
 EXTENSIONS = [
-    "classification", "binary_tensor_data", "model_configuration", "model_repository",
+    "binary_tensor_data", "model_configuration", "model_repository",
     "model_repository(unload_dependents)", "statistics", "schedule_policy",
 ]  # fmt: skip
 

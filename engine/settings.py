@@ -3,6 +3,8 @@ CLI flags. Parsed once at start and passed down; unknown keys are errors."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -180,8 +182,6 @@ class Settings(BaseSettings):
     """Largest gRPC message, received or sent."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long queued and running requests may take to finish."""
-    inference_threads: int | None = Field(None, gt=0)
-    """Threads that run batches; default: the sum of all model instances (at least 1)."""
     allow_unauthenticated: bool = False
     """Allow binding a non-loopback address with no API keys configured."""
     batching: BatchingDefaults = Field(default_factory=BatchingDefaults)
@@ -241,14 +241,56 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+# SLUICE_* variables that are not settings fields but are read elsewhere (the CLI's --config).
+ENV_EXTRAS = frozenset({"SLUICE_CONFIG_FILE"})
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """SettingsError for a SLUICE_* variable that names no setting (a misspelling would
+    otherwise be ignored without a word)."""
+    problems = []
+    for variable in sorted(environ):
+        if not variable.upper().startswith("SLUICE_") or variable.upper() in ENV_EXTRAS:
+            continue
+        model: Any = Settings
+        path: list[str] = []
+        for part in variable[len("SLUICE_") :].lower().split("__"):
+            fields = getattr(model, "model_fields", None)
+            if fields is None:  # dict-valued field (tenants.<name>): any key may follow
+                break
+            path.append(part)
+            if part not in fields:
+                problems.append(
+                    f"  {'.'.join(path)} (from {variable}): unknown key; allowed keys here: "
+                    f"{', '.join(sorted(fields))}"
+                )
+                break
+            model = _section(fields[part].annotation)
+    if problems:
+        raise SettingsError(
+            "\n".join(["invalid configuration in SLUICE_* environment:", *problems])
+        )
+
+
+def _section(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
+def load_settings(
+    config_file: Path | None = None, environ: Mapping[str, str] | None = None, **overrides: Any
+) -> Settings:
     """Settings from `config_file`, the environment and `overrides` (CLI flags, None ignored)."""
+    check_environment(os.environ if environ is None else environ)
     token = _YamlSource.data.set(read_yaml(config_file) if config_file else {})
     flags = {key: value for key, value in overrides.items() if value is not None}
     try:
         return Settings(**flags)
     except ValidationError as exc:
-        raise SettingsError(describe(exc, Settings, source=str(config_file or "settings"))) from exc
+        source = f"{config_file}, " if config_file else ""
+        source += "SLUICE_* environment or flags"
+        raise SettingsError(describe(exc, Settings, source=source)) from exc
     finally:
         _YamlSource.data.reset(token)
 
@@ -259,6 +301,9 @@ def describe(exc: ValidationError, model: type[BaseModel], source: str) -> str:
     for error in exc.errors():
         key = ".".join(str(part) for part in error["loc"])
         message = error["msg"]
+        variable = "SLUICE_" + "__".join(str(part) for part in error["loc"]).upper()
+        if variable in os.environ:
+            key = f"{key} (from {variable})"
         if error["type"] == "extra_forbidden":
             allowed = _allowed_keys(model, error["loc"][:-1])
             message = f"unknown key; allowed keys here: {', '.join(allowed)}"

@@ -16,14 +16,15 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Receive
 
-from engine.auth import Principal, api_key_from_headers
+from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge
 from engine.settings import Settings
 from engine.types import InferResponse, ModelMetadata
-from server import codec
+from server import binary, codec
 from server.errors import error_headers, http_status
 from server.logs import RequestIdMiddleware
+from server.triton import triton_router
 
 log = logging.getLogger("sluice.http")
 
@@ -109,6 +110,12 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
         return json_response({"error": str(exc.detail)}, exc.status_code)
 
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> Response:
+        # A bug, not a client error: the traceback goes to the log, the client gets JSON.
+        log.error("unhandled error", exc_info=exc)
+        return json_response({"error": "internal server error (see the server log)"}, 500)
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         return json_response({"error": str(exc.errors())}, 400)
@@ -122,13 +129,10 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         return json_response({"ready": engine.ready}, 200 if engine.ready else 503)
 
     def principal(request: Request, model: str | None = None) -> Principal:
-        """The caller, from its API key; Forbidden when it may not use `model`."""
-        caller = engine.authenticator.authenticate(api_key_from_headers(request.headers))
-        if model is not None:
-            caller.check_model(model)
-        return caller
+        return authenticate_headers(engine.authenticator, request.headers, model)
 
-    app.state.principal = principal
+    # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
+    app.include_router(triton_router(engine))
 
     @app.get("/v2")
     async def server_metadata(request: Request) -> Response:
@@ -141,13 +145,15 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
-    async def model_metadata(request: Request, name: str, version: str | None = None) -> Response:
+    async def model_metadata(request: Request, name: str) -> Response:
+        version = request.path_params.get("version")
         principal(request, name)
         return json_response(metadata_json(engine.model_metadata(name, version)))
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
-    async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
+    async def model_ready(request: Request, name: str) -> Response:
+        version = request.path_params.get("version")
         principal(request, name)
         engine.model_metadata(name, version)  # unknown model or version: 404
         is_ready = engine.model_ready(name, version)
@@ -161,7 +167,8 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
 
     @app.post("/v2/models/{name}/infer")
     @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
+    async def infer(request: Request, name: str) -> Response:
+        version = request.path_params.get("version")
         started = time.monotonic()
         status = 200
         try:
@@ -180,8 +187,6 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         # Binary tensor data extension (server/binary.py): a JSON header of
         # Inference-Header-Content-Length bytes, then the binary inputs; outputs go back as
         # binary when asked (binary_data / binary_data_output); gzip/deflate both ways.
-        from server import binary
-
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")
 
@@ -211,10 +216,6 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         return Response(content, headers=headers)
 
     return app
-
-
-def _decode(body: bytes, name: str, version: str | None) -> Any:
-    return codec.decode_request(codec.parse_json(body), name, version)
 
 
 __all__ = ["InferResponse", "create_app", "error_response", "json_response", "metadata_json"]

@@ -31,9 +31,20 @@ class SluiceGroup(click.Group):
             try:
                 command: click.Command = getattr(importlib.import_module(module), attr)
             except (ImportError, AttributeError) as exc:
-                raise click.ClickException(f"'sluice {name}' is not available: {exc}") from exc
+                return _unavailable(name, exc)
             return command
         return super().get_command(ctx, name)
+
+
+def _unavailable(name: str, exc: Exception) -> click.Command:
+    """A stand-in that says why a subcommand cannot run (e.g. an extra is not installed)."""
+
+    def fail() -> None:
+        raise click.ClickException(
+            f"'sluice {name}' is not available: {exc} (install the matching extra, see README)"
+        )
+
+    return click.Command(name, callback=fail, help=f"(unavailable: {exc})")
 
 
 @click.group(cls=SluiceGroup)

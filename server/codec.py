@@ -13,7 +13,10 @@ from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
-_KINDS = {"b": "b", "u": "iu", "i": "iu", "f": "iuf"}
+_TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}
+_KIND_NAMES = {str: "text", bool: "a boolean", float: "a fraction", int: "an integer",
+               dict: "an object", type(None): "null"}  # fmt: skip
+_NEEDS = {"b": "booleans", "u": "integers", "i": "integers", "f": "numbers"}
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -44,65 +47,76 @@ def tensor_header(item: Any, index: int) -> tuple[str, str, list[int], dict[str,
     name = _field(item, "name", str, f"inputs[{index}]")
     where = f"input '{name}'"
     datatype = _field(item, "datatype", str, where)
-    datatypes.numpy_dtype(datatype)
-    shape = _field(item, "shape", list, where)
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise InvalidInput(f"{where}: shape must be a list of non-negative integers, got {shape}")
-    parameters = item.get("parameters") or {}
+    try:
+        datatypes.numpy_dtype(datatype)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{where}: {exc.message}") from None
+    shape = list(datatypes.check_shape(name, _field(item, "shape", list, where)))
+    parameters = {} if item.get("parameters") is None else item["parameters"]
     if not isinstance(parameters, dict):
         raise InvalidInput(f"{where}: parameters must be an object")
     return name, datatype, shape, parameters
 
 
 def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
-    """A JSON `data` field (flat or nested) as an array of `shape`; values are type-checked."""
+    """A JSON `data` field (flat or nested) as an array of `shape`; every value is type- and
+    range-checked, so nothing is silently coerced (no bools as numbers, no overflow to inf)."""
     where = f"input '{name}'"
-    if not isinstance(data, list):
-        data = [data]
+    flat = _flatten(where, data) if isinstance(data, list) else [data]
     count = math.prod(shape)
+    if len(flat) != count:
+        raise InvalidInput(f"{where}: shape {shape} needs {count} values, data has {len(flat)}")
     if datatype == "BYTES":
-        flat = _flatten(data)
         if not all(isinstance(v, str) for v in flat):
-            raise InvalidInput(f"{where}: BYTES data must be strings")
-        array = np.empty(len(flat), dtype=object)
+            bad = next(v for v in flat if not isinstance(v, str))
+            raise InvalidInput(f"{where}: BYTES data must be strings, got {bad!r:.40}")
+        array = np.empty(count, dtype=object)
         array[:] = [v.encode("utf-8") for v in flat]
     else:
-        target = datatypes.numpy_dtype(datatype)
-        try:
-            raw = np.asarray(data)
-        except ValueError:
-            raise InvalidInput(f"{where}: data is a ragged nested list") from None
-        if raw.size and raw.dtype.kind not in _KINDS.get(target.kind, ""):
-            got = "text" if raw.dtype.kind in "US" else f"{raw.dtype.kind!r}-kind values"
-            if raw.dtype.kind == "O":
-                got = "mixed or out-of-range values"
-            raise InvalidInput(f"{where}: data holds {got}; datatype {datatype} needs "
-                               f"{'booleans' if target.kind == 'b' else 'numbers'}")  # fmt: skip
-        if target.kind in "iu" and raw.size:
-            info = np.iinfo(target.str)
-            low, high = raw.min(), raw.max()
-            if low < info.min or high > info.max:
-                raise InvalidInput(
-                    f"{where}: value {low if low < info.min else high} is out of range for "
-                    f"{datatype} ({info.min} to {info.max})"
-                )
-        array = raw.astype(target, copy=False).reshape(-1)
-    if array.size != count:
-        raise InvalidInput(f"{where}: shape {shape} needs {count} values, data has {array.size}")
+        array = _numbers(where, datatype, flat)
     return array.reshape(shape)
 
 
-def _flatten(data: list[Any]) -> list[Any]:
+def _numbers(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
+    target = datatypes.numpy_dtype(datatype)
+    allowed = _TYPES[target.kind]
+    if not set(map(type, flat)) <= allowed:
+        bad = next(v for v in flat if type(v) not in allowed)
+        raise InvalidInput(
+            f"{where}: data holds {_KIND_NAMES.get(type(bad), type(bad).__name__)}; datatype "
+            f"{datatype} needs {_NEEDS[target.kind]} (got {bad!r:.40})"
+        )
+    try:
+        with np.errstate(over="ignore"):
+            array = np.array(flat, dtype=target)
+    except OverflowError:
+        info = np.iinfo(target.str)
+        bad = next(v for v in flat if not info.min <= v <= info.max)
+        raise InvalidInput(
+            f"{where}: value {bad} is out of range for {datatype} ({info.min} to {info.max})"
+        ) from None
+    # JSON has no inf or NaN, so a non-finite value here is an overflow of the cast.
+    if target.kind == "f" and array.size and not np.isfinite(array).all():
+        bad = flat[int(np.flatnonzero(~np.isfinite(array))[0])]
+        limit = float(np.finfo(target.str).max)
+        raise InvalidInput(
+            f"{where}: value {bad} is out of range for {datatype} (magnitude at most {limit:.6g})"
+        )
+    return array
+
+
+def _flatten(where: str, data: list[Any]) -> list[Any]:
+    """Nested lists flattened in row-major order; InvalidInput if they are ragged (lists of
+    different lengths, or lists and values mixed, at one depth)."""
+    if not data or not isinstance(data[0], list):
+        if any(isinstance(v, list) for v in data):
+            raise InvalidInput(f"{where}: data is a ragged nested list")
+        return data
     out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for value in stack[-1]:
-            if isinstance(value, list):
-                stack.append(iter(value))
-                break
-            out.append(value)
-        else:
-            stack.pop()
+    for item in data:
+        if not isinstance(item, list) or len(item) != len(data[0]):
+            raise InvalidInput(f"{where}: data is a ragged nested list")
+        out.extend(_flatten(where, item))
     return out
 
 
@@ -136,7 +150,7 @@ def decode_request(
         outputs_json = _field(payload, "outputs", list, "request")
         outputs = [_field(o if isinstance(o, dict) else {}, "name", str, f"outputs[{i}]")
                    for i, o in enumerate(outputs_json)]  # fmt: skip
-    parameters = payload.get("parameters") or {}
+    parameters = {} if payload.get("parameters") is None else payload["parameters"]
     if not isinstance(parameters, dict):
         raise InvalidInput("request: 'parameters' must be an object")
     request_id = payload.get("id")

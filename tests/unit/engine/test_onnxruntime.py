@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -28,9 +29,9 @@ from tests.models import (
 CPU = "CPUExecutionProvider"
 
 
-def backend_for(tmp_path: Path, model: onnx.ModelProto, **options: object) -> OnnxBackend:
+def backend_for(tmp_path: Path, model: onnx.ModelProto, **options: Any) -> OnnxBackend:
     path = write_model(tmp_path, "m", model)
-    return OnnxBackend(path, OnnxRuntimeOptions(**options), "model 'm' version 1")  # type: ignore[arg-type]
+    return OnnxBackend(path, OnnxRuntimeOptions(**options), "model 'm' version 1")
 
 
 @pytest.mark.parametrize(

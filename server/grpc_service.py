@@ -1,0 +1,286 @@
+"""The gRPC front-end: `inference.GRPCInferenceService` (Open Inference Protocol plus Triton's
+extensions) on grpc.aio, answering from the engine facade only.
+
+Every RPC but ServerLive/ServerReady authenticates the caller from the `authorization`
+("Bearer <key>") or `x-api-key` metadata. Engine errors become the status code of the one table
+in server/errors.py with the engine's message, plus trailing metadata such as `retry-after`.
+Malformed tensors (raw contents of the wrong size, contents that disagree with the shape, an
+unknown datatype) are INVALID_ARGUMENT with a message naming the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from grpc.aio import ServicerContext as Context
+
+from engine.auth import Principal, authenticate_headers
+from engine.engine import Engine
+from engine.errors import BackendError, EngineError, InvalidInput
+from engine.settings import Settings, SettingsError
+from engine.types import InferRequest
+from server import grpc_tensors
+from server.errors import error_headers, grpc_code
+from server.proto import grpc_service_pb2 as pb
+from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.proto import model_config_pb2
+
+log = logging.getLogger("sluice.grpc")
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
+
+
+async def abort(context: Context, exc: EngineError) -> NoReturn:
+    """End the call with the error's status code, message and trailing metadata."""
+    metadata = tuple((key.lower(), value) for key, value in error_headers(exc).items())
+    await context.abort(grpc_code(exc), exc.message, trailing_metadata=metadata)
+    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
+    """Map engine errors to gRPC statuses; anything else is logged and answered INTERNAL."""
+
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Req, context: Context) -> Resp:
+        try:
+            return await method(self, request, context)
+        except EngineError as exc:
+            await abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            log.exception("gRPC %s failed", method.__name__)
+            await abort(context, BackendError("internal error"))
+
+    return wrapper
+
+
+class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
+    """The servicer. RPCs it does not override (shared memory, trace, log settings) answer
+    UNIMPLEMENTED."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def _principal(self, context: Context) -> Principal:
+        return authenticate_headers(self._engine.authenticator, context.invocation_metadata() or ())
+
+    # -- health and metadata ---------------------------------------------------------------------
+
+    @_guarded
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> Any:
+        return pb.ServerLiveResponse(live=self._engine.live)
+
+    @_guarded
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> Any:
+        return pb.ServerReadyResponse(ready=self._engine.ready)
+
+    @_guarded
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> Any:
+        self._principal(context).check_model(request.name)
+        ready = self._engine.model_ready(request.name, request.version or None)
+        return pb.ModelReadyResponse(ready=ready)
+
+    @_guarded
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> Any:
+        self._principal(context)
+        meta = self._engine.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta["extensions"]
+        )
+
+    @_guarded
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> Any:
+        self._principal(context).check_model(request.name)
+        meta = self._engine.model_metadata(request.name, request.version or None)
+
+        def tensors(specs: Any) -> list[Any]:
+            return [
+                pb.ModelMetadataResponse.TensorMetadata(
+                    name=s.name, datatype=s.datatype, shape=list(s.shape)
+                )
+                for s in specs
+            ]
+
+        return pb.ModelMetadataResponse(
+            name=meta.name,
+            versions=list(meta.versions),
+            platform=meta.platform,
+            inputs=tensors(meta.inputs),
+            outputs=tensors(meta.outputs),
+        )
+
+    # -- inference -------------------------------------------------------------------------------
+
+    async def _infer(self, request: Any, context: Context, principal: Principal) -> Any:
+        principal.check_model(request.model_name)
+        decode = functools.partial(grpc_tensors.decode_request, request)
+        infer_request: InferRequest = await _off_loop(request.ByteSize(), decode)
+        infer_request.tenant = principal.tenant
+        remaining = context.time_remaining()
+        if remaining is not None:
+            # The call's own deadline bounds the engine's: no answer is useful after it.
+            budget = infer_request.timeout_s
+            infer_request.timeout_s = remaining if budget is None else min(budget, remaining)
+        response = await self._engine.infer(infer_request)
+        size = sum(array.nbytes for array in response.outputs.values())
+        return await _off_loop(size, functools.partial(grpc_tensors.encode_response, response))
+
+    @_guarded
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> Any:
+        return await self._infer(request, context, self._principal(context))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[Any], context: Context
+    ) -> AsyncIterator[Any]:
+        """Each request is answered as soon as it completes (out of order, matched by `id`); a
+        failed request answers `error_message` and the stream carries on."""
+        try:
+            principal = self._principal(context)
+        except EngineError as exc:
+            await abort(context, exc)
+        results: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def one(request: Any) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, context, principal)
+                )
+            except EngineError as exc:
+                answer = _stream_error(request, exc.message)
+            except Exception:
+                log.exception("gRPC ModelStreamInfer request failed")
+                answer = _stream_error(request, "internal error")
+            results.put_nowait(answer)
+
+        async def feed() -> None:
+            async with asyncio.TaskGroup() as group:
+                async for request in request_iterator:
+                    group.create_task(one(request))
+            results.put_nowait(None)
+
+        feeder = asyncio.create_task(feed())
+        try:
+            while (answer := await results.get()) is not None:
+                yield answer
+            await feeder
+        finally:
+            if not feeder.done():  # the client went away: stop reading and running its requests
+                feeder.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await feeder
+
+    # -- Triton extensions -----------------------------------------------------------------------
+
+    @_guarded
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> Any:
+        principal = self._principal(context)
+        principal.require_admin("config")
+        principal.check_model(request.name)
+        config = self._engine.model_config(request.name, request.version or None)
+        message = json_format.ParseDict(
+            config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True
+        )
+        return pb.ModelConfigResponse(config=message)
+
+    @_guarded
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> Any:
+        principal = self._principal(context)
+        principal.require_admin("statistics")
+        if request.name:
+            principal.check_model(request.name)
+        stats = self._engine.statistics(request.name or None, request.version or None)
+        visible = [entry for entry in stats["model_stats"] if principal.may_use(entry["name"])]
+        return json_format.ParseDict(
+            {"model_stats": visible}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
+        )
+
+    @_guarded
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> Any:
+        self._principal(context).require_admin("repository")
+        rows = self._engine.repository_index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
+        )
+
+    @_guarded
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> Any:
+        principal = self._principal(context)
+        principal.require_admin("repository")
+        principal.check_model(request.model_name)
+        if request.parameters:
+            raise InvalidInput(
+                f"load parameters are not supported (got {', '.join(sorted(request.parameters))});"
+                " put the model's config.yaml and files in the repository instead"
+            )
+        await self._engine.load_model(request.model_name)
+        return pb.RepositoryModelLoadResponse()
+
+    @_guarded
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> Any:
+        principal = self._principal(context)
+        principal.require_admin("repository")
+        principal.check_model(request.model_name)
+        # `unload_dependents` (always sent by tritonclient) has no effect: sluice has no ensembles.
+        unknown = sorted(set(request.parameters) - {"unload_dependents"})
+        if unknown:
+            raise InvalidInput(
+                f"unknown unload parameters {', '.join(unknown)}; allowed: unload_dependents"
+            )
+        await self._engine.unload_model(request.model_name)
+        return pb.RepositoryModelUnloadResponse()
+
+
+def _stream_error(request: Any, message: str) -> Any:
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )
+
+
+async def _off_loop(size: int, work: Callable[[], Resp]) -> Resp:
+    if size > grpc_tensors.OFFLOAD_BYTES:
+        return await asyncio.to_thread(work)
+    return work()
+
+
+def server_options(settings: Settings) -> list[tuple[str, Any]]:
+    """grpc.aio server options: message size limits, and no SO_REUSEPORT (a second server on the
+    same port must fail to start, not silently share it)."""
+    return [
+        ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
+        ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+def build_grpc_server(settings: Settings, engine: Engine) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server (not started) serving `engine` on settings.host:grpc_port, and the
+    port it bound (the picked one when grpc_port is 0). Start and stop it in the running loop."""
+    server = grpc.aio.server(options=server_options(settings))
+    servicer = GrpcService(engine)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    address = f"{host}:{settings.grpc_port}"
+    try:
+        port: int = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise SettingsError(f"cannot listen on {address} for gRPC: {exc}") from exc
+    if port == 0:
+        raise SettingsError(f"cannot listen on {address} for gRPC")
+    return server, port

@@ -1,0 +1,188 @@
+"""ModelInferRequest -> InferRequest and InferResponse -> ModelInferResponse.
+
+Inputs come either all in `raw_input_contents` (the binary layout of server/binary.py; decoded
+zero-copy) or each in its typed `contents` field; outputs always go back in
+`raw_output_contents`, as Triton answers and tritonclient reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from engine.datatypes import check_shape, numpy_dtype
+from engine.errors import InvalidInput
+from engine.types import InferRequest, InferResponse
+from server.binary import OFFLOAD_BYTES, tensor_buffer, tensor_from_buffer
+from server.proto import grpc_service_pb2 as pb
+
+__all__ = ["OFFLOAD_BYTES", "decode_request", "encode_response", "parameters"]
+
+# The typed contents field of each datatype and the numpy type protobuf hands it over as.
+_CONTENTS: dict[str, tuple[str, type[np.generic]]] = {
+    "BOOL": ("bool_contents", np.bool_),
+    "INT8": ("int_contents", np.int32),
+    "INT16": ("int_contents", np.int32),
+    "INT32": ("int_contents", np.int32),
+    "INT64": ("int64_contents", np.int64),
+    "UINT8": ("uint_contents", np.uint32),
+    "UINT16": ("uint_contents", np.uint32),
+    "UINT32": ("uint_contents", np.uint32),
+    "UINT64": ("uint64_contents", np.uint64),
+    "FP32": ("fp32_contents", np.float32),
+    "FP64": ("fp64_contents", np.float64),
+    "BYTES": ("bytes_contents", np.object_),
+}
+
+
+def parameters(params: Any) -> dict[str, Any]:
+    """A protobuf map<string, InferParameter> as plain Python values."""
+    out = {}
+    for key, param in params.items():
+        which = param.WhichOneof("parameter_choice")
+        out[key] = None if which is None else getattr(param, which)
+    return out
+
+
+def _set_parameter(param: Any, value: Any) -> None:
+    if isinstance(value, bool):
+        param.bool_param = value
+    elif isinstance(value, int):
+        if value >= 2**63:
+            param.uint64_param = value
+        else:
+            param.int64_param = value
+    elif isinstance(value, float):
+        param.double_param = value
+    else:
+        param.string_param = str(value)
+
+
+def _shape(tensor: Any) -> tuple[int, ...]:
+    return check_shape(tensor.name, list(tensor.shape))
+
+
+def _typed(tensor: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    name = tensor.name
+    used = [field.name for field, _ in tensor.contents.ListFields()]
+    if datatype not in _CONTENTS:
+        raise InvalidInput(
+            f"input '{name}' is {datatype}, which has no typed contents field; "
+            "send it in raw_input_contents"
+        )
+    field, wide = _CONTENTS[datatype]
+    others = [used_field for used_field in used if used_field != field]
+    if others:
+        raise InvalidInput(
+            f"input '{name}' is {datatype}, so its data goes in contents.{field}; "
+            f"got contents.{', contents.'.join(others)}"
+        )
+    values = getattr(tensor.contents, field)
+    count = math.prod(shape)
+    if len(values) != count:
+        raise InvalidInput(
+            f"input '{name}' has shape {list(shape)} ({count} elements) but contents.{field} "
+            f"holds {len(values)}"
+        )
+    if datatype == "BYTES":
+        array = np.empty(count, dtype=object)
+        array[:] = list(values)
+        return array.reshape(shape)
+    received = np.array(values, dtype=wide)
+    target = numpy_dtype(datatype)
+    array = received.astype(target)
+    if target != received.dtype and not np.array_equal(array, received):
+        info = np.iinfo(target.type)  # type: ignore[type-var]
+        bad = received[array != received][0]
+        raise InvalidInput(
+            f"input '{name}': value {bad} is out of range for {datatype} ({info.min} to {info.max})"
+        )
+    return array.reshape(shape)
+
+
+def decode_request(request: Any) -> InferRequest:
+    """The engine's request for a ModelInferRequest; InvalidInput names what is malformed."""
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidInput(
+            f"request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents "
+            "entries; send raw contents for every input or for none"
+        )
+    inputs: dict[str, np.ndarray] = {}
+    datatypes: dict[str, str] = {}
+    for index, tensor in enumerate(request.inputs):
+        name, datatype = tensor.name, tensor.datatype
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' is given twice")
+        try:
+            numpy_dtype(datatype)
+        except InvalidInput as exc:
+            raise InvalidInput(f"input '{name}': {exc.message}") from None
+        input_params = parameters(tensor.parameters)
+        if "shared_memory_region" in input_params:
+            raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+        shape = _shape(tensor)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
+            inputs[name] = tensor_from_buffer(memoryview(raw[index]), datatype, shape, name)
+        else:
+            inputs[name] = _typed(tensor, datatype, shape)
+        datatypes[name] = datatype
+    outputs = []
+    for output in request.outputs:
+        output_params = parameters(output.parameters)
+        if "classification" in output_params:
+            raise InvalidInput(
+                f"output '{output.name}': the classification extension is not supported"
+            )
+        if "shared_memory_region" in output_params:
+            raise InvalidInput(
+                f"output '{output.name}': shared memory is not supported by this server"
+            )
+        outputs.append(output.name)
+    params = parameters(request.parameters)
+    return InferRequest(
+        model_name=request.model_name,
+        model_version=request.model_version or None,
+        inputs=inputs,
+        datatypes=datatypes,
+        id=request.id or None,
+        outputs=outputs or None,
+        parameters=params,
+        priority=_non_negative(params, "priority"),
+        timeout_s=_timeout_s(params),
+    )
+
+
+def _non_negative(params: dict[str, Any], key: str) -> int | None:
+    value = params.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value!r:.60}")
+    return value
+
+
+def _timeout_s(params: dict[str, Any]) -> float | None:
+    """Triton's `timeout` parameter is in microseconds; 0 means none."""
+    micros = _non_negative(params, "timeout")
+    return micros / 1e6 if micros else None
+
+
+def encode_response(response: InferResponse) -> Any:
+    """The ModelInferResponse for an engine response, outputs in raw_output_contents."""
+    message = pb.ModelInferResponse(
+        model_name=response.model_name, model_version=response.model_version, id=response.id or ""
+    )
+    for key, value in response.parameters.items():
+        _set_parameter(message.parameters[key], value)
+    raw = []
+    for name, array in response.outputs.items():
+        datatype = response.datatypes[name]
+        message.outputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        raw.append(bytes(tensor_buffer(array, datatype)))
+    message.raw_output_contents.extend(raw)
+    return message

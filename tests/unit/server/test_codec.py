@@ -1,0 +1,403 @@
+"""JSON tensors: request decoding (every datatype, every kind of wrong input) and response
+encoding, with a Hypothesis round trip decode(encode(x)) == x."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from engine.errors import InvalidInput
+from engine.types import InferResponse
+from server.codec import decode_data, decode_request, encode_response, output_json, parse_json
+from tests.models import DATATYPES, NUMERIC_DATATYPES, NUMPY_TYPES, sample
+
+
+def body(**overrides: Any) -> dict[str, Any]:
+    """A valid request body with one FP32 input 'x' of shape [2, 2]."""
+    tensor = {"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3, 4]}
+    return {"inputs": [tensor], **overrides}
+
+
+def tensor(**fields: Any) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0], **fields}]}
+
+
+def rejected(payload: Any) -> str:
+    with pytest.raises(InvalidInput) as caught:
+        decode_request(payload, "m", None)
+    return caught.value.message
+
+
+def data_rejected(datatype: str, shape: list[int], data: Any) -> str:
+    with pytest.raises(InvalidInput) as caught:
+        decode_data("x", datatype, shape, data)
+    message = caught.value.message
+    assert message.startswith("input 'x'")
+    return message
+
+
+def to_json(array: np.ndarray, datatype: str) -> Any:
+    """What a client sends: flat JSON values, through a real JSON encoder and parser."""
+    data = output_json("x", datatype, array)["data"]
+    return orjson.loads(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+# -- parse_json ------------------------------------------------------------------------------
+
+
+def test_parse_json_object() -> None:
+    assert parse_json(b'{"inputs": []}') == {"inputs": []}
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{", "malformed JSON"),
+        (b'{"inputs": [1,]}', "malformed JSON"),
+        (b"\xff\xfe{}", "malformed JSON"),
+        (b'{"a": NaN}', "malformed JSON"),
+        (b"[1, 2]", "must be a JSON object, got list"),
+        (b'"text"', "must be a JSON object, got str"),
+        (b"null", "must be a JSON object, got NoneType"),
+    ],
+)
+def test_parse_json_rejects(raw: bytes, fragment: str) -> None:
+    with pytest.raises(InvalidInput, match=fragment):
+        parse_json(raw)
+
+
+# -- every datatype ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_decode_every_datatype_flat(datatype: str) -> None:
+    array = sample(datatype, (3, 4))
+    got = decode_data("x", datatype, [3, 4], to_json(array, datatype))
+    assert got.shape == (3, 4)
+    assert got.dtype == np.dtype(NUMPY_TYPES[datatype])
+    assert got.tolist() == array.tolist()
+
+
+@pytest.mark.parametrize("datatype", DATATYPES)
+def test_decode_every_datatype_nested(datatype: str) -> None:
+    array = sample(datatype, (2, 3, 2))
+    nested = np.array(to_json(array, datatype), dtype=object).reshape(2, 3, 2).tolist()
+    got = decode_data("x", datatype, [2, 3, 2], nested)
+    assert got.tolist() == array.tolist()
+
+
+def test_bytes_are_utf8_encoded() -> None:
+    got = decode_data("x", "BYTES", [3], ["a", "héllo", ""])
+    assert got.tolist() == [b"a", "héllo".encode(), b""]
+
+
+def test_ints_are_accepted_for_floating_types() -> None:
+    assert decode_data("x", "FP32", [2], [1, 2]).tolist() == [1.0, 2.0]
+    assert decode_data("x", "FP16", [1], [3]).dtype == np.float16
+
+
+def test_scalar_data_and_empty_shape() -> None:
+    got = decode_data("x", "INT32", [], 7)
+    assert (got.shape, got.tolist()) == ((), 7)
+
+
+def test_zero_sized_tensor() -> None:
+    assert decode_data("x", "FP32", [0, 4], []).shape == (0, 4)
+
+
+def test_nested_data_is_reshaped_to_the_declared_shape() -> None:
+    assert decode_data("x", "INT64", [3, 2], [[1, 2, 3], [4, 5, 6]]).tolist() == [
+        [1, 2], [3, 4], [5, 6]
+    ]  # fmt: skip
+
+
+# -- wrong JSON types -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "fragment"),
+    [
+        ("FP32", ["1.0", "2.0"], "text"),
+        ("FP32", [1, "a"], "text"),
+        ("FP64", [None], "FP64"),
+        ("FP32", [{"a": 1}], "FP32"),
+        ("FP32", [True, False], "FP32 needs numbers"),
+        ("INT32", [1.5, 2.0], "INT32"),
+        ("INT32", [True, False], "INT32"),
+        ("UINT8", ["1"], "text"),
+        ("BOOL", [0, 1], "BOOL needs booleans"),
+        ("BOOL", ["true"], "BOOL needs booleans"),
+        ("BYTES", ["a", 1], "BYTES data must be strings"),
+        ("BYTES", [None], "BYTES data must be strings"),
+    ],
+)
+def test_wrong_json_types_are_rejected(datatype: str, data: Any, fragment: str) -> None:
+    assert fragment in data_rejected(datatype, [len(data)], data)
+
+
+def test_floats_for_an_integer_type_say_integers_are_needed() -> None:
+    message = data_rejected("INT32", [2], [1.5, 2.0])
+    assert "INT32 needs integers" in message
+
+
+@pytest.mark.parametrize("datatype", ["INT8", "INT32", "UINT16", "FP32", "FP64"])
+def test_booleans_mixed_into_numbers_are_rejected(datatype: str) -> None:
+    # np.asarray([True, 2]) is an int array: a stray JSON `true` becomes 1 without this check.
+    data_rejected(datatype, [2], [True, 2])
+
+
+@pytest.mark.parametrize(
+    ("datatype", "value", "shown"),
+    [
+        ("INT8", 128, "128"),
+        ("INT8", -129, "-129"),
+        ("UINT8", 256, "256"),
+        ("UINT8", -1, "-1"),
+        ("INT16", 40000, "40000"),
+        ("UINT32", 2**32, str(2**32)),
+        ("INT32", -(2**31) - 1, str(-(2**31) - 1)),
+        ("INT64", 2**63, str(2**63)),
+    ],
+)
+def test_out_of_range_integers_name_value_and_range(datatype: str, value: int, shown: str) -> None:
+    message = data_rejected(datatype, [2], [0, value])
+    assert f"value {shown} is out of range for {datatype}" in message
+
+
+@pytest.mark.parametrize(("datatype", "value"), [("UINT64", 2**64), ("INT64", -(2**63) - 1)])
+def test_integers_beyond_64_bits_are_rejected(datatype: str, value: int) -> None:
+    data_rejected(datatype, [1], [value])
+
+
+@pytest.mark.parametrize(("datatype", "value"), [("FP16", 1e6), ("FP32", 1e300)])
+def test_floats_beyond_the_type_range_are_rejected(datatype: str, value: float) -> None:
+    # Casting would silently give inf (and a RuntimeWarning on the server's stderr).
+    data_rejected(datatype, [1], [value])
+
+
+def test_integer_extremes_are_accepted() -> None:
+    assert decode_data("x", "INT8", [2], [-128, 127]).tolist() == [-128, 127]
+    assert decode_data("x", "UINT64", [2], [0, 2**64 - 1]).tolist() == [0, 2**64 - 1]
+    assert decode_data("x", "INT64", [2], [-(2**63), 2**63 - 1]).tolist() == [-(2**63), 2**63 - 1]
+
+
+# -- shapes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "data", "count", "size"),
+    [([2, 2], [1, 2, 3], 4, 3), ([3], [1, 2, 3, 4], 3, 4), ([0], [1], 0, 1), ([], [1, 2], 1, 2)],
+)
+def test_shape_and_data_count_must_agree(
+    shape: list[int], data: list[int], count: int, size: int
+) -> None:
+    message = data_rejected("FP32", shape, data)
+    assert message == f"input 'x': shape {shape} needs {count} values, data has {size}"
+
+
+def test_bytes_count_mismatch() -> None:
+    assert "needs 2 values, data has 3" in data_rejected("BYTES", [2], ["a", "b", "c"])
+
+
+@pytest.mark.parametrize("data", [[[1, 2], [3]], [[1], [2, 3]], [[[1, 2]], [3, 4]]])
+def test_ragged_lists_are_rejected(data: Any) -> None:
+    assert "ragged" in data_rejected("FP32", [3], data)
+
+
+@pytest.mark.parametrize("shape", [[-1, 4], [2, -3]])
+def test_negative_dims_are_rejected(shape: list[int]) -> None:
+    message = rejected(tensor(shape=shape))
+    assert message == f"input 'x': shape must be a list of non-negative integers, got {shape}"
+
+
+@pytest.mark.parametrize("shape", [[1.0], [True], ["1"], [None], [[1]]])
+def test_non_integer_dims_are_rejected(shape: list[Any]) -> None:
+    assert "shape must be a list of non-negative integers" in rejected(tensor(shape=shape))
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        [1] * 65,  # numpy holds at most 64 dimensions
+        [0, 2**70],  # 0 values, but no array can have this shape
+        [0, 2**62, 2**62],
+    ],
+)
+def test_shapes_numpy_cannot_hold_are_invalid_input(shape: list[int]) -> None:
+    count = int(np.prod(shape, dtype=object))
+    data = [1.0] * count
+    for datatype in ("FP32", "BYTES"):
+        values = ["a"] * count if datatype == "BYTES" else data
+        message = rejected(tensor(shape=shape, datatype=datatype, data=values))
+        assert "input 'x'" in message
+
+
+# -- request structure ------------------------------------------------------------------------
+
+
+def test_decode_request_fields() -> None:
+    request = decode_request(
+        body(id="req-7", outputs=[{"name": "y"}], parameters={"priority": 2, "tag": "t"}),
+        "m",
+        "3",
+    )
+    assert (request.model_name, request.model_version, request.id) == ("m", "3", "req-7")
+    assert request.datatypes == {"x": "FP32"}
+    assert request.inputs["x"].tolist() == [[1, 2], [3, 4]]
+    assert request.outputs == ["y"]
+    assert request.parameters == {"priority": 2, "tag": "t"}
+    assert request.priority == 2
+    assert request.timeout_s is None
+
+
+def test_timeout_parameter_is_microseconds() -> None:
+    assert decode_request(body(parameters={"timeout": 1_500_000}), "m", None).timeout_s == 1.5
+    assert decode_request(body(parameters={"timeout": 250}), "m", None).timeout_s == 0.00025
+    assert decode_request(body(parameters={"timeout": 0}), "m", None).timeout_s is None
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+@pytest.mark.parametrize("value", [-1, 1.5, "10", True, [1]])
+def test_bad_timeout_and_priority(key: str, value: Any) -> None:
+    message = rejected(body(parameters={key: value}))
+    assert message.startswith(f"parameter '{key}' must be a non-negative integer")
+
+
+@pytest.mark.parametrize(
+    ("payload", "fragment"),
+    [
+        ({}, "request: missing field 'inputs'"),
+        ({"inputs": {}}, "field 'inputs' must be list"),
+        ({"inputs": []}, "'inputs' is empty"),
+        ({"inputs": [5]}, "inputs[0] must be an object, got int"),
+        ({"inputs": [{"datatype": "FP32", "shape": [1], "data": [1]}]},
+         "inputs[0]: missing field 'name'"),
+        ({"inputs": [{"name": 5, "datatype": "FP32", "shape": [1], "data": [1]}]},
+         "inputs[0]: field 'name' must be str"),
+        ({"inputs": [{"name": "x", "shape": [1], "data": [1]}]},
+         "input 'x': missing field 'datatype'"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "data": [1]}]},
+         "input 'x': missing field 'shape'"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1]}]},
+         "input 'x': missing field 'data'"),
+        ({"inputs": [{"name": "x", "datatype": "FP32", "shape": "1", "data": [1]}]},
+         "input 'x': field 'shape' must be list"),
+        (tensor(datatype="FLOAT"), "unknown datatype 'FLOAT'; allowed: BOOL"),
+        (tensor(datatype=32), "field 'datatype' must be str"),
+        (body(outputs={"name": "y"}), "field 'outputs' must be list"),
+        (body(outputs=["y"]), "outputs[0]: missing field 'name'"),
+        (body(outputs=[{"name": 3}]), "outputs[0]: field 'name' must be str"),
+    ],
+)  # fmt: skip
+def test_missing_and_mistyped_fields(payload: dict[str, Any], fragment: str) -> None:
+    assert fragment in rejected(payload)
+
+
+def test_duplicate_input_is_rejected() -> None:
+    payload = body()
+    payload["inputs"] = payload["inputs"] * 2
+    assert rejected(payload) == "input 'x' is given twice"
+
+
+@pytest.mark.parametrize("request_id", [5, 1.5, True, ["a"], {"a": 1}])
+def test_bad_id_is_rejected(request_id: Any) -> None:
+    assert rejected(body(id=request_id)).startswith("request: 'id' must be a string")
+
+
+@pytest.mark.parametrize("parameters", ["x", 5, [1], [], 0, False, ""])
+def test_bad_request_parameters_are_rejected(parameters: Any) -> None:
+    assert "'parameters' must be an object" in rejected(body(parameters=parameters))
+
+
+@pytest.mark.parametrize("parameters", ["x", 5, [1], [], 0, False])
+def test_bad_input_parameters_are_rejected(parameters: Any) -> None:
+    assert rejected(tensor(parameters=parameters)) == "input 'x': parameters must be an object"
+
+
+def test_null_parameters_mean_none() -> None:
+    assert decode_request(body(parameters=None), "m", None).parameters == {}
+
+
+def test_arrays_decoded_elsewhere_take_the_place_of_data() -> None:
+    array = np.arange(4, dtype=np.float32).reshape(2, 2)
+    payload = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2]}]}
+    assert decode_request(payload, "m", None, arrays={"x": array}).inputs["x"] is array
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+
+def test_response_json_layout() -> None:
+    response = InferResponse(
+        "m",
+        "2",
+        {"y": np.array([[1.5, 2]], np.float32), "s": np.array([b"a", "é".encode()], object)},
+        {"y": "FP32", "s": "BYTES"},
+        id="abc",
+    )
+    assert orjson.loads(encode_response(response)) == {
+        "model_name": "m",
+        "model_version": "2",
+        "id": "abc",
+        "outputs": [
+            {"name": "y", "datatype": "FP32", "shape": [1, 2], "data": [1.5, 2.0]},
+            {"name": "s", "datatype": "BYTES", "shape": [2], "data": ["a", "é"]},
+        ],
+    }
+
+
+def test_response_without_id_has_no_id() -> None:
+    response = InferResponse("m", "1", {"y": np.zeros(1, np.int8)}, {"y": "INT8"})
+    assert "id" not in orjson.loads(encode_response(response))
+
+
+def test_non_contiguous_and_fp16_outputs_encode() -> None:
+    array = np.arange(12, dtype=np.float16).reshape(3, 4).T
+    out = output_json("y", "FP16", array)
+    assert out["shape"] == [4, 3]
+    assert orjson.loads(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))["data"] == (
+        array.ravel().astype(float).tolist()
+    )
+
+
+def _numeric_arrays() -> st.SearchStrategy[tuple[str, np.ndarray]]:
+    def arrays(datatype: str) -> st.SearchStrategy[tuple[str, np.ndarray]]:
+        dtype = np.dtype(NUMPY_TYPES[datatype])
+        elements = None
+        if dtype.kind == "f":
+            width = {2: 16, 4: 32, 8: 64}[dtype.itemsize]
+            elements = st.floats(allow_nan=False, allow_infinity=False, width=width)  # type: ignore[arg-type]
+        shapes = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
+        return hnp.arrays(dtype, shapes, elements=elements).map(lambda a: (datatype, a))
+
+    return st.sampled_from(NUMERIC_DATATYPES).flatmap(arrays)
+
+
+@given(_numeric_arrays())
+def test_round_trip_numeric(item: tuple[str, np.ndarray]) -> None:
+    datatype, array = item
+    response = InferResponse("m", "1", {"y": array}, {"y": datatype})
+    output = orjson.loads(encode_response(response))["outputs"][0]
+    assert output["datatype"] == datatype
+    decoded = decode_data("y", datatype, output["shape"], output["data"])
+    assert decoded.dtype == array.dtype
+    assert decoded.shape == array.shape
+    np.testing.assert_array_equal(decoded, array)
+    assert np.signbit(decoded).tolist() == np.signbit(array).tolist()
+
+
+@given(st.lists(st.text(max_size=10), max_size=8))
+def test_round_trip_bytes(words: list[str]) -> None:
+    array = np.empty(len(words), dtype=object)
+    array[:] = [w.encode("utf-8", "surrogatepass") for w in words]
+    if any("\ud800" <= c <= "\udfff" for w in words for c in w):
+        return  # not UTF-8 text; JSON cannot carry it (the binary extension can)
+    response = InferResponse("m", "1", {"y": array}, {"y": "BYTES"})
+    output = orjson.loads(encode_response(response))["outputs"][0]
+    assert decode_data("y", "BYTES", output["shape"], output["data"]).tolist() == array.tolist()

@@ -1,0 +1,422 @@
+"""The gRPC front-end over a real grpc.aio server on a free port, backed by FakeEngine (real ONNX
+Runtime sessions at the engine-facade seam)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+from google.protobuf import json_format
+
+from engine.auth import digest_key
+from engine.errors import Overloaded, RateLimited
+from engine.settings import ApiKey, AuthSettings, Settings, SettingsError
+from server.grpc_service import build_grpc_server, server_options
+from server.proto import grpc_service_pb2 as pb
+from server.proto import grpc_service_pb2_grpc as pb_grpc
+from tests.unit.server.fake_engine import FakeEngine
+
+Stub = Any
+
+
+async def _serve(engine: FakeEngine, **overrides: Any) -> tuple[grpc.aio.Server, int]:
+    server, port = build_grpc_server(Settings(grpc_port=0, **overrides), engine)  # type: ignore[arg-type]
+    await server.start()
+    return server, port
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine()
+
+
+@pytest.fixture
+async def stub(engine: FakeEngine) -> AsyncIterator[Stub]:
+    server, port = await _serve(engine)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+    await server.stop(grace=None)
+
+
+def raw_request(model: str, tensors: dict[str, tuple[str, np.ndarray]], **kw: Any) -> Any:
+    request = pb.ModelInferRequest(model_name=model, **kw)
+    for name, (datatype, array) in tensors.items():
+        request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
+        request.raw_input_contents.append(array.tobytes())
+    return request
+
+
+def output(response: Any, name: str) -> np.ndarray:
+    index = [o.name for o in response.outputs].index(name)
+    spec = response.outputs[index]
+    dtype = {"FP32": np.float32, "FP16": np.float16, "INT8": np.int8, "BOOL": np.bool_}
+    return np.frombuffer(response.raw_output_contents[index], dtype[spec.datatype]).reshape(
+        tuple(spec.shape)
+    )
+
+
+async def _status(call: Any) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    return info.value
+
+
+async def test_health_and_server_metadata(stub: Stub, engine: FakeEngine) -> None:
+    assert (await stub.ServerLive(pb.ServerLiveRequest())).live is True
+    assert (await stub.ServerReady(pb.ServerReadyRequest())).ready is True
+    engine.ready = False
+    assert (await stub.ServerReady(pb.ServerReadyRequest())).ready is False
+    meta = await stub.ServerMetadata(pb.ServerMetadataRequest())
+    assert (meta.name, meta.version, list(meta.extensions)) == (
+        "sluice",
+        "0.1.0",
+        ["binary_tensor_data"],
+    )
+
+
+async def test_model_ready_and_metadata(stub: Stub) -> None:
+    assert (await stub.ModelReady(pb.ModelReadyRequest(name="double"))).ready is True
+    assert (await stub.ModelReady(pb.ModelReadyRequest(name="double", version="7"))).ready is False
+    assert (await stub.ModelReady(pb.ModelReadyRequest(name="nope"))).ready is False
+    meta = await stub.ModelMetadata(pb.ModelMetadataRequest(name="double"))
+    assert meta.name == "double"
+    assert list(meta.versions) == ["1"]
+    assert meta.platform == "onnxruntime_onnx"
+    assert [(t.name, t.datatype, list(t.shape)) for t in meta.inputs] == [("x", "FP32", [-1, 4])]
+    assert [(t.name, list(t.shape)) for t in meta.outputs] == [("y", [-1, 4]), ("total", [-1])]
+    error = await _status(stub.ModelMetadata(pb.ModelMetadataRequest(name="nope")))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert "unknown model 'nope'" in error.details()
+
+
+async def test_infer_raw_contents(stub: Stub, engine: FakeEngine) -> None:
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    response = await stub.ModelInfer(raw_request("double", {"x": ("FP32", x)}, id="r1"))
+    assert (response.model_name, response.model_version, response.id) == ("double", "1", "r1")
+    assert [o.name for o in response.outputs] == ["y", "total"]
+    np.testing.assert_array_equal(output(response, "y"), 2 * x)
+    np.testing.assert_allclose(output(response, "total"), x.sum(axis=1), rtol=1e-6)
+    assert engine.requests[-1].tenant == "anonymous"
+    assert not engine.requests[-1].inputs["x"].flags.writeable  # a view of the message bytes
+
+
+async def test_infer_typed_contents_and_output_selection(stub: Stub) -> None:
+    request = pb.ModelInferRequest(model_name="double", model_version="1")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    tensor.contents.fp32_contents.extend([float(i) for i in range(8)])
+    request.outputs.add(name="total")
+    response = await stub.ModelInfer(request)
+    assert [o.name for o in response.outputs] == ["total"]
+    np.testing.assert_array_equal(output(response, "total"), [6.0, 22.0])
+
+
+async def test_bytes_tensors_raw_and_typed(stub: Stub) -> None:
+    items = [b"hello", b"", "h\u00e9".encode()]
+    raw = b"".join(struct.pack("<I", len(i)) + i for i in items)
+    request = pb.ModelInferRequest(model_name="echo", raw_input_contents=[raw])
+    request.inputs.add(name="text", datatype="BYTES", shape=[3])
+    response = await stub.ModelInfer(request)
+    assert response.outputs[0].datatype == "BYTES"
+    assert response.raw_output_contents[0] == raw
+
+    typed = pb.ModelInferRequest(model_name="echo")
+    typed.inputs.add(name="text", datatype="BYTES", shape=[3]).contents.bytes_contents.extend(items)
+    assert (await stub.ModelInfer(typed)).raw_output_contents[0] == raw
+
+
+async def test_narrow_int_fp16_and_bool(stub: Stub) -> None:
+    a = np.array([[-128, 127], [0, 5]], np.int8)
+    h = np.array([[0.5, -2], [65504, 1e-3]], np.float16)
+    flag = np.array([[True, False], [False, True]])
+    response = await stub.ModelInfer(
+        raw_request("types", {"a": ("INT8", a), "h": ("FP16", h), "flag": ("BOOL", flag)})
+    )
+    np.testing.assert_array_equal(output(response, "a_out"), a)
+    np.testing.assert_array_equal(output(response, "h_out"), h)
+    np.testing.assert_array_equal(output(response, "flag_out"), flag)
+
+    typed = pb.ModelInferRequest(model_name="types")
+    typed.inputs.add(name="a", datatype="INT8", shape=[2, 2]).contents.int_contents.extend(
+        [-128, 127, 0, 5]
+    )
+    typed.inputs.add(name="h", datatype="FP16", shape=[2, 2])
+    typed.inputs.add(name="flag", datatype="BOOL", shape=[2, 2]).contents.bool_contents.extend(
+        [True, False, False, True]
+    )
+    error = await _status(stub.ModelInfer(typed))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'h' is FP16, which has no typed contents field" in error.details()
+
+
+def _typed(datatype: str, shape: list[int], **contents: Any) -> Any:
+    request = pb.ModelInferRequest(model_name="double")
+    request.inputs.add(name="x", datatype=datatype, shape=shape, contents=contents or None)
+    return request
+
+
+def _raw_wrong_size() -> Any:
+    request = pb.ModelInferRequest(model_name="double", raw_input_contents=[bytes(28)])
+    request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    return request
+
+
+def _mixed() -> Any:
+    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
+    request.inputs[0].contents.fp32_contents.extend([0.0] * 4)
+    return request
+
+
+def _two_inputs_one_raw() -> Any:
+    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
+    request.inputs.add(name="z", datatype="FP32", shape=[1])
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_factory", "message"),
+    [
+        (
+            _raw_wrong_size,
+            "input 'x' has shape [2, 4] of FP32, which is 32 bytes; received 28 bytes",
+        ),
+        (_two_inputs_one_raw, "request has 2 inputs but 1 raw_input_contents entries"),
+        (
+            lambda: _typed("FP32", [2, 4], fp32_contents=[1.0] * 7),
+            "input 'x' has shape [2, 4] (8 elements) but contents.fp32_contents holds 7",
+        ),
+        (
+            lambda: _typed("FP32", [1, 4], int_contents=[1] * 4),
+            "input 'x' is FP32, so its data goes in contents.fp32_contents; got "
+            "contents.int_contents",
+        ),
+        (lambda: _typed("FP99", [1, 4]), "input 'x': unknown datatype 'FP99'"),
+        (lambda: _typed("FP32", [-1, 4]), "shape must be a list of non-negative integers, got [-1, 4]"),
+        (
+            lambda: _typed("INT8", [1, 1], int_contents=[300]),
+            "input 'x': value 300 is out of range for INT8 (-128 to 127)",
+        ),
+        (_mixed, "input 'x' has both contents and raw_input_contents"),
+        (
+            lambda: raw_request(
+                "echo", {"text": ("BYTES", np.frombuffer(b"\x09\0\0\0ab", np.uint8))}
+            ),
+            "input 'text': BYTES element 0 declares 9 bytes; only 2 remain",
+        ),
+    ],
+)
+async def test_malformed_contents_are_invalid_argument(
+    stub: Stub, request_factory: Any, message: str
+) -> None:
+    error = await _status(stub.ModelInfer(request_factory()))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in error.details()
+
+
+async def test_engine_errors_map_to_status_and_trailing_metadata(
+    stub: Stub, engine: FakeEngine
+) -> None:
+    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
+    engine.fail_next = RateLimited("tenant 'a' is over 5/s", 2.2, {"X-RateLimit-Limit": "5"})
+    error = await _status(stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert error.details() == "tenant 'a' is over 5/s"
+    trailing = dict(error.trailing_metadata() or ())
+    assert trailing["retry-after"] == "3"
+    assert trailing["x-ratelimit-limit"] == "5"
+
+    engine.fail_next = Overloaded("queue of model 'double' is full (64 rows)")
+    error = await _status(stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "queue of model 'double' is full" in error.details()
+
+    engine.fail_next = ZeroDivisionError("secret detail")
+    error = await _status(stub.ModelInfer(request))
+    assert error.code() == grpc.StatusCode.INTERNAL
+    assert error.details() == "internal error"
+
+
+async def test_parameters_deadline_and_tenant_reach_the_engine(
+    stub: Stub, engine: FakeEngine
+) -> None:
+    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
+    request.parameters["priority"].int64_param = 2
+    request.parameters["timeout"].int64_param = 5_000_000  # microseconds, as Triton
+    request.parameters["custom"].string_param = "v"
+    await stub.ModelInfer(request, timeout=2.0)
+    seen = engine.requests[-1]
+    assert seen.priority == 2
+    assert seen.timeout_s is not None
+    assert 0 < seen.timeout_s <= 2.0  # the call's 2 s deadline beats the 5 s parameter
+    assert seen.parameters["custom"] == "v"
+
+    request.parameters["priority"].int64_param = -1
+    error = await _status(stub.ModelInfer(request))
+    assert "parameter 'priority' must be a non-negative integer, got -1" in error.details()
+
+
+async def test_client_cancellation_reaches_the_engine(stub: Stub, engine: FakeEngine) -> None:
+    call = stub.ModelInfer(raw_request("slow", {"x": ("FP32", np.zeros((1, 4), np.float32))}))
+    await asyncio.wait_for(engine.started.wait(), 10)
+    call.cancel()
+    await asyncio.wait_for(engine.cancelled.wait(), 10)
+    assert engine.cancelled.is_set()
+
+
+async def test_model_config_in_tritons_shape(stub: Stub) -> None:
+    response = await stub.ModelConfig(pb.ModelConfigRequest(name="double"))
+    config = response.config
+    assert (config.name, config.platform, config.max_batch_size) == (
+        "double",
+        "onnxruntime_onnx",
+        8,
+    )
+    assert [(i.name, i.data_type, list(i.dims)) for i in config.input] == [("x", 11, [4])]
+    assert list(config.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert config.instance_group[0].kind == 2  # KIND_CPU
+    assert config.version_policy.latest.num_versions == 1
+    as_json = json_format.MessageToDict(config)
+    assert as_json["output"][1] == {"name": "total", "dataType": "TYPE_FP32"}
+
+
+async def test_statistics(stub: Stub) -> None:
+    await stub.ModelInfer(raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))}))
+    stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(name="double"))
+    assert [(s.name, s.version, s.inference_count) for s in stats.model_stats] == [
+        ("double", "1", 1)
+    ]
+    assert stats.model_stats[0].inference_stats.success.count == 1
+    assert stats.model_stats[0].batch_stats[0].batch_size == 1
+    everything = await stub.ModelStatistics(pb.ModelStatisticsRequest())
+    assert sorted(s.name for s in everything.model_stats) == ["double", "echo", "slow", "types"]
+
+
+async def test_repository_index_load_unload(stub: Stub) -> None:
+    await stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="echo"))
+    index = await stub.RepositoryIndex(pb.RepositoryIndexRequest())
+    states = {m.name: (m.state, m.reason) for m in index.models}
+    assert states["echo"] == ("UNAVAILABLE", "unloaded")
+    assert states["double"] == ("READY", "")
+    ready = await stub.RepositoryIndex(pb.RepositoryIndexRequest(ready=True))
+    assert "echo" not in {m.name for m in ready.models}
+    await stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="echo"))
+    assert (await stub.ModelReady(pb.ModelReadyRequest(name="echo"))).ready is True
+
+    error = await _status(stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="x")))
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    load = pb.RepositoryModelLoadRequest(model_name="echo")
+    load.parameters["config"].string_param = "{}"
+    error = await _status(stub.RepositoryModelLoad(load))
+    assert "load parameters are not supported (got config)" in error.details()
+    unload = pb.RepositoryModelUnloadRequest(model_name="echo")
+    unload.parameters["unload_dependents"].bool_param = False
+    await stub.RepositoryModelUnload(unload)
+    unload.parameters["force"].bool_param = True
+    error = await _status(stub.RepositoryModelUnload(unload))
+    assert "unknown unload parameters force; allowed: unload_dependents" in error.details()
+
+
+async def test_stream_infer_answers_each_request(stub: Stub) -> None:
+    good = raw_request("double", {"x": ("FP32", np.ones((1, 4), np.float32))}, id="good")
+    bad = raw_request("double", {"x": ("FP32", np.ones((1, 4), np.float32))}, id="bad")
+    bad.raw_input_contents[0] = b"\0"
+
+    async def requests() -> AsyncIterator[Any]:
+        for request in (good, bad, good):
+            yield request
+
+    answers = [answer async for answer in stub.ModelStreamInfer(requests())]
+    by_id = sorted((a.infer_response.id, a.error_message) for a in answers)
+    assert by_id[0][0] == "bad"
+    assert "received 1 bytes" in by_id[0][1]
+    assert [a for a in by_id if a[0] == "good"] == [("good", ""), ("good", "")]
+
+
+async def test_unimplemented_rpcs(stub: Stub) -> None:
+    error = await _status(stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest()))
+    assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+async def test_auth_from_metadata() -> None:
+    keys = [
+        ApiKey(digest=digest_key("user-key"), tenant="acme", models=["double"]),
+        ApiKey(digest=digest_key("admin-key"), tenant="ops", role="admin"),
+    ]
+    engine = FakeEngine(AuthSettings(keys=keys, admin_endpoints=["repository", "statistics"]))
+    server, port = await _serve(engine)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
+            assert (await stub.ServerLive(pb.ServerLiveRequest())).live  # probes need no key
+            error = await _status(stub.ModelInfer(request))
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "missing API key" in error.details()
+            await stub.ModelInfer(request, metadata=(("authorization", "Bearer user-key"),))
+            assert engine.requests[-1].tenant == "acme"
+            await stub.ModelInfer(request, metadata=(("x-api-key", "admin-key"),))
+            assert engine.requests[-1].tenant == "ops"
+            user = (("x-api-key", "user-key"),)
+            echo = pb.ModelMetadataRequest(name="echo")
+            assert (await _status(stub.ModelMetadata(echo, metadata=user))).code() == (
+                grpc.StatusCode.PERMISSION_DENIED
+            )
+            index = pb.RepositoryIndexRequest()
+            error = await _status(stub.RepositoryIndex(index, metadata=user))
+            assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "repository endpoints need an admin key" in error.details()
+            admin = (("x-api-key", "admin-key"),)
+            stats = await stub.ModelStatistics(pb.ModelStatisticsRequest(), metadata=admin)
+            assert len(stats.model_stats) == 4
+            config = await stub.ModelConfig(pb.ModelConfigRequest(name="double"), metadata=user)
+            assert config.config.name == "double"  # config is not admin-only here
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_message_size_limit(engine: FakeEngine) -> None:
+    server, port = await _serve(engine, grpc_max_message_bytes=64 * 1024)
+    try:
+        async with grpc.aio.insecure_channel(
+            f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", 1 << 24)]
+        ) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.zeros((32 * 1024, 4), np.float32)  # 512 KiB
+            error = await _status(stub.ModelInfer(raw_request("double", {"x": ("FP32", x)})))
+            assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        await server.stop(grace=None)
+    limits = dict(server_options(Settings()))
+    assert limits["grpc.max_receive_message_length"] >= 64 * 1024 * 1024 + 64 * 1024
+    assert limits["grpc.max_send_message_length"] >= 64 * 1024 * 1024 + 64 * 1024
+
+
+async def test_port_in_use_is_a_settings_error(engine: FakeEngine) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port} for gRPC"):
+            build_grpc_server(Settings(grpc_port=port), engine)  # type: ignore[arg-type]
+
+
+async def test_stream_cancellation_reaches_the_engine(stub: Stub, engine: FakeEngine) -> None:
+    slow = raw_request("slow", {"x": ("FP32", np.zeros((1, 4), np.float32))}, id="s")
+    hold = asyncio.Event()
+
+    async def requests() -> AsyncIterator[Any]:
+        yield slow
+        await hold.wait()  # keep the stream open
+
+    call = stub.ModelStreamInfer(requests())
+    await asyncio.wait_for(engine.started.wait(), 10)
+    call.cancel()
+    await asyncio.wait_for(engine.cancelled.wait(), 10)
+    assert engine.cancelled.is_set()
+    hold.set()
