@@ -37,13 +37,15 @@ def group_key(
     """Requests with equal keys can be concatenated: same non-batch dims, except on paddable axes
     where only the length bucket must match."""
     key = []
-    for name in sorted(inputs):
+    for name in sorted(inputs) if len(inputs) > 1 else inputs:
         array = inputs[name]
-        dims: list[int] = list(array.shape[1:])
+        dims = array.shape[1:]
         pad = padding.get(name)
         if pad is not None and pad.axis < array.ndim:
-            dims[pad.axis - 1] = -1 - bucket(array.shape[pad.axis], ratio)
-        key.append((name, str(array.dtype), tuple(dims)))
+            padded = list(dims)
+            padded[pad.axis - 1] = -1 - bucket(array.shape[pad.axis], ratio)
+            dims = tuple(padded)
+        key.append((name, array.dtype, dims))
     return tuple(key)
 
 

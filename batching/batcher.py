@@ -106,7 +106,7 @@ class Batcher:
         self._wakeup.set()
         try:
             if deadline is None:
-                return await asyncio.shield(item.future)
+                return await item.future
             try:
                 async with asyncio.timeout(deadline - time.monotonic()):
                     return await asyncio.shield(item.future)

@@ -362,17 +362,17 @@ class Engine:
         return [m for versions in self._models.values() for m in versions.values()]
 
     def _resolve(self, name: str, version: str | None) -> LoadedModel:
-        check_name("model", name)
-        versions = self._models.get(name)
+        versions = self._models.get(name)  # loaded names are valid: check only the others
         if not versions:
+            check_name("model", name)
             if name in self._loading:
                 raise ModelNotReady(name, version or "latest", "loading")
             raise ModelNotFound(name, available=sorted(self._models))
         if version is None or version == "":
             return versions[max(versions, key=int)]
-        check_name("version", version)
         model = versions.get(version)
         if model is None:
+            check_name("version", version)
             raise ModelNotFound(name, version, available=sorted(versions, key=int))
         return model
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import orjson
@@ -14,15 +10,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive
 
 from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
-from engine.errors import EngineError, InvalidInput, PayloadTooLarge
+from engine.errors import EngineError
 from engine.settings import Settings
 from engine.types import InferResponse, ModelMetadata
-from server import binary, codec
 from server.errors import error_headers, http_status
+from server.infer_route import InferRoute
 from server.logs import RequestIdMiddleware
 from server.triton import triton_router
 
@@ -56,51 +51,14 @@ def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
     }
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or PayloadTooLarge as soon as it passes `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(int(declared), limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(size, limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def until_disconnect(receive: Receive) -> None:
-    """Returns when the client goes away (call only after the body was read)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run `work`; if the client disconnects first, cancel it (the batcher withdraws it)."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(until_disconnect(request.receive))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, EngineError):
-                await task
-    return task.result()
-
-
-async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
-    return await asyncio.to_thread(func, *args) if size > OFF_LOOP_BYTES else func(*args)
-
-
 def create_app(settings: Settings, engine: Engine) -> FastAPI:
     """The FastAPI application serving `engine`."""
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
     app.add_middleware(RequestIdMiddleware)
+    # Outermost: the inference endpoint skips FastAPI's layers (see server/infer_route.py).
+    app.add_middleware(InferRoute, engine=engine, settings=settings)
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> Response:
@@ -164,56 +122,6 @@ def create_app(settings: Settings, engine: Engine) -> FastAPI:
         @app.get("/metrics")
         async def metrics() -> Response:
             return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
-
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(request: Request, name: str) -> Response:
-        version = request.path_params.get("version")
-        started = time.monotonic()
-        status = 200
-        try:
-            return await _infer(request, name, version)
-        except EngineError as exc:
-            status = http_status(exc)
-            raise
-        finally:
-            elapsed = time.monotonic() - started
-            engine.metrics.request(engine.label_for(name), version or "", "http", status, elapsed)
-            log.debug("POST %s -> %d in %.3f ms", request.url.path, status, elapsed * 1e3)
-
-    async def _infer(request: Request, name: str, version: str | None) -> Response:
-        tenant = principal(request, name).tenant
-        body = await read_body(request, settings.max_request_bytes)
-        # Binary tensor data extension (server/binary.py): a JSON header of
-        # Inference-Header-Content-Length bytes, then the binary inputs; outputs go back as
-        # binary when asked (binary_data / binary_data_output); gzip/deflate both ways.
-        if not body:
-            raise InvalidInput("request body is empty; expected a JSON inference request")
-
-        def decode() -> tuple[Any, binary.BinaryRequest]:
-            limit = settings.max_request_bytes
-            plain = binary.decompress(body, request.headers.get("content-encoding"), limit)
-            split = binary.split_request(plain, request.headers)
-            return codec.decode_request(split.header, name, version, split.arrays), split
-
-        def json_data(array: Any, datatype: str) -> Any:
-            return codec.output_json("", datatype, array)["data"]
-
-        infer_request, split = await off_loop(len(body), decode)
-        infer_request.tenant = tenant
-        response = await unless_disconnected(request, engine.infer(infer_request))
-        size = sum(a.nbytes for a in response.outputs.values())
-        encode_started = time.monotonic()
-        content, headers = await off_loop(
-            size,
-            binary.encode_response,
-            response,
-            split.binary_outputs(response.outputs),
-            json_data,
-            request.headers.get("accept-encoding"),
-        )
-        engine.metrics.encode.labels("http").observe(time.monotonic() - encode_started)
-        return Response(content, headers=headers)
 
     return app
 

@@ -87,7 +87,10 @@ def _numbers(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
             f"{datatype} needs {_NEEDS[target.kind]} (got {bad!r:.40})"
         )
     try:
-        with np.errstate(over="ignore"):
+        if target.kind == "f" and target.itemsize < 8:  # a double may not fit: inf, checked below
+            with np.errstate(over="ignore"):
+                array = np.array(flat, dtype=target)
+        else:
             array = np.array(flat, dtype=target)
     except OverflowError:
         info = np.iinfo(target.str)
@@ -109,7 +112,7 @@ def _flatten(where: str, data: list[Any]) -> list[Any]:
     """Nested lists flattened in row-major order; InvalidInput if they are ragged (lists of
     different lengths, or lists and values mixed, at one depth)."""
     if not data or not isinstance(data[0], list):
-        if any(isinstance(v, list) for v in data):
+        if list in set(map(type, data)):
             raise InvalidInput(f"{where}: data is a ragged nested list")
         return data
     out: list[Any] = []

@@ -83,6 +83,7 @@ class Server:
             timeout_graceful_shutdown=max(math.ceil(settings.drain_timeout_s), 1),
             timeout_keep_alive=30,
             backlog=2048,
+            proxy_headers=False,
         )
         self.http = _Uvicorn(config)
         http_task = asyncio.create_task(self.http.serve(sockets=[http_socket]), name="http")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -117,7 +118,9 @@ def test_the_config_is_checked_but_its_repository_path_need_not_exist(tmp_path: 
     copy_config(config, tmp_path / "out" / "server.yaml")
     assert (tmp_path / "out" / "server.yaml").read_text() == config.read_text()
     config.write_text("drain_timeout: 12\n")
-    with pytest.raises(BundleError, match=rf"{config}:\n  drain_timeout: unknown key"):
+    with pytest.raises(
+        BundleError, match=rf"{re.escape(str(config))}.*\n  drain_timeout: unknown key"
+    ):
         copy_config(config, tmp_path / "out2" / "server.yaml")
 
 
