@@ -1,4 +1,4 @@
 """Benchmarks (not tests): one command each, machine-readable results plus a Markdown table.
 
-    python -m loadtests.benchmarks.batching --out loadtests/benchmarks/results
+python -m loadtests.benchmarks.batching --out loadtests/benchmarks/results
 """

@@ -57,15 +57,22 @@ def pinned(core: str, *args: str) -> list[str]:
 
 
 @contextmanager
-def server(kind: str, repo: Path) -> Iterator[str]:
-    """Start one server pinned to SERVER_CORE; yield its base URL."""
-    port = free_port()
+def server(kind: str, repo: Path) -> Iterator[tuple[str, str]]:
+    """Start one server pinned to SERVER_CORE; yield its base URL and gRPC target."""
+    port, grpc_port = free_port(), free_port()
     if kind == "sluice":
         command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
-                   "--http-port", str(port), "--grpc-port", str(free_port()),
+                   "--http-port", str(port), "--grpc-port", str(grpc_port),
                    "--log-level", "warning"]  # fmt: skip
     else:
-        command = [sys.executable, "-m", "loadtests.benchmarks.baseline", kind, str(repo), str(port)]
+        command = [
+            sys.executable,
+            "-m",
+            "loadtests.benchmarks.baseline",
+            kind,
+            str(repo),
+            str(port),
+        ]
     process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -78,7 +85,7 @@ def server(kind: str, repo: Path) -> Iterator[str]:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError(f"{kind} server did not start") from None
                 time.sleep(0.1)
-        yield url
+        yield url, f"127.0.0.1:{grpc_port}"
     finally:
         process.terminate()
         process.wait(30)
@@ -108,7 +115,9 @@ def output_names(model: str) -> list[str]:
     return ["probabilities"] if model == "mlp" else ["logits"]
 
 
-def wrk(url: str, body: bytes, concurrency: int, seconds: float, headers: dict[str, str]) -> dict[str, Any]:
+def wrk(
+    url: str, body: bytes, concurrency: int, seconds: float, headers: dict[str, str]
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         body_path = Path(tmp) / "body"
         body_path.write_bytes(body)
@@ -117,7 +126,8 @@ def wrk(url: str, body: bytes, concurrency: int, seconds: float, headers: dict[s
         script.write_text(LUA.format(body=body_path, content_type="application/json",
                                      extra_headers=extra))  # fmt: skip
         out = subprocess.run(
-            pinned(CLIENT_CORE, "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s", "--timeout",
+            pinned(CLIENT_CORE, "wrk", "-t1", f"-c{concurrency}",
+                   f"-d{max(1, round(seconds))}s", "--timeout",
                    "10s", "-s", str(script), url),
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
@@ -147,7 +157,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--grpc", action="store_true", help="also measure gRPC (needs the proto)")
     args = parser.parse_args()
     for tool in ("wrk", "taskset"):
         if shutil.which(tool) is None:
@@ -158,7 +167,7 @@ def main() -> None:
         repo = write_repository(Path(tmp))
         limits = {model: raw_limit(repo, model) for model in MODELS}
         for kind in ("sluice", "plain", "floor"):
-            with server(kind, repo) as url:
+            with server(kind, repo) as (url, grpc_target):
                 for model in MODELS if kind != "floor" else ["mlp"]:
                     for concurrency in CONCURRENCY:
                         target = f"{url}/v2/models/{model}/infer"
@@ -171,6 +180,10 @@ def main() -> None:
                             headers = {"Inference-Header-Content-Length": str(length)}
                             result = wrk(target, body, concurrency, args.seconds, headers)
                             rows.append({"server": kind, "protocol": "binary", "model": model,
+                                         "concurrency": concurrency, **result})  # fmt: skip
+                            print(json.dumps(rows[-1]), flush=True)
+                            result = grpc_load(grpc_target, model, concurrency, args.seconds)
+                            rows.append({"server": kind, "protocol": "grpc", "model": model,
                                          "concurrency": concurrency, **result})  # fmt: skip
                             print(json.dumps(rows[-1]), flush=True)
     report = {"limits": limits, "rows": rows, "machine": machine()}
@@ -194,18 +207,22 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         "# Batching benchmark",
         "",
         f"Command: `python -m loadtests.benchmarks.batching --seconds {args.seconds:g}`; "
-        f"servers on core {SERVER_CORE}, load generator on core {CLIENT_CORE}; {report['machine']}.",
+        f"servers on core {SERVER_CORE}, load generator on core {CLIENT_CORE}; "
+        f"{report['machine']}.",
         "",
         "Raw ONNX Runtime (the limit, one thread): "
         + "; ".join(f"{m} {limits[m]:,.0f} samples/s at batch {best[m]}" for m in limits),
         "",
-        "| server | protocol | model | concurrency | req/s | % of limit | x plain FastAPI | p50 ms | p99 ms | errors |",
+        "| server | protocol | model | concurrency | req/s | % of limit | x plain FastAPI "
+        "| p50 ms | p99 ms | errors |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["rows"]:
         base = plain.get((r["model"], r["concurrency"]))
         vs_plain = f"{r['throughput'] / base:.2f}" if base and r["server"] != "plain" else "-"
-        pct = f"{100 * r['throughput'] / limits[r['model']]:.1f}%" if r["server"] != "floor" else "-"
+        pct = (
+            f"{100 * r['throughput'] / limits[r['model']]:.1f}%" if r["server"] != "floor" else "-"
+        )
         lines.append(
             f"| {r['server']} | {r['protocol']} | {r['model']} | {r['concurrency']} | "
             f"{r['throughput']:,.0f} | {pct} | {vs_plain} | {r['p50_us'] / 1e3:.2f} | "

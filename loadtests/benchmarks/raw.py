@@ -1,6 +1,6 @@
 """The limit: raw in-process ONNX Runtime throughput of a model at batch sizes 1..64, one thread.
 
-    taskset -c 0 python -m loadtests.benchmarks.raw REPO MODEL  -> JSON lines on stdout
+taskset -c 0 python -m loadtests.benchmarks.raw REPO MODEL  -> JSON lines on stdout
 """
 
 from __future__ import annotations
