@@ -1,0 +1,220 @@
+"""`sluice convert`: turn a PyTorch, scikit-learn or ONNX model into a validated, optimized
+model-repository entry. Imports stay light (no torch) until the command runs.
+
+Exit status: 0 published (or dry run passed), 1 conversion error, 2 usage error,
+3 validation failed (nothing published)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+
+EXIT_VALIDATION_FAILED = 3
+
+
+def _parse_all(parse: Any, values: tuple[str, ...], option: str) -> list[Any]:
+    from converters.errors import ConversionError
+
+    try:
+        return [parse(value) for value in values]
+    except ConversionError as exc:
+        raise click.BadParameter(exc.message, param_hint=option) from None
+
+
+@click.command("convert")
+@click.argument("source")
+@click.option("--name", help="Model name in the repository [default: from SOURCE].")
+@click.option(
+    "--repository",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("models"),
+    show_default=True,
+    help="Model repository folder to publish into.",
+)
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="NAME:DTYPE:SHAPE[:LOW..HIGH]",
+    help="An input, batch axis included: -1 or a NAME for dynamic axes, NAME=N sets the example "
+    "size (e.g. input_ids:INT64:batch,sequence=16:0..1000). Repeat per input, in order.",
+)
+@click.option("--output", "outputs", multiple=True, help="Output names of a PyTorch source.")
+@click.option(
+    "--weights",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="State-dict file loaded into the module a factory SOURCE builds.",
+)
+@click.option("--trust-pickle", is_flag=True, help="Allow loading pickles (unpickling runs code).")
+@click.option(
+    "--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True
+)
+@click.option(
+    "--target",
+    type=click.Choice(["onnxruntime", "tensorrt"]),
+    default="onnxruntime",
+    show_default=True,
+)
+@click.option(
+    "--calibration",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="FILE.npz of representative inputs: int8 becomes static quantization calibrated on it.",
+)
+@click.option(
+    "--validation-data",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="FILE.npz to validate on instead of random inputs.",
+)
+@click.option(
+    "--samples",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Random rows to validate on.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--atol", type=click.FloatRange(min=0), help="Absolute tolerance [default: by precision]."
+)
+@click.option(
+    "--rtol", type=click.FloatRange(min=0), help="Relative tolerance [default: by precision]."
+)
+@click.option("--min-cosine", type=click.FloatRange(-1, 1), help="Least cosine similarity allowed.")
+@click.option(
+    "--max-norm-error",
+    type=click.FloatRange(min=0),
+    help="Largest relative L2 error ||converted - source|| / ||source|| [default: 0.25 for int8].",
+)
+@click.option("--opset", type=click.IntRange(min=7), help="ONNX opset [default: the exporter's].")
+@click.option(
+    "--exporter",
+    type=click.Choice(["dynamo", "torchscript"]),
+    default="dynamo",
+    show_default=True,
+    help="torch.onnx exporter for module factories (TorchScript files always use torchscript).",
+)
+@click.option(
+    "--simplify/--no-simplify",
+    default=True,
+    show_default=True,
+    help="Simplify the graph with onnxslim.",
+)
+@click.option(
+    "--optimization-level",
+    type=click.Choice(["disable", "basic", "extended", "all"]),
+    default="extended",
+    show_default=True,
+    help="ONNX Runtime offline graph optimization saved into the model (basic stays portable "
+    "across execution providers; all adds CPU-specific layouts).",
+)
+@click.option("--fp16-block", multiple=True, metavar="OP", help="More ops to keep in fp32.")
+@click.option("--fp16-io", is_flag=True, help="Make inputs/outputs fp16 too (default: keep fp32).")
+@click.option("--per-tensor", is_flag=True, help="int8: one scale per tensor, not per channel.")
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(min=0),
+    help="[default: 32 if every input has a dynamic first axis, else 0]",
+)
+@click.option("--preferred-batch-size", "preferred", multiple=True, type=click.IntRange(min=1))
+@click.option(
+    "--pad",
+    "pads",
+    multiple=True,
+    metavar="NAME:AXIS:VALUE",
+    help="Let the server pad input NAME along AXIS with VALUE to batch different lengths.",
+)
+@click.option(
+    "--version",
+    "version",
+    type=click.IntRange(min=1),
+    help="Version to write [default: the next one].",
+)
+@click.option("--replace-config", is_flag=True, help="Overwrite an existing config.yaml.")
+@click.option(
+    "--measure-iterations",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="Timed runs per model and batch size (0 skips measuring).",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Threads for the source and the converted model while measuring.",
+)
+@click.option("--force", is_flag=True, help="Publish even if validation fails.")
+@click.option("--dry-run", is_flag=True, help="Convert, validate and measure; publish nothing.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the report as JSON to this file.",
+)
+def convert(**params: Any) -> None:
+    """Convert SOURCE to a validated, optimized model in the repository.
+
+    SOURCE is path/to/file.py:callable or package.module:callable (a factory returning a
+    torch.nn.Module), a TorchScript file (.pt/.ts), an exported program (.pt2), a scikit-learn
+    pickle (.pkl/.joblib, needs --trust-pickle) or an ONNX file (.onnx).
+    """
+    from converters.errors import ConversionError
+    from converters.options import ConvertOptions
+    from converters.pipeline import convert_model
+    from converters.report import Report, Steps, progress_bar, render
+    from converters.spec import parse_input, parse_pad
+
+    options = ConvertOptions(
+        source=params["source"],
+        repository=params["repository"],
+        name=params["name"],
+        inputs=_parse_all(parse_input, params["inputs"], "--input"),
+        output_names=list(params["outputs"]),
+        weights=params["weights"],
+        trust_pickle=params["trust_pickle"],
+        precision=params["precision"],
+        target=params["target"],
+        calibration=params["calibration"],
+        validation_data=params["validation_data"],
+        samples=params["samples"],
+        seed=params["seed"],
+        atol=params["atol"],
+        rtol=params["rtol"],
+        min_cosine=params["min_cosine"],
+        max_norm_error=params["max_norm_error"],
+        opset=params["opset"],
+        exporter=params["exporter"],
+        simplify=params["simplify"],
+        optimization_level=params["optimization_level"],
+        fp16_block=list(params["fp16_block"]),
+        keep_io_types=not params["fp16_io"],
+        per_channel=not params["per_tensor"],
+        max_batch_size=params["max_batch_size"],
+        preferred_batch_sizes=list(params["preferred"]),
+        pads=_parse_all(parse_pad, params["pads"], "--pad"),
+        version=params["version"],
+        replace_config=params["replace_config"],
+        measure_iterations=params["measure_iterations"],
+        threads=params["threads"],
+        force=params["force"],
+        dry_run=params["dry_run"],
+    )
+    console = Console(highlight=False)
+    report = Report(source=options.source)
+    try:
+        with progress_bar(Console(stderr=True, highlight=False)) as progress:
+            convert_model(options, Steps(report, progress))
+    except ConversionError as exc:
+        report.status, report.error = "error", exc.message
+    finally:
+        if params["json_path"] is not None:
+            params["json_path"].write_text(report.to_json())
+    render(report, console)
+    if report.status == "error":
+        raise click.ClickException(report.error or "conversion failed")
+    if report.status == "validation_failed":
+        raise SystemExit(EXIT_VALIDATION_FAILED)
