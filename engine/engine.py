@@ -161,8 +161,8 @@ class Engine:
     def _priority(
         self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
     ) -> int:
-        """The request's batching level: as asked, or the tenant's, or the model's default. A
-        tenant with configured limits cannot ask for more than its own priority."""
+        """The request's batching level: as asked, or the tenant's, or the model's default. With
+        API keys configured, no tenant may ask for more than its own priority."""
         batching = model.config.dynamic_batching
         top = batching.priority_levels - 1
         if asked is None:
@@ -172,7 +172,7 @@ class Engine:
                 f"priority {asked} is out of range for {model.label}: it has priority levels "
                 f"0 to {top}"
             )
-        if tenant in self.settings.rate_limit.tenants and asked > tenant_priority:
+        if not self.authenticator.open and asked > tenant_priority:
             raise Forbidden(
                 f"tenant '{tenant}' may use priority up to {tenant_priority}; asked for {asked}"
             )

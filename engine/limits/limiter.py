@@ -35,7 +35,8 @@ from engine.limits.plan import (
 from engine.limits.redis_backend import RedisBackend
 from engine.settings import RateLimitSettings, SettingsError, TenantLimits
 
-logger = logging.getLogger(__name__)
+# Under "sluice." like every other logger of the server, so one filter selects them all.
+logger = logging.getLogger("sluice.limits")
 
 
 @dataclass
