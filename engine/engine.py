@@ -38,6 +38,7 @@ from engine.metrics import Metrics
 from engine.model import LoadedModel, load_model
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import Settings
+from engine.tracing import build_tracing
 from engine.triton_config import triton_config
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import check_request
@@ -67,6 +68,7 @@ class Engine:
         self._poller: asyncio.Task[None] | None = None
         self._in_flight = 0
         self.metrics = Metrics(self._snapshot)
+        self.tracing = build_tracing(settings.tracing)  # None: off
         self.cache: ResultCache | None = None
         self.authenticator = Authenticator(settings.auth)
         self.limiter: Limiter = build_limiter(settings.rate_limit)
@@ -132,6 +134,8 @@ class Engine:
         if self.cache is not None:
             await self.cache.close()
         await self.limiter.aclose()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.close)  # flushes spans: network, off the loop
         if self._tempdir is not None:
             shutil.rmtree(self._tempdir, ignore_errors=True)
 
@@ -154,7 +158,10 @@ class Engine:
             request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
         )
         tenant = request.tenant or ANONYMOUS_TENANT
-        async with await self.limiter.admit(tenant, model.name, rows) as admission:
+        admit = self.limiter.admit(tenant, model.name, rows)
+        if self.tracing is not None:
+            admit = self.tracing.stage("admission", admit)
+        async with await admit as admission:
             priority = self._priority(model, request.priority, tenant, admission.priority)
             return await self._admitted(model, request, rows, priority, started)
 
@@ -193,9 +200,12 @@ class Engine:
         types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
 
         async def compute() -> CachedResult:
-            outputs = await model.batcher.submit(
+            submit = model.batcher.submit(
                 request.inputs, rows, priority, request.tenant or ANONYMOUS_TENANT, deadline
             )
+            if self.tracing is not None:
+                submit = self.tracing.batched(submit, model.last_run)
+            outputs = await submit
             return CachedResult({name: outputs[name] for name in names}, types)
 
         parameters: dict[str, Any] = {}
@@ -236,7 +246,8 @@ class Engine:
             request.inputs, request.datatypes, request.outputs, request.parameters,
         )  # fmt: skip
         looked_up = time.monotonic()
-        hit = await cache.get(key)
+        lookup = cache.get(key)
+        hit = await (lookup if self.tracing is None else self.tracing.stage("cache", lookup))
         if hit is not None:
             model.stats.cache_hit.add(time.monotonic() - looked_up)
             return hit, True
@@ -342,6 +353,7 @@ class Engine:
             "index": self.repository_index() if self._repository else [],
             "in_flight": self._in_flight,
             "cache": self.cache.stats if self.cache is not None else None,
+            "limiter": self.limiter.counters,
         }
 
     def _require_control(self) -> None:

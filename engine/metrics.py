@@ -1,12 +1,25 @@
 """Prometheus metrics. Per-model figures are read at scrape time from the same counters that feed
-the Triton statistics endpoint, so the two always agree; front-ends add request counts."""
+the Triton statistics endpoint, so the two always agree; so are admission rejections (from the
+limiter's counters) and cache counters. Front-ends add request counts and latencies.
+
+`status` on `sluice_requests_total` is the HTTP status code for both protocols: a gRPC request
+counts under the HTTP equivalent of its status code (OK 200, INVALID_ARGUMENT 400, NOT_FOUND 404,
+RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, ...; a client that went away 499), so one query covers
+both front-ends. `version` is the version that answered, empty for a failed request (a client
+cannot grow the label set by naming versions that do not exist)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -16,6 +29,8 @@ from prometheus_client.core import (
 
 from engine.stats import LATENCY_BUCKETS_S, ModelStats
 from engine.stats import Histogram as StatsHistogram
+
+_NOT_FOUND = b'{"error": "not found; metrics are at GET /metrics"}'
 
 
 class Metrics:
@@ -43,20 +58,51 @@ class Metrics:
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
-        self.rejections = Counter(
-            "sluice_admission_rejections",
-            "Requests refused by admission control, by tenant and reason.",
-            ["tenant", "reason"],
-            registry=self.registry,
-        )
         self.registry.register(_EngineCollector(snapshot))
+        # Label children by key: a dict lookup is far cheaper than `labels()` on the hot path.
+        self._counted: dict[tuple[str, str, str, int], Any] = {}
+        self._timed: dict[tuple[str, str], Any] = {}
+        self._encoded: dict[str, Any] = {}
 
     def request(self, model: str, version: str, protocol: str, status: int, seconds: float) -> None:
-        self.requests.labels(model, version or "", protocol, str(status)).inc()
-        self.latency.labels(model, protocol).observe(seconds)
+        """Count one answered inference request and observe its latency."""
+        key = (model, version, protocol, status)
+        counter = self._counted.get(key)
+        if counter is None:
+            counter = self._counted[key] = self.requests.labels(model, version, protocol, status)
+        counter.inc()
+        histogram = self._timed.get((model, protocol))
+        if histogram is None:
+            histogram = self._timed[(model, protocol)] = self.latency.labels(model, protocol)
+        histogram.observe(seconds)
+
+    def encoded(self, protocol: str, seconds: float) -> None:
+        """Observe the time one response took to encode."""
+        histogram = self._encoded.get(protocol)
+        if histogram is None:
+            histogram = self._encoded[protocol] = self.encode.labels(protocol)
+        histogram.observe(seconds)
 
     def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
         return generate_latest(self.registry)
+
+    async def asgi(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        """A bare ASGI app for the separate metrics port: GET /metrics, 404 for anything else."""
+        if scope["type"] != "http":
+            return
+        status, body, kind = 404, _NOT_FOUND, "application/json"
+        if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+            status, body, kind = 200, self.exposition(), CONTENT_TYPE_LATEST
+        headers = [(b"content-type", kind.encode()), (b"content-length", b"%d" % len(body))]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        empty = scope["method"] == "HEAD"
+        await send({"type": "http.response.body", "body": b"" if empty else body})
 
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: StatsHistogram) -> None:
@@ -123,6 +169,9 @@ class _EngineCollector:
         in_flight.add_metric([], snap["in_flight"])
         yield from (queue_wait, compute, batch_size, batch_requests, depth, depth_rows)
         yield from (inferences, executions, state, provider, in_flight)
+        limiter = snap.get("limiter")
+        if limiter is not None:
+            yield from _admission(limiter)
         cache = snap.get("cache")
         if cache is not None:
             for name in ("hits", "misses", "errors", "evictions"):
@@ -132,3 +181,27 @@ class _EngineCollector:
             size = GaugeMetricFamily("sluice_cache_bytes", "Bytes held by the memory cache.")
             size.add_metric([], getattr(cache, "bytes", 0))
             yield size
+
+
+def _admission(counters: Any) -> Iterator[Metric]:
+    """The limiter's running totals (engine.limits.LimiterCounters), read at scrape time."""
+    rejections = CounterMetricFamily(
+        "sluice_admission_rejections",
+        "Requests refused by admission control, by tenant and reason (rate, quota_day, "
+        "quota_month, concurrency, too_large, unavailable).",
+        labels=["tenant", "reason"],
+    )
+    # A copy: the limiter may add a key while this runs in a thread (prometheus' own server).
+    for (tenant, reason), count in list(counters.rejections.items()):
+        rejections.add_metric([tenant, reason], count)
+    failures = CounterMetricFamily(
+        "sluice_admission_backend_failures",
+        "Admissions and usage reads the shared (Redis) limiter did not answer.",
+    )
+    failures.add_metric([], counters.backend_failures)
+    fallbacks = CounterMetricFamily(
+        "sluice_admission_fallbacks",
+        "Admissions decided by the local limiter because Redis did not answer (fail_open).",
+    )
+    fallbacks.add_metric([], counters.fallback_admissions)
+    yield from (rejections, failures, fallbacks)

@@ -90,8 +90,11 @@ class BatchRunner:
         self._executor = executor
         self._inline = inline
         self._typical_s: float | None = None  # moving average of run time
+        self.last_run = (0.0, 0.0)
+        """time.monotonic() start and end of the latest batch run (for tracing's spans)."""
 
     async def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        started = time.monotonic()
         if self._inline and self._typical_s is not None and self._typical_s < self.INLINE_BELOW_S:
             outputs, seconds = self._timed(inputs)
         else:
@@ -99,6 +102,7 @@ class BatchRunner:
             outputs, seconds = await loop.run_in_executor(self._executor, self._timed, inputs)
         typical = self._typical_s
         self._typical_s = seconds if typical is None else 0.9 * typical + 0.1 * seconds
+        self.last_run = (started, time.monotonic())
         return outputs
 
     def _timed(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:
@@ -118,6 +122,7 @@ class LoadedModel:
     stats: ModelStats
     batcher: Batcher
     executor: ThreadPoolExecutor
+    runner: BatchRunner | None = None
 
     @property
     def label(self) -> str:
@@ -125,6 +130,10 @@ class LoadedModel:
 
     def inputs(self) -> tuple[TensorSpec, ...]:
         return self.backend.inputs
+
+    def last_run(self) -> tuple[float, float]:
+        """Monotonic start and end of this version's latest batch run ((0, 0) before any)."""
+        return (0.0, 0.0) if self.runner is None else self.runner.last_run
 
     async def close(self) -> None:
         await self.batcher.close()
@@ -147,8 +156,10 @@ async def load_model(
     generation = await asyncio.to_thread(fingerprint, path, config)
     try:
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
+        warmed = time.monotonic()
         if config.warmup.enabled:
             await asyncio.to_thread(warm_up, backend, config.warmup.batch_sizes, max_batch)
+        warm_up_s = time.monotonic() - warmed
     except BaseException:
         backend.close()
         raise
@@ -169,10 +180,17 @@ async def load_model(
     stats = ModelStats()
     runner = BatchRunner(backend, executor, inline=config.instances == 1)
     batcher = Batcher(runner, policy, stats, tenant_share, label)
+    load_s = time.monotonic() - started
     log.info(
-        "loaded %s on %s in %.3f s (max_batch_size %d)",
-        label, backend.provider, time.monotonic() - started, max_batch,
+        "loaded %s on %s in %.3f s (warm-up %.3f s, max_batch_size %d)",
+        label, backend.provider, load_s, warm_up_s, max_batch,
+        extra={
+            "model": name, "version": str(version), "provider": backend.provider,
+            "load_s": round(load_s, 4), "warm_up_s": round(warm_up_s, 4),
+            "max_batch_size": max_batch, "instances": config.instances,
+        },
     )  # fmt: skip
     return LoadedModel(
-        name, str(version), config, backend, max_batch, generation, stats, batcher, executor
-    )
+        name, str(version), config, backend, max_batch, generation, stats, batcher, executor,
+        runner,
+    )  # fmt: skip

@@ -144,6 +144,18 @@ class MetricsSettings(Section):
     """Also serve them on this port of their own."""
 
 
+class TracingSettings(Section):
+    otlp_endpoint: str | None = Field(None, pattern=r"^https?://")
+    """OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; unset turns tracing off
+    (and nothing imports OpenTelemetry). Needs the `tracing` extra."""
+    service_name: str = Field("sluice", min_length=1)
+    """`service.name` of the exported spans."""
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    """Share of requests traced (by trace id); a caller's sampled `traceparent` is followed."""
+    export_timeout_s: float = Field(5.0, gt=0, le=60)
+    """Bound on one export call to the collector (spans are sent in the background)."""
+
+
 class Settings(BaseSettings):
     """The root of the server configuration (see configs/server.yaml for every field)."""
 
@@ -194,6 +206,8 @@ class Settings(BaseSettings):
     """Per-tenant rate limits and quotas."""
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     """Prometheus metrics."""
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    """OpenTelemetry tracing (off unless an OTLP endpoint is set)."""
 
     @field_validator("model_repository")
     @classmethod

@@ -6,6 +6,11 @@ Every RPC but ServerLive/ServerReady authenticates the caller from the `authoriz
 in server/errors.py with the engine's message, plus trailing metadata such as `retry-after`.
 Malformed tensors (raw contents of the wrong size, contents that disagree with the shape, an
 unknown datatype) are INVALID_ARGUMENT with a message naming the input.
+
+Every call carries a request id: the caller's `x-request-id` metadata when it is sane, else a
+fresh one; it is on every log line about the call and comes back as trailing metadata
+`x-request-id`. Inference requests (unary, and each message of a stream) are counted in the
+metrics with protocol `grpc` and the HTTP-equivalent status code.
 """
 
 from __future__ import annotations
@@ -13,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
+import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -25,9 +33,10 @@ from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
 from engine.errors import BackendError, EngineError, InvalidInput
 from engine.settings import Settings, SettingsError
-from engine.types import InferRequest
+from engine.types import InferRequest, InferResponse
 from server import grpc_tensors
-from server.errors import error_headers, grpc_code
+from server.errors import error_headers, grpc_code, http_status
+from server.logs import choose_request_id, request_id
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
 from server.proto import model_config_pb2
@@ -37,11 +46,15 @@ log = logging.getLogger("sluice.grpc")
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
+INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
 
 
 async def abort(context: Context, exc: EngineError) -> NoReturn:
     """End the call with the error's status code, message and trailing metadata."""
     metadata = tuple((key.lower(), value) for key, value in error_headers(exc).items())
+    rid = request_id.get()
+    if rid is not None:  # abort's metadata replaces what was set before: repeat the id
+        metadata = (*metadata, ("x-request-id", rid))
     await context.abort(grpc_code(exc), exc.message, trailing_metadata=metadata)
     raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
@@ -50,7 +63,8 @@ def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     """Map engine errors to gRPC statuses; anything else is logged and answered INTERNAL."""
 
     @functools.wraps(method)
-    async def wrapper(self: Any, request: Req, context: Context) -> Resp:
+    async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp:
+        token = request_id.set(self._bind_request_id(context))
         try:
             return await method(self, request, context)
         except EngineError as exc:
@@ -60,6 +74,8 @@ def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
         except Exception:
             log.exception("gRPC %s failed", method.__name__)
             await abort(context, BackendError("internal error"))
+        finally:
+            request_id.reset(token)
 
     return wrapper
 
@@ -70,6 +86,20 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
+        self._ids = itertools.count()
+        self._id_prefix = os.urandom(4).hex()
+
+    def _bind_request_id(self, context: Context) -> str:
+        """The call's request id (the caller's `x-request-id` if sane), also sent back as
+        trailing metadata."""
+        given = next(
+            (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
+        )
+        rid = choose_request_id(
+            given if isinstance(given, str) else f"{self._id_prefix}-{next(self._ids)}"
+        )
+        context.set_trailing_metadata((("x-request-id", rid),))
+        return rid
 
     def _principal(self, context: Context) -> Principal:
         return authenticate_headers(self._engine.authenticator, context.invocation_metadata() or ())
@@ -121,7 +151,57 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference -------------------------------------------------------------------------------
 
-    async def _infer(self, request: Any, context: Context, principal: Principal) -> Any:
+    async def _infer(self, request: Any, context: Context, principal: Principal | None) -> Any:
+        """Answer one inference request (authenticating it unless `principal` is given), counted
+        in the metrics, logged at debug level and traced."""
+        started = time.monotonic()
+        engine = self._engine
+        tracing = engine.tracing
+        span = None
+        if tracing is not None:
+            carrier = dict(context.invocation_metadata() or ())
+            span = tracing.begin(INFER_SPAN, "grpc", request.model_name, carrier)
+        status, served = 200, ""
+        try:
+            if principal is None:
+                principal = self._principal(context)
+            response = await self._run(request, context, principal)
+            served = response.model_version
+            encode_started = time.monotonic()
+            size = sum(array.nbytes for array in response.outputs.values())
+            encode = functools.partial(grpc_tensors.encode_response, response)
+            answer = await _off_loop(size, encode)
+            encoded = time.monotonic()
+            engine.metrics.encoded("grpc", encoded - encode_started)
+            if tracing is not None:
+                tracing.record("encode", encode_started, encoded)
+            return answer
+        except EngineError as exc:
+            status = http_status(exc)
+            if status == 500:
+                log.error("inference failed: %s", exc.message, extra={"model": request.model_name})
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away (or cancelled the call)
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            elapsed = time.monotonic() - started
+            label = engine.label_for(request.model_name)
+            engine.metrics.request(label, served, "grpc", status, elapsed)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "gRPC ModelInfer %s -> %d in %.3f ms", request.model_name, status,
+                    elapsed * 1e3,
+                    extra={"model": request.model_name, "status": status,
+                           "duration_ms": round(elapsed * 1e3, 3)},
+                )  # fmt: skip
+            if span is not None and tracing is not None:
+                tracing.end(span, status)
+
+    async def _run(self, request: Any, context: Context, principal: Principal) -> InferResponse:
         principal.check_model(request.model_name)
         decode = functools.partial(grpc_tensors.decode_request, request)
         infer_request: InferRequest = await _off_loop(request.ByteSize(), decode)
@@ -131,19 +211,19 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             # The call's own deadline bounds the engine's: no answer is useful after it.
             budget = infer_request.timeout_s
             infer_request.timeout_s = remaining if budget is None else min(budget, remaining)
-        response = await self._engine.infer(infer_request)
-        size = sum(array.nbytes for array in response.outputs.values())
-        return await _off_loop(size, functools.partial(grpc_tensors.encode_response, response))
+        return await self._engine.infer(infer_request)
 
     @_guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> Any:
-        return await self._infer(request, context, self._principal(context))
+        return await self._infer(request, context, None)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[Any], context: Context
     ) -> AsyncIterator[Any]:
         """Each request is answered as soon as it completes (out of order, matched by `id`); a
-        failed request answers `error_message` and the stream carries on."""
+        failed request answers `error_message` and the stream carries on. The stream has one
+        request id, shared by the log lines and spans of all its requests."""
+        request_id.set(self._bind_request_id(context))  # this call's own context: no reset
         try:
             principal = self._principal(context)
         except EngineError as exc:

@@ -32,6 +32,7 @@ log = logging.getLogger("sluice.http")
 
 T = TypeVar("T")
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
+INFER_SPAN = "POST /v2/models/{name}/infer"
 # Bodies and outputs larger than this are decoded and encoded in a worker thread.
 OFF_LOOP_BYTES = 256 * 1024
 
@@ -68,12 +69,16 @@ class InferRoute:
             headers.get("x-request-id") or f"{self._id_prefix}-{next(self._ids)}"
         )
         token = request_id.set(rid)
-        status = 200
+        tracing = self.engine.tracing
+        span = None if tracing is None else tracing.begin(INFER_SPAN, "http", name, headers)
+        status, served = 200, ""
         try:
-            body, extra = await self.infer(headers, receive, name, version)
+            body, extra, served = await self.infer(headers, receive, name, version)
         except EngineError as exc:
             status = http_status(exc)
             body, extra = _error_body(exc.message), error_headers(exc)
+            if status == 500:
+                log.error("inference failed: %s", exc.message, extra={"model": name})
         except asyncio.CancelledError:
             status = 499  # the client went away; nobody is left to answer
             raise
@@ -84,8 +89,15 @@ class InferRoute:
         finally:
             elapsed = time.monotonic() - started
             label = self.engine.label_for(name)
-            self.engine.metrics.request(label, version or "", "http", status, elapsed)
-            log.debug("POST %s -> %d in %.3f ms", scope["path"], status, elapsed * 1e3)
+            self.engine.metrics.request(label, served, "http", status, elapsed)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "POST %s -> %d in %.3f ms", scope["path"], status, elapsed * 1e3,
+                    extra={"path": scope["path"], "status": status,
+                           "duration_ms": round(elapsed * 1e3, 3)},
+                )  # fmt: skip
+            if span is not None and tracing is not None:
+                tracing.end(span, status)
             request_id.reset(token)
         extra.setdefault("content-type", "application/json")
         response_headers = [
@@ -98,7 +110,8 @@ class InferRoute:
 
     async def infer(
         self, headers: dict[str, str], receive: Receive, name: str, version: str | None
-    ) -> tuple[bytes, dict[str, str]]:
+    ) -> tuple[bytes, dict[str, str], str]:
+        """The encoded response, its headers, and the version that answered."""
         tenant = authenticate_headers(self.engine.authenticator, headers, name).tenant
         body = await self.read_body(headers, receive)
         if not body:
@@ -122,8 +135,12 @@ class InferRoute:
             _json_data,
             headers.get("accept-encoding"),
         )
-        self.engine.metrics.encode.labels("http").observe(time.monotonic() - encode_started)
-        return content, {key.lower(): value for key, value in extra.items()}
+        encoded = time.monotonic()
+        self.engine.metrics.encoded("http", encoded - encode_started)
+        if self.engine.tracing is not None:
+            self.engine.tracing.record("encode", encode_started, encoded)
+        headers_out = {key.lower(): value for key, value in extra.items()}
+        return content, headers_out, response.model_version
 
     async def read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
         """The whole body, or PayloadTooLarge as soon as it passes the limit."""

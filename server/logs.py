@@ -1,4 +1,8 @@
-"""Logging setup: JSON lines (default) or plain text."""
+"""Logging setup: JSON lines (default) or plain text, with the request id on every record made
+while a request is handled, and the effective settings (secrets masked) for the start line.
+
+Fields given as `extra=` (model, provider, status, duration_ms, ...) are JSON keys in JSON mode
+and `key=value` pairs after the message in text mode."""
 
 from __future__ import annotations
 
@@ -7,11 +11,14 @@ import re
 import sys
 import time
 import uuid
-from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.settings import Settings
+from engine.tracing import request_id
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",
@@ -37,12 +44,28 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(entry, default=str).decode()
 
 
+class TextFormatter(logging.Formatter):
+    """`time level logger: message [request_id] key=value ...` for people reading a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = {k: v for k, v in record.__dict__.items() if k not in _STANDARD}
+        rid = fields.pop("request_id", None)
+        if rid is not None:
+            line = f"{line} [{rid}]"
+        for key, value in fields.items():
+            text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+            line = f"{line} {key}={text}"
+        return line
+
+
 def configure_logging(level: str, fmt: str) -> None:
+    """Send every logger's records to stderr in `fmt` ("json" or "text") from `level` up."""
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -50,11 +73,56 @@ def configure_logging(level: str, fmt: str) -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # grpc's core logs a line per call at debug level, with no request id: keep it to info up.
+    logging.getLogger("grpc").setLevel(max(root.level, logging.INFO))
+
+
+# -- the start line ------------------------------------------------------------------------------
+
+MASK = "***"
+_SECRET_KEYS = re.compile(r"password|secret|token|credential", re.IGNORECASE)
+DIGEST_SHOWN = len("sha256:") + 8
+"""Characters of an API key digest left in the log: enough to tell keys apart, no more."""
+
+
+def effective_settings(settings: Settings) -> dict[str, Any]:
+    """The settings as the server uses them, for the start line: passwords in URLs, secret-named
+    fields and all but a prefix of API key digests masked."""
+    masked: dict[str, Any] = _mask(settings.model_dump(mode="json"))
+    return masked
+
+
+def _mask(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _mask(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(item, key) for item in value]
+    if not isinstance(value, str):
+        return value
+    if _SECRET_KEYS.search(key):
+        return MASK
+    if key == "digest":
+        return value[:DIGEST_SHOWN] + "…"
+    return mask_url(value) if "://" in value else value
+
+
+def mask_url(url: str) -> str:
+    """`url` with its password (and a lone user name, which Redis treats as one) masked."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None and parts.username is None:
+            return url
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # unparseable: better unreadable than leaked
+        return MASK
+    user = f"{parts.username}:{MASK}" if parts.password is not None else MASK
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}{port}"))
 
 
 # -- request ids ---------------------------------------------------------------------------------
 
-request_id: ContextVar[str | None] = ContextVar("sluice_request_id", default=None)
 _VALID_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
@@ -97,3 +165,9 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             request_id.reset(token)
+
+
+__all__ = [
+    "JsonFormatter", "RequestIdFilter", "RequestIdMiddleware", "TextFormatter",
+    "choose_request_id", "configure_logging", "effective_settings", "mask_url", "request_id",
+]  # fmt: skip

@@ -22,6 +22,7 @@ from engine.auth import ensure_safe_bind
 from engine.engine import Engine
 from engine.settings import Settings, SettingsError
 from server.app import create_app
+from server.logs import effective_settings
 
 log = logging.getLogger("sluice.server")
 
@@ -46,6 +47,7 @@ class Server:
         self.grpc: Any = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
+        self.metrics_http: _Uvicorn | None = None
 
     def stop(self) -> None:
         """Begin a graceful shutdown; a second call exits the process at once."""
@@ -59,6 +61,7 @@ class Server:
         ensure_safe_bind(
             self.settings.host, self.settings.auth, self.settings.allow_unauthenticated
         )
+        log.info("starting sluice", extra={"settings": effective_settings(self.settings)})
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
@@ -74,6 +77,7 @@ class Server:
         settings = self.settings
         http_socket = _bind(settings.host, settings.http_port)
         self.http_port = http_socket.getsockname()[1]
+        metrics_task = self._start_metrics() if settings.metrics.port is not None else None
         config = uvicorn.Config(
             create_app(settings, self.engine),
             http="httptools",
@@ -90,9 +94,10 @@ class Server:
         if settings.grpc_enabled:
             await self._start_grpc()
         log.info(
-            "sluice serving HTTP on %s:%s%s",
+            "sluice serving HTTP on %s:%s%s%s",
             settings.host, self.http_port,
             f", gRPC on {settings.host}:{self.grpc_port}" if self.grpc else "",
+            f", metrics on {settings.host}:{settings.metrics.port}" if metrics_task else "",
         )  # fmt: skip
         stop_task = asyncio.create_task(self._stop.wait())
         await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
@@ -102,7 +107,26 @@ class Server:
         if self.grpc is not None:
             await self.grpc.stop(grace=1.0)
         await http_task
+        if self.metrics_http is not None and metrics_task is not None:
+            self.metrics_http.should_exit = True  # last: scrapers can watch the drain
+            await metrics_task
         stop_task.cancel()
+
+    def _start_metrics(self) -> asyncio.Task[None]:
+        """Serve /metrics on `metrics.port` too (bound before this returns: a taken port fails
+        the start)."""
+        port = self.settings.metrics.port
+        assert port is not None
+        sock = _bind(self.settings.host, port)
+        config = uvicorn.Config(
+            self.engine.metrics.asgi,
+            interface="asgi3",  # a bound method: uvicorn's auto-detection would guess ASGI2
+            lifespan="off",
+            log_config=None,
+            access_log=False,
+        )
+        self.metrics_http = _Uvicorn(config)
+        return asyncio.create_task(self.metrics_http.serve(sockets=[sock]), name="metrics")
 
     async def _start_grpc(self) -> None:
         try:

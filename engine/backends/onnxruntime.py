@@ -46,7 +46,7 @@ class OnnxBackend:
         session_options.intra_op_num_threads = options.intra_op_threads
         session_options.inter_op_num_threads = options.inter_op_threads
         session_options.graph_optimization_level = _LEVELS[options.graph_optimization_level]
-        session_options.log_severity_level = 3
+        session_options.log_severity_level = 4  # errors are raised and logged as JSON
         providers = choose_providers(options.execution_providers, ort.get_available_providers())
         self._session = ort.InferenceSession(
             str(path), sess_options=session_options, providers=providers

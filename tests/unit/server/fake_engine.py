@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 from engine import datatypes
 from engine.auth import Authenticator
 from engine.errors import EngineError, InvalidInput, ModelNotFound
+from engine.metrics import Metrics
 from engine.settings import AuthSettings
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 
@@ -82,6 +83,12 @@ class FakeEngine:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
         self.cancelled = asyncio.Event()
+
+        self.tracing = None
+        self.metrics = Metrics(lambda: {"models": [], "index": [], "in_flight": 0})
+
+    def label_for(self, name: str) -> str:
+        return name if name in self.sessions else "_unknown"
 
     def _session(self, name: str, version: str | None) -> ort.InferenceSession:
         if name not in self.loaded:
