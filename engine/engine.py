@@ -123,6 +123,8 @@ class Engine:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout_s):
                 await asyncio.gather(*(m.batcher.drain() for m in models))
+        # Whatever is still queued or running after the timeout is answered 503 now.
+        await asyncio.gather(*(m.batcher.close() for m in models))
 
     async def close(self) -> None:
         self._draining = True

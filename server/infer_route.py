@@ -48,6 +48,8 @@ class InferRoute:
         self._id_prefix = os.urandom(4).hex()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.engine.draining:
+            send = _closing(send)
         match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None:
             await self.app(scope, receive, send)
@@ -159,6 +161,18 @@ class InferRoute:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _closing(send: Send) -> Send:
+    """While draining, every response asks the client to close its connection, so no client
+    writes its next request on a keep-alive connection that the server is about to close."""
+
+    async def send_closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+        await send(message)
+
+    return send_closing
 
 
 def _error_body(message: str) -> bytes:
