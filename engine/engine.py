@@ -29,14 +29,13 @@ from engine.errors import (
     EngineError,
     Forbidden,
     InvalidInput,
-    ModelNotFound,
-    ModelNotReady,
     ShuttingDown,
 )
 from engine.limits import Limiter, build_limiter
 from engine.metrics import Metrics
-from engine.model import LoadedModel, load_model
-from engine.repository import ModelEntry, Repository, check_name
+from engine.model import LoadedModel
+from engine.registry import ModelRegistry
+from engine.repository import Repository
 from engine.settings import Settings
 from engine.tracing import build_tracing
 from engine.triton_config import triton_config
@@ -58,14 +57,9 @@ class Engine:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._tempdir: Path | None = None
-        self._repository: Repository | None = None
-        self._models: dict[str, dict[str, LoadedModel]] = {}
-        self._failed: dict[tuple[str, str], str] = {}  # (name, version) -> reason
-        self._loading: set[str] = set()
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._registry: ModelRegistry | None = None
         self._started = False
         self._draining = False
-        self._poller: asyncio.Task[None] | None = None
         self._in_flight = 0
         self.metrics = Metrics(self._snapshot)
         self.tracing = build_tracing(settings.tracing)  # None: off
@@ -77,10 +71,10 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------------------
 
     @property
-    def repository(self) -> Repository:
-        if self._repository is None:
+    def registry(self) -> ModelRegistry:
+        if self._registry is None:
             raise RuntimeError("engine not started")
-        return self._repository
+        return self._registry
 
     async def start(self) -> None:
         """Scan the repository and load what the model control mode says."""
@@ -88,16 +82,13 @@ class Engine:
         if root is None:
             self._tempdir = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
             root = write_demo_repository(self._tempdir)
-        self._repository = Repository(root)
         self.cache = build_cache(self.settings.cache)
-        mode = self.settings.model_control_mode
-        names = self.repository.names()
-        if mode == "explicit" and "*" not in self.settings.load_models:
-            names = [check_name("model", n) for n in self.settings.load_models]
-        for name in names:
-            await self._load(name)
-        if mode == "poll":
-            self._poller = asyncio.create_task(self._poll(), name="repository-poll")
+        self._registry = ModelRegistry(
+            self.settings,
+            Repository(root),
+            lambda tenant: self.limiter.limits_for(tenant).max_queue_share,
+        )
+        await self._registry.start()
         self._started = True
 
     @property
@@ -107,7 +98,7 @@ class Engine:
     @property
     def ready(self) -> bool:
         """Started, not draining, nothing loading, and every model that was asked for loaded."""
-        return self._started and not self._draining and not self._loading and not self._failed
+        return self._started and not self._draining and self.registry.settled
 
     @property
     def draining(self) -> bool:
@@ -117,9 +108,8 @@ class Engine:
         """Stop taking requests and finish every queued and running one, bounded by
         `drain_timeout_s`; whatever is still left then is answered ShuttingDown by close()."""
         self._draining = True
-        if self._poller is not None:
-            self._poller.cancel()
-        models = self._all_models()
+        self.registry.stop_polling()
+        models = self.registry.all()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout_s):
                 await asyncio.gather(*(m.batcher.drain() for m in models))
@@ -128,11 +118,8 @@ class Engine:
 
     async def close(self) -> None:
         self._draining = True
-        if self._poller is not None:
-            self._poller.cancel()
-        for model in self._all_models():
-            await model.close()
-        self._models.clear()
+        if self._registry is not None:
+            await self._registry.close()
         if self.cache is not None:
             await self.cache.close()
         await self.limiter.aclose()
@@ -155,7 +142,7 @@ class Engine:
         started = time.monotonic()
         if self._draining:
             raise ShuttingDown()
-        model = self._resolve(request.model_name, request.model_version)
+        model = self.registry.resolve(request.model_name, request.model_version)
         rows = check_request(
             request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
         )
@@ -268,10 +255,10 @@ class Engine:
         return {"name": "sluice", "version": VERSION, "extensions": EXTENSIONS}
 
     def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        model = self._resolve(name, version)
+        model = self.registry.resolve(name, version)
         return ModelMetadata(
             name=model.name,
-            versions=tuple(sorted(self._models[name], key=int)),
+            versions=self.registry.version_names(name),
             platform=model.backend.platform,
             inputs=model.backend.inputs,
             outputs=model.backend.outputs,
@@ -279,175 +266,45 @@ class Engine:
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         try:
-            self._resolve(name, version)
+            self.registry.resolve(name, version)
         except EngineError:
             return False
         return not self._draining
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        return triton_config(self._resolve(name, version))
-
-    def loaded(self, name: str, version: str | None = None) -> LoadedModel:
-        """The loaded model a request would go to (for front-ends needing config facts)."""
-        return self._resolve(name, version)
+        return triton_config(self.registry.resolve(name, version))
 
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         if name is None:
-            models = self._all_models()
+            models = self.registry.all()
         elif version is None:
-            self._resolve(name, None)
-            models = list(self._models[name].values())
+            models = self.registry.versions(name)
         else:
-            models = [self._resolve(name, version)]
+            models = [self.registry.resolve(name, version)]
         return {"model_stats": [m.stats.triton(m.name, m.version) for m in models]}
 
     def label_for(self, name: str) -> str:
         """`name` if such a model is loaded, else a fixed label (clients cannot grow metrics)."""
-        return name if name in self._models else "_unknown"
-
-    def models(self) -> list[LoadedModel]:
-        """Every loaded model version."""
-        return self._all_models()
+        return name if self._registry is not None and self._registry.has(name) else "_unknown"
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        index = []
-        for name in self.repository.names():
-            for version in sorted(self._models.get(name, {}), key=int):
-                index.append({"name": name, "version": version, "state": "READY", "reason": ""})
-            for (failed, version), reason in sorted(self._failed.items()):
-                if failed == name:
-                    index.append(
-                        {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
-                    )
-            if name in self._loading:
-                index.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
-            elif name not in self._models and not any(f == name for f, _ in self._failed):
-                index.append({"name": name, "version": "", "state": "UNAVAILABLE",
-                              "reason": "unloaded"})  # fmt: skip
-        return [row for row in index if row["state"] == "READY"] if ready_only else index
-
-    # -- repository control ----------------------------------------------------------------------
+        return self.registry.index(ready_only)
 
     async def load_model(self, name: str) -> None:
         """Load (or reload) a model by API: only in `explicit` and `poll` modes."""
-        self._require_control()
-        await self._load(check_name("model", name))
-        failed = [reason for (n, _), reason in self._failed.items() if n == name]
-        if failed:
-            raise InvalidInput(f"failed to load model '{name}': {failed[0]}")
-        if name not in self._models:
-            raise ModelNotFound(name, available=self.repository.names())
+        await self.registry.load(name)
 
     async def unload_model(self, name: str) -> None:
-        self._require_control()
-        check_name("model", name)
-        if name not in self._models and name not in self.repository.names():
-            raise ModelNotFound(name, available=self.repository.names())
-        async with self._lock(name):
-            await self._retire(list(self._models.pop(name, {}).values()))
-            self._clear_failed(name)
+        await self.registry.unload(name)
 
     # -- internals -------------------------------------------------------------------------------
 
     def _snapshot(self) -> dict[str, Any]:
+        registry = self._registry
         return {
-            "models": self._all_models(),
-            "index": self.repository_index() if self._repository else [],
+            "models": registry.all() if registry else [],
+            "index": registry.index() if registry else [],
             "in_flight": self._in_flight,
             "cache": self.cache.stats if self.cache is not None else None,
             "limiter": self.limiter.counters,
         }
-
-    def _require_control(self) -> None:
-        if self.settings.model_control_mode == "none":
-            raise InvalidInput(
-                "model control mode is 'none': loading and unloading by API needs "
-                "--model-control-mode explicit or poll"
-            )
-
-    def _lock(self, name: str) -> asyncio.Lock:
-        return self._locks.setdefault(name, asyncio.Lock())
-
-    def _clear_failed(self, name: str) -> None:
-        for key in [key for key in self._failed if key[0] == name]:
-            del self._failed[key]
-
-    def _all_models(self) -> list[LoadedModel]:
-        return [m for versions in self._models.values() for m in versions.values()]
-
-    def _resolve(self, name: str, version: str | None) -> LoadedModel:
-        versions = self._models.get(name)  # loaded names are valid: check only the others
-        if not versions:
-            check_name("model", name)
-            if name in self._loading:
-                raise ModelNotReady(name, version or "latest", "loading")
-            raise ModelNotFound(name, available=sorted(self._models))
-        if version is None or version == "":
-            return versions[max(versions, key=int)]
-        model = versions.get(version)
-        if model is None:
-            check_name("version", version)
-            raise ModelNotFound(name, version, available=sorted(versions, key=int))
-        return model
-
-    async def _load(self, name: str) -> None:
-        """Bring the model's served versions in line with its folder: load new or changed
-        versions, retire versions no longer served (after their in-flight requests finish)."""
-        async with self._lock(name):
-            self._loading.add(name)
-            try:
-                entry = self.repository.entry(name)
-                if entry is None or not entry.versions:
-                    self._clear_failed(name)
-                    await self._retire(list(self._models.pop(name, {}).values()))
-                    if entry is not None:
-                        self._failed[(name, "")] = "no version folder with a model file"
-                    return
-                await self._load_entry(entry)
-            finally:
-                self._loading.discard(name)
-
-    async def _load_entry(self, entry: ModelEntry) -> None:
-        self._clear_failed(entry.name)
-        current = self._models.get(entry.name, {})
-        fresh: dict[str, LoadedModel] = {}
-        for version, path in entry.versions.items():
-            try:
-                fresh[str(version)] = await load_model(
-                    entry.name, version, path, entry.config, self.settings.batching,
-                    lambda tenant: self.limiter.limits_for(tenant).max_queue_share,
-                )  # fmt: skip
-            except Exception as exc:
-                log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
-                self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
-        if fresh:
-            self._models[entry.name] = fresh
-        else:
-            self._models.pop(entry.name, None)
-        await self._retire(list(current.values()))
-
-    async def _retire(self, models: list[LoadedModel]) -> None:
-        for model in models:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.drain_timeout_s):
-                    await model.batcher.drain()
-            await model.close()
-
-    async def _poll(self) -> None:
-        seen = self._fingerprints()
-        while True:
-            await asyncio.sleep(self.settings.poll_interval_s)
-            now = self._fingerprints()
-            for name in sorted(set(seen) | set(now)):
-                if seen.get(name) != now.get(name):
-                    log.info("model '%s' changed on disk; reloading", name)
-                    await self._load(name)
-            seen = now
-
-    def _fingerprints(self) -> dict[str, tuple[tuple[str, float], ...]]:
-        prints = {}
-        for name in self.repository.names():
-            folder = self.repository.root / name
-            files = [p for p in folder.rglob("*") if p.is_file()]
-            prints[name] = tuple(sorted((str(p), p.stat().st_mtime) for p in files))
-        return prints

@@ -81,9 +81,9 @@ class InferRoute:
             body, extra = _error_body(exc.message), error_headers(exc)
             if status == 500:
                 log.error("inference failed: %s", exc.message, extra={"model": name})
-        except asyncio.CancelledError:
-            status = 499  # the client went away; nobody is left to answer
-            raise
+        except ClientGone:
+            status = 499  # nobody is left to answer: the request was withdrawn, not computed
+            return
         except Exception as exc:  # a bug: log the traceback, answer JSON
             log.error("unhandled error in inference", exc_info=exc)
             status = 500
@@ -153,7 +153,7 @@ class InferRoute:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
+                raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
@@ -161,6 +161,10 @@ class InferRoute:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class ClientGone(Exception):
+    """The client disconnected before its answer was ready."""
 
 
 def _closing(send: Send) -> Send:
@@ -206,8 +210,9 @@ async def _unless_disconnected(receive: Receive, work: Any) -> Any:
     try:
         return await work
     except asyncio.CancelledError:
-        if gone:
+        if gone and current.uncancel() == 0:  # our cancel, not a server shutdown's
             log.debug("client disconnected; request withdrawn")
+            raise ClientGone from None
         raise
     finally:
         watcher.cancel()

@@ -116,8 +116,14 @@ def output_names(model: str) -> list[str]:
 
 
 def wrk(
-    url: str, body: bytes, concurrency: int, seconds: float, headers: dict[str, str]
+    url: str,
+    body: bytes,
+    concurrency: int,
+    seconds: float,
+    headers: dict[str, str],
+    core: str | None = CLIENT_CORE,
 ) -> dict[str, Any]:
+    """Closed-loop POSTs with wrk (pinned to `core`, or anywhere when None)."""
     with tempfile.TemporaryDirectory() as tmp:
         body_path = Path(tmp) / "body"
         body_path.write_bytes(body)
@@ -126,9 +132,8 @@ def wrk(
         script.write_text(LUA.format(body=body_path, content_type="application/json",
                                      extra_headers=extra))  # fmt: skip
         out = subprocess.run(
-            pinned(CLIENT_CORE, "wrk", "-t1", f"-c{concurrency}",
-                   f"-d{max(1, round(seconds))}s", "--timeout",
-                   "10s", "-s", str(script), url),
+            [*(pinned(core, "wrk") if core else ["wrk"]), "-t1", f"-c{concurrency}",
+             f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(script), url],
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
     result: dict[str, Any] = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])

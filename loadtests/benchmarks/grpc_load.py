@@ -30,7 +30,7 @@ async def run(target: str, model: str, concurrency: int, seconds: float) -> dict
     latencies: list[float] = []
     errors = 0
     async with grpc.aio.insecure_channel(target) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
         await stub.ModelInfer(request)  # connect and warm up
         stop = time.monotonic() + seconds
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +60,12 @@ def cnn_model(channels: int = 32, blocks: int = 2, seed: int = 0) -> onnx.ModelP
     return model
 
 
-MODELS = {
-    "mlp": (lambda: mlp_model(MLP_SIZES), (MLP_SIZES[0],)),
+def benchmark_mlp() -> onnx.ModelProto:
+    return mlp_model(MLP_SIZES)
+
+
+MODELS: dict[str, tuple[Callable[[], onnx.ModelProto], tuple[int, ...]]] = {
+    "mlp": (benchmark_mlp, (MLP_SIZES[0],)),
     "cnn": (cnn_model, CNN_INPUT),
 }
 # Per-sample throughput of the CNN is flat up to batch 16 and falls past it (activations leave

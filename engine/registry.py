@@ -1,0 +1,202 @@
+"""The loaded models: which versions serve, which failed and why, loading, unloading and polling
+the repository. The engine resolves every request through `ModelRegistry.resolve`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
+from engine.model import LoadedModel, load_model
+from engine.repository import ModelEntry, Repository, check_name
+from engine.settings import Settings
+
+log = logging.getLogger("sluice.registry")
+
+
+class ModelRegistry:
+    """Model versions by name, kept in line with the repository folder."""
+
+    def __init__(
+        self, settings: Settings, repository: Repository, tenant_share: Callable[[str], float]
+    ) -> None:
+        self.settings = settings
+        self.repository = repository
+        self._tenant_share = tenant_share
+        self._models: dict[str, dict[str, LoadedModel]] = {}
+        self._failed: dict[tuple[str, str], str] = {}  # (name, version) -> reason
+        self._loading: set[str] = set()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._poller: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Load what the model control mode says; in `poll` mode, start watching the folder."""
+        mode = self.settings.model_control_mode
+        names = self.repository.names()
+        if mode == "explicit" and "*" not in self.settings.load_models:
+            names = [check_name("model", n) for n in self.settings.load_models]
+        for name in names:
+            await self._load(name)
+        if mode == "poll":
+            self._poller = asyncio.create_task(self._poll(), name="repository-poll")
+
+    def stop_polling(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+
+    async def close(self) -> None:
+        self.stop_polling()
+        for model in self.all():
+            await model.close()
+        self._models.clear()
+
+    @property
+    def settled(self) -> bool:
+        """Nothing loading and nothing failed: every model asked for is serving."""
+        return not self._loading and not self._failed
+
+    def all(self) -> list[LoadedModel]:
+        """Every loaded model version."""
+        return [m for versions in self._models.values() for m in versions.values()]
+
+    def versions(self, name: str) -> list[LoadedModel]:
+        """The loaded versions of `name` (ModelNotFound when none)."""
+        self.resolve(name, None)
+        return list(self._models[name].values())
+
+    def version_names(self, name: str) -> tuple[str, ...]:
+        return tuple(sorted(self._models.get(name, {}), key=int))
+
+    def has(self, name: str) -> bool:
+        return name in self._models
+
+    def resolve(self, name: str, version: str | None) -> LoadedModel:
+        """The version a request goes to: the one named, or the highest loaded."""
+        versions = self._models.get(name)  # loaded names are valid: check only the others
+        if not versions:
+            check_name("model", name)
+            if name in self._loading:
+                raise ModelNotReady(name, version or "latest", "loading")
+            raise ModelNotFound(name, available=sorted(self._models))
+        if version is None or version == "":
+            return versions[max(versions, key=int)]
+        model = versions.get(version)
+        if model is None:
+            check_name("version", version)
+            raise ModelNotFound(name, version, available=sorted(versions, key=int))
+        return model
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Triton's repository index: every model folder and the state of its versions."""
+        rows = []
+        for name in self.repository.names():
+            for version in self.version_names(name):
+                rows.append({"name": name, "version": version, "state": "READY", "reason": ""})
+            failed = sorted((v, r) for (n, v), r in self._failed.items() if n == name)
+            for version, reason in failed:
+                rows.append(
+                    {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
+                )
+            if name in self._loading:
+                rows.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
+            elif name not in self._models and not failed:
+                rows.append({"name": name, "version": "", "state": "UNAVAILABLE",
+                             "reason": "unloaded"})  # fmt: skip
+        return [row for row in rows if row["state"] == "READY"] if ready_only else rows
+
+    async def load(self, name: str) -> None:
+        """Load (or reload) a model by API: only in `explicit` and `poll` modes."""
+        self._require_control()
+        await self._load(check_name("model", name))
+        failed = [reason for (n, _), reason in self._failed.items() if n == name]
+        if failed:
+            raise InvalidInput(f"failed to load model '{name}': {failed[0]}")
+        if name not in self._models:
+            raise ModelNotFound(name, available=self.repository.names())
+
+    async def unload(self, name: str) -> None:
+        """Unload every version of a model once its queued requests are answered."""
+        self._require_control()
+        check_name("model", name)
+        if name not in self._models and name not in self.repository.names():
+            raise ModelNotFound(name, available=self.repository.names())
+        async with self._lock(name):
+            await self._retire(list(self._models.pop(name, {}).values()))
+            self._clear_failed(name)
+
+    def _require_control(self) -> None:
+        if self.settings.model_control_mode == "none":
+            raise InvalidInput(
+                "model control mode is 'none': loading and unloading by API needs "
+                "--model-control-mode explicit or poll"
+            )
+
+    def _lock(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    def _clear_failed(self, name: str) -> None:
+        for key in [key for key in self._failed if key[0] == name]:
+            del self._failed[key]
+
+    async def _load(self, name: str) -> None:
+        """Bring the model's served versions in line with its folder: load new or changed
+        versions, retire versions no longer served (after their in-flight requests finish)."""
+        async with self._lock(name):
+            self._loading.add(name)
+            try:
+                entry = self.repository.entry(name)
+                if entry is None or not entry.versions:
+                    self._clear_failed(name)
+                    await self._retire(list(self._models.pop(name, {}).values()))
+                    if entry is not None:
+                        self._failed[(name, "")] = "no version folder with a model file"
+                    return
+                await self._load_entry(entry)
+            finally:
+                self._loading.discard(name)
+
+    async def _load_entry(self, entry: ModelEntry) -> None:
+        self._clear_failed(entry.name)
+        current = self._models.get(entry.name, {})
+        fresh: dict[str, LoadedModel] = {}
+        for version, path in entry.versions.items():
+            try:
+                fresh[str(version)] = await load_model(
+                    entry.name, version, path, entry.config, self.settings.batching,
+                    self._tenant_share,
+                )  # fmt: skip
+            except Exception as exc:
+                log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
+                self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
+        if fresh:
+            self._models[entry.name] = fresh
+        else:
+            self._models.pop(entry.name, None)
+        await self._retire(list(current.values()))
+
+    async def _retire(self, models: list[LoadedModel]) -> None:
+        for model in models:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.drain_timeout_s):
+                    await model.batcher.drain()
+            await model.close()
+
+    async def _poll(self) -> None:
+        seen = self._fingerprints()
+        while True:
+            await asyncio.sleep(self.settings.poll_interval_s)
+            now = self._fingerprints()
+            for name in sorted(set(seen) | set(now)):
+                if seen.get(name) != now.get(name):
+                    log.info("model '%s' changed on disk; reloading", name)
+                    await self._load(name)
+            seen = now
+
+    def _fingerprints(self) -> dict[str, tuple[tuple[str, float], ...]]:
+        prints = {}
+        for name in self.repository.names():
+            files = [p for p in (self.repository.root / name).rglob("*") if p.is_file()]
+            prints[name] = tuple(sorted((str(p), p.stat().st_mtime) for p in files))
+        return prints
