@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
 
 from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
@@ -51,14 +52,18 @@ def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings, engine: Engine) -> FastAPI:
-    """The FastAPI application serving `engine`."""
+def create_app(settings: Settings, engine: Engine) -> ASGIApp:
+    """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
+    hot path skips FastAPI's layers (see server/infer_route.py)."""
+    return InferRoute(fastapi_app(settings, engine), engine, settings)
+
+
+def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
+    """Every endpoint but inference: health, metadata, usage, metrics, Triton extensions."""
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
     app.add_middleware(RequestIdMiddleware)
-    # Outermost: the inference endpoint skips FastAPI's layers (see server/infer_route.py).
-    app.add_middleware(InferRoute, engine=engine, settings=settings)
 
     @app.exception_handler(EngineError)
     async def _engine_error(_: Request, exc: EngineError) -> Response:
