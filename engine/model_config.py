@@ -117,7 +117,7 @@ class ModelConfig(Section):
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served."""
     instances: int = Field(1, ge=1, le=64)
-    """Batches that run at once (each instance has its own session)."""
+    """Batches that run at once, concurrently on one shared session (threads in the pool)."""
     dynamic_batching: DynamicBatching = Field(default_factory=DynamicBatching)
     """Dynamic batcher options."""
     onnxruntime: OnnxRuntimeOptions = Field(default_factory=OnnxRuntimeOptions)

@@ -15,23 +15,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-# v2 datatype -> numpy dtype. A copy of engine.datatypes.NUMPY_DTYPES (a test keeps them equal):
-# locust processes must not import the engine package, whose imports grow with the server.
-NUMPY_DTYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(np.object_),
-}
+# engine.datatypes imports only numpy and engine.errors (a test keeps it so): light enough for
+# locust processes, which must not import the server.
+from engine.datatypes import NUMPY_DTYPES
 
 REPEATED_POOL_SIZE = 8
 """Distinct repeated inputs: a few, so the cache holds them all, more than one, so the server

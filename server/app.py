@@ -1,9 +1,10 @@
-"""The HTTP/REST front-end: the Open Inference Protocol (KServe v2) on FastAPI."""
+"""The HTTP/REST front-end: the Open Inference Protocol (KServe v2). Inference is served by
+server/infer_route.py; everything else by FastAPI."""
 
 from __future__ import annotations
 
 import logging
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -16,17 +17,13 @@ from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
 from engine.errors import EngineError
 from engine.settings import Settings
-from engine.types import InferResponse, ModelMetadata
+from engine.types import ModelMetadata
 from server.errors import error_headers, http_status
 from server.infer_route import InferRoute
 from server.logs import RequestIdMiddleware
 from server.triton import triton_router
 
 log = logging.getLogger("sluice.http")
-
-T = TypeVar("T")
-# Bodies larger than this are decoded and encoded in a worker thread, off the event loop.
-OFF_LOOP_BYTES = 256 * 1024
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -61,8 +58,6 @@ def create_app(settings: Settings, engine: Engine) -> ASGIApp:
 def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
     """Every endpoint but inference: health, metadata, usage, metrics, Triton extensions."""
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None)
-    app.state.engine = engine
-    app.state.settings = settings
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(EngineError)
@@ -129,6 +124,3 @@ def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
             return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-__all__ = ["InferResponse", "create_app", "error_response", "json_response", "metadata_json"]

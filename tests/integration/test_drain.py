@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.test_batching_e2e import (
+from tests.integration.batching_helpers import (
     CNN_BATCH,
     CNN_CONFIG,
     backlog,

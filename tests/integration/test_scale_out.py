@@ -23,9 +23,9 @@ import yaml
 from engine.auth import digest_key
 from engine.demo import write_demo_repository
 from server.keys import new_key
+from tests.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 from tests.redis_process import RedisProcess, free_port
 from tests.servers import ServerProcess
-from tests.unit.deploy.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 
 BURST = 6
 INFER = "/v2/models/demo/infer"

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from engine.settings import load_settings
-from tests.unit.deploy.nginx_process import NGINX_CONF, REPLICAS
+from tests.nginx_process import NGINX_CONF, REPLICAS
 from tests.unit.deploy.tools import DEPLOY, ROOT
 
 COMPOSE = DEPLOY / "compose.yaml"

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from engine.settings import Settings
+from tests.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 from tests.redis_process import free_port
-from tests.unit.deploy.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 from tests.unit.deploy.scripted_replica import ScriptedReplica
 from tests.unit.deploy.tools import ROOT
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from tests.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 from tests.redis_process import free_port
-from tests.unit.deploy.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 
 METHOD = "/inference.GRPCInferenceService/ServerReady"
 

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import orjson
 import pytest
@@ -7,9 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from engine.datatypes import NUMPY_DTYPES as ENGINE_DTYPES
+from engine.datatypes import NUMPY_DTYPES
 from loadtests.payloads import (
-    NUMPY_DTYPES,
     REPEATED_POOL_SIZE,
     PayloadFactory,
     TensorShape,
@@ -20,6 +23,8 @@ from loadtests.payloads import (
     raw_bytes,
     resolve_inputs,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 METADATA = {
     "name": "m",
@@ -32,8 +37,16 @@ METADATA = {
 }
 
 
-def test_dtype_table_matches_the_engines() -> None:
-    assert NUMPY_DTYPES == ENGINE_DTYPES
+def test_payloads_import_only_the_engines_datatypes() -> None:
+    # Locust processes import this module: the engine must not bring the server along.
+    code = (
+        "import sys, loadtests.payloads; "
+        "print(sorted(m for m in sys.modules if m.startswith(('engine', 'server'))))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert found.stdout.strip() == "['engine', 'engine.datatypes', 'engine.errors']"
 
 
 def test_dynamic_dimensions_resolve() -> None:

@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.deploy.tools import DEPLOY
-
-NGINX_CONF = DEPLOY / "nginx.conf"
+NGINX_CONF = Path(__file__).resolve().parents[1] / "deploy" / "nginx.conf"
 REPLICAS = ("sluice-a", "sluice-b")
 
 
