@@ -60,13 +60,19 @@ class Layout:
 
 def concat(parts: Sequence[Tensors], padding: Mapping[str, Padding]) -> tuple[Tensors, Layout]:
     """One batch from several requests' inputs, padding paddable axes to the longest."""
-    rows = tuple(next(iter(part.values())).shape[0] if part else 0 for part in parts)
+    first = next(iter(parts[0]), None)
+    rows = tuple(part[first].shape[0] for part in parts) if first is not None else (0,) * len(parts)
+    if len(parts) == 1:  # one request: its own arrays, no copy
+        return dict(parts[0]), Layout(rows, ((),))
+    if not padding:  # the common case: nothing to pad
+        batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+        return batch, Layout(rows, ((),) * len(parts))
     padded: list[list[tuple[int, int, int]]] = [[] for _ in parts]
-    batch: Tensors = {}
+    batch = {}
     for name in parts[0]:
         arrays = [part[name] for part in parts]
         pad = padding.get(name)
-        if pad is not None and len(arrays) > 1:
+        if pad is not None:
             target = max(a.shape[pad.axis] for a in arrays)
             for index, array in enumerate(arrays):
                 own = array.shape[pad.axis]
@@ -75,7 +81,7 @@ def concat(parts: Sequence[Tensors], padding: Mapping[str, Padding]) -> tuple[Te
                     widths = [(0, 0)] * array.ndim
                     widths[pad.axis] = (0, target - own)
                     arrays[index] = np.pad(array, widths, constant_values=pad.value)
-        batch[name] = arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=0)
+        batch[name] = np.concatenate(arrays, axis=0)
     return batch, Layout(rows, tuple(tuple(sorted(set(p))) for p in padded))
 
 
@@ -89,13 +95,18 @@ def split(outputs: Tensors, layout: Layout) -> list[Tensors]:
     results: list[Tensors] = []
     start = 0
     for rows, padded in zip(layout.rows, layout.padded, strict=True):
+        end = start + rows
+        if not padded:
+            results.append({name: array[start:end] for name, array in outputs.items()})
+            start = end
+            continue
         part = {}
         for name, array in outputs.items():
-            piece = array[start : start + rows]
+            piece = array[start:end]
             for axis, own, target in padded:
                 if own < target and piece.ndim > axis and piece.shape[axis] == target:
                     piece = np.take(piece, np.arange(own), axis=axis)
             part[name] = piece
         results.append(part)
-        start += rows
+        start = end
     return results

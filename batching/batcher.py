@@ -216,7 +216,8 @@ class Batcher:
         finally:
             self._slots.release()
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
-                _settle(item, exc=ShuttingDown("server shut down while this request ran"))
+                if not item.future.done():
+                    _settle(item, exc=ShuttingDown("server shut down while this request ran"))
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
