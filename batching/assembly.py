@@ -26,8 +26,10 @@ class SplitError(ValueError):
 
 def bucket(length: int, ratio: float) -> int:
     """Length bucket: lengths in one bucket are within `ratio` of each other (ratio 1: exact)."""
-    if ratio <= 1 or length <= 1:
+    if ratio <= 1:
         return length
+    if length <= 1:
+        return length - 1  # 0 and 1 get buckets of their own, below log(2)'s
     return int(math.log(length) / math.log(ratio))
 
 

@@ -80,7 +80,8 @@ class Batcher:
         self._gate.set()
         self._slots = asyncio.Semaphore(policy.instances)
         self._running: set[asyncio.Task[None]] = set()
-        self._closing = False
+        self._closing = False  # close(): new requests are refused
+        self._flushing = False  # drain(): batches go out without waiting for their window
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -100,6 +101,8 @@ class Batcher:
             raise ShuttingDown()
         loop = asyncio.get_running_loop()
         now = time.monotonic()
+        if deadline is not None and deadline <= now:
+            raise DeadlineExceeded(f"request reached {self.label} past its timeout; it was not run")
         group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
         item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future())
         self.queue.put(item)
@@ -132,8 +135,9 @@ class Batcher:
         self._gate.set()
 
     async def drain(self) -> None:
-        """Send everything queued at once, without waiting for batch windows, and wait for it."""
-        self._closing = True
+        """Send everything queued at once, without waiting for batch windows, and wait for it.
+        Requests still arriving (already accepted upstream) are served the same way."""
+        self._flushing = True
         self._wakeup.set()
         while self.queue.requests or self._running:
             if self._running:
@@ -191,7 +195,9 @@ class Batcher:
         window_end = head.enqueued + policy.max_queue_delay_s
         if policy.dispatch_when_idle and not self._running:
             return
-        while head.state == QUEUED and not self._closing and self._gate.is_set():
+        while head.state == QUEUED and not self._flushing and self._gate.is_set():
+            if policy.dispatch_when_idle and not self._running:
+                return  # the batch that was running has finished: go now
             rows = self.queue.group_rows(head.group)
             if (
                 rows >= policy.max_batch_size
@@ -215,6 +221,8 @@ class Batcher:
             await self._run(batch)
         finally:
             self._slots.release()
+            self._running.discard(asyncio.current_task())
+            self._wakeup.set()  # a model that went idle may send its next batch at once
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():
                     _settle(item, exc=ShuttingDown("server shut down while this request ran"))

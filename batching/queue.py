@@ -104,6 +104,7 @@ class RequestQueue:
                     rows += item.rows
                     progress = True
                     if max_requests is not None and len(taken) >= max_requests:
+                        self._rotate(tenants)
                         return taken
             self._rotate(tenants)
         return taken

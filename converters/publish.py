@@ -123,6 +123,7 @@ def publish(
             os.replace(staging / "config.yaml", config_path)
         else:
             (staging / "config.yaml").unlink()
+        staging.chmod(0o755)  # mkdtemp makes it 0700: the server may run as another user
         os.rename(staging, model_dir / str(chosen))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

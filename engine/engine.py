@@ -26,6 +26,7 @@ from engine.cache import (
 )
 from engine.demo import write_demo_repository
 from engine.errors import (
+    DeadlineExceeded,
     EngineError,
     Forbidden,
     InvalidInput,
@@ -61,6 +62,8 @@ class Engine:
         self._started = False
         self._draining = False
         self._in_flight = 0
+        self._idle = asyncio.Event()  # set while no request is inside infer()
+        self._idle.set()
         self.metrics = Metrics(self._snapshot)
         self.tracing = build_tracing(settings.tracing)  # None: off
         self.cache: ResultCache | None = None
@@ -113,6 +116,9 @@ class Engine:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout_s):
                 await asyncio.gather(*(m.batcher.drain() for m in models))
+                # Requests accepted before the drain may still be in admission or the cache
+                # lookup: they reach a batcher that sends at once, and are answered.
+                await self._idle.wait()
         # Whatever is still queued or running after the timeout is answered 503 now.
         await asyncio.gather(*(m.batcher.close() for m in models))
 
@@ -133,10 +139,13 @@ class Engine:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Answer one request, or raise an EngineError saying why not."""
         self._in_flight += 1
+        self._idle.clear()
         try:
             return await self._infer(request)
         finally:
             self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
 
     async def _infer(self, request: InferRequest) -> InferResponse:
         started = time.monotonic()
@@ -147,12 +156,20 @@ class Engine:
             request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
         )
         tenant = request.tenant or ANONYMOUS_TENANT
+        # Everything that can refuse a request is checked before admission charges for it.
+        priority = self._priority(
+            model, request.priority, tenant, self.limiter.limits_for(tenant).priority
+        )
+        use_cache = (
+            self.cache is not None
+            and model.config.cache.enabled
+            and cache_requested(request.parameters)
+        )
         admit = self.limiter.admit(tenant, model.name, rows)
         if self.tracing is not None:
             admit = self.tracing.stage("admission", admit)
-        async with await admit as admission:
-            priority = self._priority(model, request.priority, tenant, admission.priority)
-            return await self._admitted(model, request, rows, priority, started)
+        async with await admit:
+            return await self._admitted(model, request, rows, priority, started, use_cache)
 
     def _priority(
         self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
@@ -181,6 +198,7 @@ class Engine:
         rows: int,
         priority: int,
         started: float,
+        use_cache: bool,
     ) -> InferResponse:
         batching = model.config.dynamic_batching
         timeout_s = request.timeout_s or batching.default_timeout_s
@@ -188,7 +206,7 @@ class Engine:
         names = request.outputs or [spec.name for spec in model.backend.outputs]
         types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
 
-        async def compute() -> CachedResult:
+        async def compute(deadline: float | None = deadline) -> CachedResult:
             submit = model.batcher.submit(
                 request.inputs, rows, priority, request.tenant or ANONYMOUS_TENANT, deadline
             )
@@ -199,12 +217,8 @@ class Engine:
 
         parameters: dict[str, Any] = {}
         try:
-            if (
-                self.cache is not None
-                and model.config.cache.enabled
-                and cache_requested(request.parameters)
-            ):
-                result, hit = await self._cached(model, request, compute)
+            if use_cache:
+                result, hit = await self._cached(model, request, compute, deadline)
                 parameters["cache_hit"] = hit
             else:
                 result = await compute()
@@ -225,9 +239,12 @@ class Engine:
         self,
         model: LoadedModel,
         request: InferRequest,
-        compute: Callable[[], Awaitable[CachedResult]],
+        compute: Callable[[float | None], Awaitable[CachedResult]],
+        deadline: float | None,
     ) -> tuple[CachedResult, bool]:
-        """The cached result, or one computed once for every identical request in flight."""
+        """The cached result, or one computed once for every identical request in flight. The
+        shared computation has no deadline of its own: each caller waits up to its own, and the
+        computation is withdrawn when the last caller leaves."""
         assert self.cache is not None
         cache = self.cache
         key = await cache_key_async(
@@ -243,11 +260,19 @@ class Engine:
         model.stats.cache_miss.add(time.monotonic() - looked_up)
 
         async def compute_and_store() -> CachedResult:
-            result = await compute()
+            result = await compute(None)
             await cache.put(key, result, model.config.cache.ttl_s)
             return result
 
-        return await self._coalescer.run(key, compute_and_store), False
+        if deadline is None:
+            return await self._coalescer.run(key, compute_and_store), False
+        try:
+            async with asyncio.timeout(deadline - time.monotonic()):
+                return await self._coalescer.run(key, compute_and_store), False
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"request to {model.label} was not answered within its timeout"
+            ) from None
 
     # -- metadata --------------------------------------------------------------------------------
 

@@ -51,12 +51,15 @@ def batch_size_limit(config: ModelConfig, inputs: tuple[TensorSpec, ...], defaul
 
 
 def fingerprint(path: Path, config: ModelConfig) -> str:
-    """Content hash of the model file and its config: the same on every replica serving the same
-    files, so a shared cache is shared, and new whenever either changes, so stale entries die."""
+    """Content hash of the version folder (the model file and any external weights beside it)
+    and the config: the same on every replica serving the same files, so a shared cache is
+    shared, and new whenever either changes, so stale entries die."""
     digest = hashlib.blake2b(config.model_dump_json().encode(), digest_size=12)
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
+    for file in sorted(p for p in path.parent.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(path.parent)).encode() + b"\0")
+        with file.open("rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
     return digest.hexdigest()
 
 
@@ -153,8 +156,8 @@ async def load_model(
     label = f"model '{name}' version {version}"
     started = time.monotonic()
     backend = await asyncio.to_thread(open_backend, config, path, label)
-    generation = await asyncio.to_thread(fingerprint, path, config)
     try:
+        generation = await asyncio.to_thread(fingerprint, path, config)
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
         warmed = time.monotonic()
         if config.warmup.enabled:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, load_model
 from engine.repository import ModelEntry, Repository, check_name
-from engine.settings import Settings
+from engine.settings import Settings, SettingsError
 
 log = logging.getLogger("sluice.registry")
 
@@ -146,7 +146,13 @@ class ModelRegistry:
         async with self._lock(name):
             self._loading.add(name)
             try:
-                entry = self.repository.entry(name)
+                try:
+                    entry = self.repository.entry(name)
+                except SettingsError as exc:  # e.g. a config.yaml saved half-edited
+                    log.error("model '%s' cannot be loaded: %s", name, exc)
+                    self._clear_failed(name)
+                    self._failed[(name, "")] = str(exc)
+                    return
                 if entry is None or not entry.versions:
                     self._clear_failed(name)
                     await self._retire(list(self._models.pop(name, {}).values()))
@@ -170,11 +176,13 @@ class ModelRegistry:
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
                 self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
+                if str(version) in current:  # a failed reload keeps the version that was serving
+                    fresh[str(version)] = current[str(version)]
         if fresh:
             self._models[entry.name] = fresh
         else:
             self._models.pop(entry.name, None)
-        await self._retire(list(current.values()))
+        await self._retire([m for v, m in current.items() if fresh.get(v) is not m])
 
     async def _retire(self, models: list[LoadedModel]) -> None:
         for model in models:
@@ -184,15 +192,18 @@ class ModelRegistry:
             await model.close()
 
     async def _poll(self) -> None:
-        seen = self._fingerprints()
+        seen = await asyncio.to_thread(self._fingerprints)
         while True:
             await asyncio.sleep(self.settings.poll_interval_s)
-            now = self._fingerprints()
-            for name in sorted(set(seen) | set(now)):
-                if seen.get(name) != now.get(name):
-                    log.info("model '%s' changed on disk; reloading", name)
-                    await self._load(name)
-            seen = now
+            try:
+                now = await asyncio.to_thread(self._fingerprints)
+                for name in sorted(set(seen) | set(now)):
+                    if seen.get(name) != now.get(name):
+                        log.info("model '%s' changed on disk; reloading", name)
+                        await self._load(name)
+                seen = now
+            except Exception:  # a file vanished mid-scan, say: keep polling
+                log.exception("repository poll failed; trying again next interval")
 
     def _fingerprints(self) -> dict[str, tuple[tuple[str, float], ...]]:
         prints = {}

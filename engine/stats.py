@@ -84,7 +84,8 @@ class ModelStats:
             return
         self.execution_count += 1
         self.inference_count += rows
-        self.compute_infer.add(compute_s, requests)
+        # Triton counts a batch's compute time once per request in it.
+        self.compute_infer.add(compute_s * requests, requests)
         self.batches.setdefault(rows, Duration()).add(compute_s)
         self.compute.observe(compute_s)
         self.batch_rows.observe(rows)

@@ -101,8 +101,14 @@ def tensor_from_buffer(
 def decode_bytes(buffer: memoryview, count: int, name: str) -> np.ndarray:
     """`count` length-prefixed elements as a 1-D object array of bytes; the buffer must hold
     exactly those elements."""
-    out = np.empty(count, dtype=object)
     size = len(buffer)
+    if count > size:  # before allocating: each element takes 4 bytes at least, so a shape this
+        # large cannot fit, and must not cost memory (past this check, count <= body size)
+        raise InvalidInput(
+            f"input '{name}': {count} BYTES elements need at least {count * 4} bytes "
+            f"(a 4-byte length each); received {size}"
+        )
+    out = np.empty(count, dtype=object)
     offset = 0
     for index in range(count):
         if offset + 4 > size:

@@ -108,9 +108,11 @@ def _numbers(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
     return array
 
 
-def _flatten(where: str, data: list[Any]) -> list[Any]:
+def _flatten(where: str, data: list[Any], depth: int = 0) -> list[Any]:
     """Nested lists flattened in row-major order; InvalidInput if they are ragged (lists of
-    different lengths, or lists and values mixed, at one depth)."""
+    different lengths, or lists and values mixed, at one depth) or deeper than any shape."""
+    if depth > datatypes.MAX_DIMS:
+        raise InvalidInput(f"{where}: data is nested deeper than {datatypes.MAX_DIMS} levels")
     if not data or not isinstance(data[0], list):
         if list in set(map(type, data)):
             raise InvalidInput(f"{where}: data is a ragged nested list")
@@ -119,7 +121,7 @@ def _flatten(where: str, data: list[Any]) -> list[Any]:
     for item in data:
         if not isinstance(item, list) or len(item) != len(data[0]):
             raise InvalidInput(f"{where}: data is a ragged nested list")
-        out.extend(_flatten(where, item))
+        out.extend(_flatten(where, item, depth + 1))
     return out
 
 

@@ -31,7 +31,7 @@ from grpc.aio import ServicerContext as Context
 
 from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
-from engine.errors import BackendError, EngineError, InvalidInput
+from engine.errors import BackendError, DeadlineExceeded, EngineError, InvalidInput
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
 from server import grpc_tensors
@@ -209,6 +209,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining()
         if remaining is not None:
             # The call's own deadline bounds the engine's: no answer is useful after it.
+            if remaining <= 0:
+                raise DeadlineExceeded("the call's deadline passed before it was queued")
             budget = infer_request.timeout_s
             infer_request.timeout_s = remaining if budget is None else min(budget, remaining)
         return await self._engine.infer(infer_request)
@@ -243,10 +245,12 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             results.put_nowait(answer)
 
         async def feed() -> None:
-            async with asyncio.TaskGroup() as group:
-                async for request in request_iterator:
-                    group.create_task(one(request))
-            results.put_nowait(None)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    async for request in request_iterator:
+                        group.create_task(one(request))
+            finally:
+                results.put_nowait(None)  # the reader always ends, also when reading failed
 
         feeder = asyncio.create_task(feed())
         try:

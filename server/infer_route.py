@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.auth import authenticate_headers
 from engine.engine import Engine
-from engine.errors import EngineError, InvalidInput, PayloadTooLarge
+from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
 from engine.settings import Settings
 from engine.types import InferRequest
 from server import binary, codec
@@ -84,6 +84,9 @@ class InferRoute:
         except ClientGone:
             status = 499  # nobody is left to answer: the request was withdrawn, not computed
             return
+        except asyncio.CancelledError:
+            status = 499  # cancelled by the server's shutdown: no answer was sent
+            raise
         except Exception as exc:  # a bug: log the traceback, answer JSON
             log.error("unhandled error in inference", exc_info=exc)
             status = 500
@@ -114,6 +117,8 @@ class InferRoute:
         self, headers: dict[str, str], receive: Receive, name: str, version: str | None
     ) -> tuple[bytes, dict[str, str], str]:
         """The encoded response, its headers, and the version that answered."""
+        if self.engine.draining:  # refuse before reading and decoding the body
+            raise ShuttingDown()
         tenant = authenticate_headers(self.engine.authenticator, headers, name).tenant
         body = await self.read_body(headers, receive)
         if not body:

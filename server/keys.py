@@ -34,7 +34,7 @@ def key_entry(digest: str, tenant: str, role: str, models: tuple[str, ...]) -> d
 
 
 def _tenant(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if not _TENANT.match(value):
+    if not _TENANT.fullmatch(value):
         raise click.BadParameter(
             f"{value!r} is not a tenant name: use 1-128 letters, digits, '_', '.' or '-'"
         )

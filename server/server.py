@@ -77,9 +77,9 @@ class Server:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
-        await self.engine.start()
-        tune_gc()
         try:
+            await self.engine.start()
+            tune_gc()
             await self._serve()
         finally:
             await self.engine.close()

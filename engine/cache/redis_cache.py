@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
 from engine.cache import codec
 from engine.cache.contract import CachedResult, CacheStats
@@ -132,10 +132,15 @@ class RedisCache:
         if self._clock() < self._down_until:
             self._stats.errors += 1
             return
-        if result.nbytes > OFFLOAD_BYTES:
-            value = await asyncio.to_thread(codec.encode, result)
-        else:
-            value = codec.encode(result)
+        try:
+            if result.nbytes > OFFLOAD_BYTES:
+                value = await asyncio.to_thread(codec.encode, result)
+            else:
+                value = codec.encode(result)
+        except (TypeError, ValueError, KeyError) as exc:  # not storable: never fail the reply
+            self._stats.skipped += 1
+            self._failure("encode", exc)
+            return
         self._spawn(self._write(key, value, max(1, round(ttl_s * 1000))))
 
     async def delete(self, key: bytes) -> None:

@@ -48,7 +48,7 @@ async def run(target: str, model: str, concurrency: int, seconds: float) -> dict
         began = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.monotonic() - began
-    lat = np.array(latencies) * 1e6
+    lat = np.array(latencies or [0.0]) * 1e6  # all calls failed: report the errors, not a crash
     return {
         "requests": len(latencies) + errors, "duration_us": elapsed * 1e6, "errors": errors,
         "non2xx": 0, "p50_us": float(np.percentile(lat, 50)),

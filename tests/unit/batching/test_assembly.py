@@ -69,3 +69,4 @@ def test_bucket_ratio_bounds_padding_waste() -> None:
         same = [n for n in range(2, 500) if bucket(n, 1.5) == bucket(length, 1.5)]
         assert max(same) / min(same) < 1.5 + 1e-9 or max(same) - min(same) <= 1
     assert bucket(7, 1.0) == 7
+    assert len({bucket(0, 1.5), bucket(1, 1.5), bucket(2, 1.5)}) == 3

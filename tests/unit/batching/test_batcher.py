@@ -178,6 +178,26 @@ async def test_full_queue_rejects_at_once(recorder: Recorder) -> None:
     await batcher.close()
 
 
+async def test_request_past_its_deadline_on_arrival_is_never_queued(recorder: Recorder) -> None:
+    batcher = make(recorder)
+    with pytest.raises(DeadlineExceeded, match="past its timeout"):
+        await batcher.submit(rows(7), 1, deadline=time.monotonic() - 1)
+    assert batcher.queue.requests == 0
+    assert recorder.batches == []
+    await batcher.close()
+
+
+async def test_unbatched_model_serves_tenants_round_robin(recorder: Recorder) -> None:
+    batcher = make(recorder, max_batch_size=0)
+    batcher.pause()
+    a = await submit_all(batcher, [rows(i) for i in range(3)], tenant="a")
+    b = await submit_all(batcher, [rows(i) for i in range(10, 13)], tenant="b")
+    batcher.resume()
+    await asyncio.gather(*a, *b)
+    assert recorder.batches == [[0], [10], [1], [11], [2], [12]]
+    await batcher.close()
+
+
 async def test_deadline_in_queue_answers_and_never_runs(recorder: Recorder) -> None:
     batcher = make(recorder)
     batcher.pause()
@@ -325,9 +345,12 @@ async def test_drain_answers_everything_queued(recorder: Recorder) -> None:
     tasks = await submit_all(batcher, [rows(i) for i in range(3)])
     await batcher.drain()  # does not wait 30 s for the window
     assert [int(t.result()["y"][0, 0]) for t in tasks] == [0, 2, 4]
+    # A request the engine accepted before the drain began is still served, without a window.
+    late = await asyncio.wait_for(batcher.submit(rows(5), 1), 5)
+    assert int(late["y"][0, 0]) == 10
+    await batcher.close()
     with pytest.raises(ShuttingDown):
         await batcher.submit(rows(1), 1)
-    await batcher.close()
 
 
 async def test_close_answers_queued_requests_shutting_down(recorder: Recorder) -> None:

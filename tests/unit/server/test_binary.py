@@ -288,3 +288,8 @@ def test_no_compression_unless_asked() -> None:
     for accept in (None, "*", "br", "gzip;q=0"):
         _, headers = binary.encode_response(response, set(), json_data, accept_encoding=accept)
         assert "Content-Encoding" not in headers, accept
+
+
+def test_a_huge_bytes_shape_is_refused_before_any_allocation() -> None:
+    with pytest.raises(InvalidInput, match="1099511627776 BYTES elements need at least"):
+        binary.decode_bytes(memoryview(b""), 2**40, "x")

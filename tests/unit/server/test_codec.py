@@ -401,3 +401,10 @@ def test_round_trip_bytes(words: list[str]) -> None:
     response = InferResponse("m", "1", {"y": array}, {"y": "BYTES"})
     output = orjson.loads(encode_response(response))["outputs"][0]
     assert decode_data("y", "BYTES", output["shape"], output["data"]).tolist() == array.tolist()
+
+
+def test_data_nested_deeper_than_any_shape_is_invalid_input() -> None:
+    data: Any = 1.0
+    for _ in range(200):
+        data = [data]
+    assert "nested deeper than 64 levels" in data_rejected("FP32", [1], data)

@@ -1,0 +1,68 @@
+"""The engine facade on a real demo model: coalesced deadlines, drain, and reload failures."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.demo import write_demo_repository
+from engine.engine import Engine
+from engine.errors import DeadlineExceeded, InvalidInput
+from engine.settings import load_settings
+from engine.types import InferRequest
+
+
+def request(x: np.ndarray, timeout_s: float | None = None) -> InferRequest:
+    return InferRequest("demo", {"x": x}, {"x": "FP32"}, timeout_s=timeout_s)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
+    repo = write_demo_repository(tmp_path / "models")
+    config = repo / "demo" / "config.yaml"
+    config.write_text(config.read_text() + "cache: {enabled: true, ttl_s: 60}\n")
+    engine = Engine(
+        load_settings(model_repository=repo, model_control_mode="explicit", load_models=["*"])
+    )
+    await engine.start()
+    yield engine
+    await engine.close()
+
+
+async def test_a_coalesced_caller_keeps_its_own_deadline(engine: Engine) -> None:
+    batcher = engine.registry.resolve("demo", None).batcher
+    batcher.pause()  # hold the shared computation in the queue
+    x = np.ones((1, 16), np.float32)
+    patient = asyncio.create_task(engine.infer(request(x)))
+    await asyncio.sleep(0)
+    with pytest.raises(DeadlineExceeded):
+        await engine.infer(request(x, timeout_s=0.05))
+    batcher.resume()
+    answer = await asyncio.wait_for(patient, 10)  # not failed by the other caller's timeout
+    assert answer.outputs["probabilities"].shape == (1, 10)
+
+
+async def test_drain_serves_a_request_accepted_before_it(engine: Engine) -> None:
+    batcher = engine.registry.resolve("demo", None).batcher
+    batcher.pause()
+    accepted = asyncio.create_task(engine.infer(request(np.zeros((1, 16), np.float32))))
+    await asyncio.sleep(0)
+    draining = asyncio.create_task(engine.drain())
+    await asyncio.sleep(0)
+    batcher.resume()
+    await asyncio.wait_for(draining, 10)
+    assert (await accepted).outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_failed_reload_keeps_the_serving_version(engine: Engine, tmp_path: Path) -> None:
+    x = np.ones((1, 16), np.float32)
+    before = (await engine.infer(request(x))).outputs["probabilities"]
+    (tmp_path / "models" / "demo" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    with pytest.raises(InvalidInput, match="failed to load model 'demo'"):
+        await engine.load_model("demo")
+    after = await engine.infer(request(x, timeout_s=5))
+    np.testing.assert_allclose(after.outputs["probabilities"], before)
