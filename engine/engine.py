@@ -247,9 +247,12 @@ class Engine:
         computation is withdrawn when the last caller leaves."""
         assert self.cache is not None
         cache = self.cache
+        parameters = request.parameters
+        if not self.settings.cache.shared_across_tenants:  # one tenant's entries are its own
+            parameters = {**parameters, "sluice.tenant": request.tenant or ANONYMOUS_TENANT}
         key = await cache_key_async(
             self.settings.cache.namespace, model.name, model.version, model.generation,
-            request.inputs, request.datatypes, request.outputs, request.parameters,
+            request.inputs, request.datatypes, request.outputs, parameters,
         )  # fmt: skip
         looked_up = time.monotonic()
         lookup = cache.get(key)

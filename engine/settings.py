@@ -28,6 +28,9 @@ class Section(BaseModel):
 class CacheSettings(Section):
     backend: Literal["memory", "redis", "tiered"] = "memory"
     """Where results are cached: in this process, in Redis (shared by replicas), or both."""
+    shared_across_tenants: bool = False
+    """Let one tenant's cached results answer another's identical requests. Off by default:
+    a shared entry (and the `cache_hit` flag) tells a tenant what another one asked."""
     redis_url: str | None = None
     """Redis URL for the `redis` and `tiered` backends, e.g. redis://127.0.0.1:6379/0."""
     memory_bytes: int = Field(256 * MiB, gt=0)

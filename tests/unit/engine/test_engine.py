@@ -66,3 +66,13 @@ async def test_a_failed_reload_keeps_the_serving_version(engine: Engine, tmp_pat
         await engine.load_model("demo")
     after = await engine.infer(request(x, timeout_s=5))
     np.testing.assert_allclose(after.outputs["probabilities"], before)
+
+
+async def test_tenants_do_not_share_cached_results_unless_configured(engine: Engine) -> None:
+    x = np.full((1, 16), 3.0, np.float32)
+    first = InferRequest("demo", {"x": x}, {"x": "FP32"}, tenant="a")
+    again = InferRequest("demo", {"x": x}, {"x": "FP32"}, tenant="a")
+    other = InferRequest("demo", {"x": x}, {"x": "FP32"}, tenant="b")
+    assert (await engine.infer(first)).parameters["cache_hit"] is False
+    assert (await engine.infer(again)).parameters["cache_hit"] is True
+    assert (await engine.infer(other)).parameters["cache_hit"] is False
