@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from engine.errors import InvalidInput
 from engine.types import InferRequest, TensorSpec
@@ -68,3 +69,22 @@ def check_request(
         if len(set(request.outputs)) != len(request.outputs):
             raise InvalidInput(f"an output is requested twice: {', '.join(request.outputs)}")
     return rows if rows is not None else 1
+
+
+def scheduling(parameters: Mapping[str, Any]) -> tuple[int | None, float | None]:
+    """The request's `priority` level and queue timeout in seconds, from its parameters (Triton's
+    `timeout` is in microseconds; 0 means none). Shared by every front-end."""
+    return _non_negative(parameters, "priority"), _seconds(_non_negative(parameters, "timeout"))
+
+
+def _non_negative(parameters: Mapping[str, Any], key: str) -> int | None:
+    value = parameters.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value!r:.60}")
+    return value
+
+
+def _seconds(micros: int | None) -> float | None:
+    return micros / 1e6 if micros else None

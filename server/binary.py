@@ -15,12 +15,13 @@ OFFLOAD_BYTES in a worker thread so the event loop keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import struct
 import zlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -29,8 +30,16 @@ from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput, PayloadTooLarge
 from engine.types import InferResponse
 
+T = TypeVar("T")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 OFFLOAD_BYTES = 256 * 1024
+
+
+async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
+    """`func(*args)`, in a worker thread when `size` bytes are involved past OFFLOAD_BYTES."""
+    return await asyncio.to_thread(func, *args) if size > OFFLOAD_BYTES else func(*args)
+
+
 """Bodies and responses larger than this should be decoded / encoded off the event loop."""
 
 JsonEncoder = Callable[[np.ndarray, str], Any]

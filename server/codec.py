@@ -11,6 +11,7 @@ import orjson
 from engine import datatypes
 from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse
+from engine.validate import scheduling
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
 _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}
@@ -161,6 +162,7 @@ def decode_request(
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"request: 'id' must be a string, got {request_id!r:.60}")
+    priority, timeout_s = scheduling(parameters)
     return InferRequest(
         model_name=model_name,
         model_version=model_version,
@@ -169,24 +171,9 @@ def decode_request(
         id=request_id,
         outputs=outputs,
         parameters=parameters,
-        priority=_int_parameter(parameters, "priority"),
-        timeout_s=_timeout(parameters),
+        priority=priority,
+        timeout_s=timeout_s,
     )
-
-
-def _int_parameter(parameters: dict[str, Any], key: str) -> int | None:
-    value = parameters.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value!r:.60}")
-    return value
-
-
-def _timeout(parameters: dict[str, Any]) -> float | None:
-    """Triton's `timeout` parameter is in microseconds; 0 means none."""
-    micros = _int_parameter(parameters, "timeout")
-    return micros / 1e6 if micros else None
 
 
 def output_json(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:

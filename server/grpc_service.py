@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
@@ -34,7 +32,7 @@ from engine.engine import Engine
 from engine.errors import BackendError, DeadlineExceeded, EngineError, InvalidInput
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
-from server import grpc_tensors
+from server import binary, grpc_tensors
 from server.errors import error_headers, grpc_code, http_status
 from server.logs import choose_request_id, request_id
 from server.proto import grpc_service_pb2 as pb
@@ -86,8 +84,6 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._ids = itertools.count()
-        self._id_prefix = os.urandom(4).hex()
 
     def _bind_request_id(self, context: Context) -> str:
         """The call's request id (the caller's `x-request-id` if sane), also sent back as
@@ -95,9 +91,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         given = next(
             (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
         )
-        rid = choose_request_id(
-            given if isinstance(given, str) else f"{self._id_prefix}-{next(self._ids)}"
-        )
+        rid = choose_request_id(given if isinstance(given, str) else None)
         context.set_trailing_metadata((("x-request-id", rid),))
         return rid
 
@@ -170,7 +164,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             encode_started = time.monotonic()
             size = sum(array.nbytes for array in response.outputs.values())
             encode = functools.partial(grpc_tensors.encode_response, response)
-            answer = await _off_loop(size, encode)
+            answer = await binary.off_loop(size, encode)
             encoded = time.monotonic()
             engine.metrics.encoded("grpc", encoded - encode_started)
             if tracing is not None:
@@ -204,7 +198,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def _run(self, request: Any, context: Context, principal: Principal) -> InferResponse:
         principal.check_model(request.model_name)
         decode = functools.partial(grpc_tensors.decode_request, request)
-        infer_request: InferRequest = await _off_loop(request.ByteSize(), decode)
+        infer_request: InferRequest = await binary.off_loop(request.ByteSize(), decode)
         infer_request.tenant = principal.tenant
         remaining = context.time_remaining()
         if remaining is not None:
@@ -335,12 +329,6 @@ def _stream_error(request: Any, message: str) -> Any:
             model_name=request.model_name, model_version=request.model_version, id=request.id
         ),
     )
-
-
-async def _off_loop(size: int, work: Callable[[], Resp]) -> Resp:
-    if size > grpc_tensors.OFFLOAD_BYTES:
-        return await asyncio.to_thread(work)
-    return work()
 
 
 def server_options(settings: Settings) -> list[tuple[str, Any]]:

@@ -15,10 +15,11 @@ import numpy as np
 from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse
-from server.binary import OFFLOAD_BYTES, tensor_buffer, tensor_from_buffer
+from engine.validate import scheduling
+from server.binary import tensor_buffer, tensor_from_buffer
 from server.proto import grpc_service_pb2 as pb
 
-__all__ = ["OFFLOAD_BYTES", "decode_request", "encode_response", "parameters"]
+__all__ = ["decode_request", "encode_response", "parameters"]
 
 # The typed contents field of each datatype and the numpy type protobuf hands it over as.
 _CONTENTS: dict[str, tuple[str, type[np.generic]]] = {
@@ -144,6 +145,7 @@ def decode_request(request: Any) -> InferRequest:
             )
         outputs.append(output.name)
     params = parameters(request.parameters)
+    priority, timeout_s = scheduling(params)
     return InferRequest(
         model_name=request.model_name,
         model_version=request.model_version or None,
@@ -152,24 +154,9 @@ def decode_request(request: Any) -> InferRequest:
         id=request.id or None,
         outputs=outputs or None,
         parameters=params,
-        priority=_non_negative(params, "priority"),
-        timeout_s=_timeout_s(params),
+        priority=priority,
+        timeout_s=timeout_s,
     )
-
-
-def _non_negative(params: dict[str, Any], key: str) -> int | None:
-    value = params.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value!r:.60}")
-    return value
-
-
-def _timeout_s(params: dict[str, Any]) -> float | None:
-    """Triton's `timeout` parameter is in microseconds; 0 means none."""
-    micros = _non_negative(params, "timeout")
-    return micros / 1e6 if micros else None
 
 
 def encode_response(response: InferResponse) -> Any:

@@ -8,13 +8,10 @@ answers it directly and hands every other request to the FastAPI app behind it."
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import re
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -30,11 +27,8 @@ from server.logs import choose_request_id, request_id
 
 log = logging.getLogger("sluice.http")
 
-T = TypeVar("T")
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 INFER_SPAN = "POST /v2/models/{name}/infer"
-# Bodies and outputs larger than this are decoded and encoded in a worker thread.
-OFF_LOOP_BYTES = 256 * 1024
 
 
 class InferRoute:
@@ -44,8 +38,6 @@ class InferRoute:
         self.app = app
         self.engine = engine
         self.limit = settings.max_request_bytes
-        self._ids = itertools.count()
-        self._id_prefix = os.urandom(4).hex()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.engine.draining:
@@ -67,9 +59,7 @@ class InferRoute:
     ) -> None:
         started = time.monotonic()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        rid = choose_request_id(
-            headers.get("x-request-id") or f"{self._id_prefix}-{next(self._ids)}"
-        )
+        rid = choose_request_id(headers.get("x-request-id"))
         token = request_id.set(rid)
         tracing = self.engine.tracing
         span = None if tracing is None else tracing.begin(INFER_SPAN, "http", name, headers)
@@ -129,12 +119,12 @@ class InferRoute:
             split = binary.split_request(plain, headers)
             return codec.decode_request(split.header, name, version, split.arrays), split
 
-        request, split = await _off_loop(len(body), decode)
+        request, split = await binary.off_loop(len(body), decode)
         request.tenant = tenant
         response = await _unless_disconnected(receive, self.engine.infer(request))
         size = sum(array.nbytes for array in response.outputs.values())
         encode_started = time.monotonic()
-        content, extra = await _off_loop(
+        content, extra = await binary.off_loop(
             size,
             binary.encode_response,
             response,
@@ -190,10 +180,6 @@ def _error_body(message: str) -> bytes:
 
 def _json_data(array: Any, datatype: str) -> Any:
     return codec.output_json("", datatype, array)["data"]
-
-
-async def _off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
-    return await asyncio.to_thread(func, *args) if size > OFF_LOOP_BYTES else func(*args)
 
 
 async def _unless_disconnected(receive: Receive, work: Any) -> Any:

@@ -7,10 +7,10 @@ and `key=value` pairs after the message in text mode."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
-import uuid
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -128,7 +128,7 @@ _VALID_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 def choose_request_id(given: str | None) -> str:
     """The client's id when it is sane (1-128 visible ASCII characters), else a fresh one."""
-    return given if given and _VALID_ID.fullmatch(given) else uuid.uuid4().hex
+    return given if given and _VALID_ID.fullmatch(given) else os.urandom(16).hex()
 
 
 class RequestIdFilter(logging.Filter):
