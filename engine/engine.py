@@ -10,7 +10,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from engine.settings import Settings
 from engine.tracing import build_tracing
 from engine.triton_config import triton_config
 from engine.types import InferRequest, InferResponse, ModelMetadata
-from engine.validate import check_request
+from engine.validate import check_load_parameters, check_request, check_unload_parameters
 
 log = logging.getLogger("sluice.engine")
 
@@ -318,11 +318,14 @@ class Engine:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.registry.index(ready_only)
 
-    async def load_model(self, name: str) -> None:
-        """Load (or reload) a model by API: only in `explicit` and `poll` modes."""
+    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
+        """Load (or reload) a model by API: only in `explicit` and `poll` modes. Triton's load
+        parameters (an inline config, file overrides) are refused: the repository is the truth."""
+        check_load_parameters(parameters)
         await self.registry.load(name)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:
+        check_unload_parameters(parameters)
         await self.registry.unload(name)
 
     # -- internals -------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from engine.errors import InvalidInput
@@ -88,3 +88,22 @@ def _non_negative(parameters: Mapping[str, Any], key: str) -> int | None:
 
 def _seconds(micros: int | None) -> float | None:
     return micros / 1e6 if micros else None
+
+
+def check_load_parameters(parameters: Collection[str]) -> None:
+    """Triton's load parameters (an inline config, file overrides) are refused: the repository
+    folder is the only source of models."""
+    if parameters:
+        raise InvalidInput(
+            f"load parameters are not supported (got {', '.join(sorted(parameters))}); put the "
+            "model's config.yaml and files in the repository instead"
+        )
+
+
+def check_unload_parameters(parameters: Collection[str]) -> None:
+    # `unload_dependents` (always sent by tritonclient) has no effect: sluice has no ensembles.
+    unknown = sorted(set(parameters) - {"unload_dependents"})
+    if unknown:
+        raise InvalidInput(
+            f"unknown unload parameters {', '.join(unknown)}; allowed: unload_dependents"
+        )

@@ -10,7 +10,7 @@ import orjson
 
 from engine import datatypes
 from engine.errors import InvalidInput
-from engine.types import InferRequest, InferResponse
+from engine.types import InferRequest
 from engine.validate import scheduling
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
@@ -176,34 +176,11 @@ def decode_request(
     )
 
 
-def output_json(name: str, datatype: str, array: np.ndarray) -> dict[str, Any]:
-    """One output tensor as v2 JSON with flat data."""
+def json_data(array: np.ndarray, datatype: str) -> Any:
+    """An output tensor's flat v2 JSON `data` (BYTES as text; FP16 widened, JSON has no half)."""
     if datatype == "BYTES":
-        data: Any = [
+        return [
             v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel()
         ]
-    else:
-        data = np.ascontiguousarray(array).ravel()
-        if data.dtype == np.float16:
-            data = data.astype(np.float32)
-    return {"name": name, "datatype": datatype, "shape": list(array.shape), "data": data}
-
-
-def response_json(response: InferResponse) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model_name": response.model_name,
-        "model_version": response.model_version,
-        "outputs": [
-            output_json(name, response.datatypes[name], array)
-            for name, array in response.outputs.items()
-        ],
-    }
-    if response.id is not None:
-        body["id"] = response.id
-    if response.parameters:
-        body["parameters"] = response.parameters
-    return body
-
-
-def encode_response(response: InferResponse) -> bytes:
-    return orjson.dumps(response_json(response), option=orjson.OPT_SERIALIZE_NUMPY)
+    data = np.ascontiguousarray(array).ravel()
+    return data.astype(np.float32) if data.dtype == np.float16 else data

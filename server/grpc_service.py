@@ -29,7 +29,7 @@ from grpc.aio import ServicerContext as Context
 
 from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
-from engine.errors import BackendError, DeadlineExceeded, EngineError, InvalidInput
+from engine.errors import BackendError, DeadlineExceeded, EngineError
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
 from server import binary, grpc_tensors
@@ -297,12 +297,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         principal = self._principal(context)
         principal.require_admin("repository")
         principal.check_model(request.model_name)
-        if request.parameters:
-            raise InvalidInput(
-                f"load parameters are not supported (got {', '.join(sorted(request.parameters))});"
-                " put the model's config.yaml and files in the repository instead"
-            )
-        await self._engine.load_model(request.model_name)
+        await self._engine.load_model(request.model_name, list(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_guarded
@@ -312,13 +307,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         principal = self._principal(context)
         principal.require_admin("repository")
         principal.check_model(request.model_name)
-        # `unload_dependents` (always sent by tritonclient) has no effect: sluice has no ensembles.
-        unknown = sorted(set(request.parameters) - {"unload_dependents"})
-        if unknown:
-            raise InvalidInput(
-                f"unknown unload parameters {', '.join(unknown)}; allowed: unload_dependents"
-            )
-        await self._engine.unload_model(request.model_name)
+        await self._engine.unload_model(request.model_name, list(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
 

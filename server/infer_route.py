@@ -129,7 +129,7 @@ class InferRoute:
             binary.encode_response,
             response,
             split.binary_outputs(response.outputs),
-            _json_data,
+            codec.json_data,
             headers.get("accept-encoding"),
         )
         encoded = time.monotonic()
@@ -176,10 +176,6 @@ def _closing(send: Send) -> Send:
 
 def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
-
-
-def _json_data(array: Any, datatype: str) -> Any:
-    return codec.output_json("", datatype, array)["data"]
 
 
 async def _unless_disconnected(receive: Receive, work: Any) -> Any:

@@ -24,6 +24,7 @@ from fastapi.responses import Response
 from engine.auth import Principal, authenticate_headers
 from engine.engine import Engine
 from engine.errors import InvalidInput
+from server import codec
 
 
 def _json(body: Any) -> Response:
@@ -33,15 +34,7 @@ def _json(body: Any) -> Response:
 async def _body(request: Request) -> dict[str, Any]:
     """The optional JSON object body of a repository request ({} when empty)."""
     raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed JSON in request body: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidInput(f"request body must be a JSON object, got {type(body).__name__}")
-    return body
+    return codec.parse_json(raw) if raw.strip() else {}
 
 
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +61,8 @@ def triton_router(engine: Engine) -> APIRouter:
 
     @router.get("/v2/models/{name}/stats")
     @router.get("/v2/models/{name}/versions/{version}/stats")
-    async def model_statistics(request: Request, name: str, version: str | None = None) -> Response:
+    async def model_statistics(request: Request, name: str) -> Response:
+        version = request.path_params.get("version")  # never from the query string
         caller = principal(request)
         caller.require_admin("statistics")
         caller.check_model(name)
@@ -76,7 +70,8 @@ def triton_router(engine: Engine) -> APIRouter:
 
     @router.get("/v2/models/{name}/config")
     @router.get("/v2/models/{name}/versions/{version}/config")
-    async def model_config(request: Request, name: str, version: str | None = None) -> Response:
+    async def model_config(request: Request, name: str) -> Response:
+        version = request.path_params.get("version")  # never from the query string
         caller = principal(request)
         caller.require_admin("config")
         caller.check_model(name)
@@ -95,13 +90,7 @@ def triton_router(engine: Engine) -> APIRouter:
         caller = principal(request)
         caller.require_admin("repository")
         caller.check_model(name)
-        params = _parameters(await _body(request))
-        if params:
-            raise InvalidInput(
-                f"load parameters are not supported (got {', '.join(sorted(params))}); put the "
-                "model's config.yaml and files in the repository instead"
-            )
-        await engine.load_model(name)
+        await engine.load_model(name, list(_parameters(await _body(request))))
         return Response(status_code=200)
 
     @router.post("/v2/repository/models/{name}/unload")
@@ -109,13 +98,7 @@ def triton_router(engine: Engine) -> APIRouter:
         caller = principal(request)
         caller.require_admin("repository")
         caller.check_model(name)
-        # `unload_dependents` (always sent by tritonclient) has no effect: sluice has no ensembles.
-        unknown = sorted(set(_parameters(await _body(request))) - {"unload_dependents"})
-        if unknown:
-            raise InvalidInput(
-                f"unknown unload parameters {', '.join(unknown)}; allowed: unload_dependents"
-            )
-        await engine.unload_model(name)
+        await engine.unload_model(name, list(_parameters(await _body(request))))
         return Response(status_code=200)
 
     return router

@@ -11,6 +11,7 @@ Models:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from engine.errors import EngineError, InvalidInput, ModelNotFound
 from engine.metrics import Metrics
 from engine.settings import AuthSettings
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
+from engine.validate import check_load_parameters, check_unload_parameters
 
 
 def _info(name: str, elem: int, shape: list[Any]) -> Any:
@@ -178,12 +180,14 @@ class FakeEngine:
         ]
         return [r for r in rows if r["state"] == "READY"] if ready_only else rows
 
-    async def load_model(self, name: str) -> None:
+    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
+        check_load_parameters(parameters)
         if name not in self.sessions:
             raise ModelNotFound(name, available=sorted(self.sessions))
         self.loaded.add(name)
 
-    async def unload_model(self, name: str) -> None:
+    async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:
+        check_unload_parameters(parameters)
         if name not in self.sessions:
             raise ModelNotFound(name, available=sorted(self.sessions))
         self.loaded.discard(name)

@@ -14,7 +14,8 @@ from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
 from engine.types import InferResponse
-from server.codec import decode_data, decode_request, encode_response, output_json, parse_json
+from server import binary
+from server.codec import decode_data, decode_request, json_data, parse_json
 from tests.models import DATATYPES, NUMERIC_DATATYPES, NUMPY_TYPES, sample
 
 
@@ -44,7 +45,7 @@ def data_rejected(datatype: str, shape: list[int], data: Any) -> str:
 
 def to_json(array: np.ndarray, datatype: str) -> Any:
     """What a client sends: flat JSON values, through a real JSON encoder and parser."""
-    data = output_json("x", datatype, array)["data"]
+    data = json_data(array, datatype)
     return orjson.loads(orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY))
 
 
@@ -333,6 +334,11 @@ def test_arrays_decoded_elsewhere_take_the_place_of_data() -> None:
 # -- encoding ---------------------------------------------------------------------------------
 
 
+def encode_response(response: InferResponse) -> bytes:
+    """The HTTP front-end's encoder with every output as JSON."""
+    return binary.encode_response(response, (), json_data)[0]
+
+
 def test_response_json_layout() -> None:
     response = InferResponse(
         "m",
@@ -359,7 +365,9 @@ def test_response_without_id_has_no_id() -> None:
 
 def test_non_contiguous_and_fp16_outputs_encode() -> None:
     array = np.arange(12, dtype=np.float16).reshape(3, 4).T
-    out = output_json("y", "FP16", array)
+    (out,) = orjson.loads(encode_response(InferResponse("m", "1", {"y": array}, {"y": "FP16"})))[
+        "outputs"
+    ]
     assert out["shape"] == [4, 3]
     assert orjson.loads(orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))["data"] == (
         array.ravel().astype(float).tolist()
