@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,10 +14,15 @@ Tensors = dict[str, np.ndarray]
 
 @dataclass(frozen=True, slots=True)
 class Padding:
-    """An input whose `axis` may be padded with `value` so that lengths can differ in one batch."""
+    """An input whose `axis` may be padded with `value` so that lengths can differ in one batch.
+
+    `outputs` maps each output with axes that follow the padded one to those axes: they are cut
+    back to each request's own length. Any other output is split along the batch axis only, even
+    when one of its axes happens to be as long as the padded length."""
 
     axis: int
     value: float
+    outputs: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 class SplitError(ValueError):
@@ -53,11 +58,11 @@ def group_key(
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """How a batch was built: rows per request, and (axis, own length, padded length) per request
-    for padded axes, so outputs can be cut back."""
+    """How a batch was built: rows per request, and per request the output axes to cut back as
+    (output, axis, own length, padded length)."""
 
     rows: tuple[int, ...]
-    padded: tuple[tuple[tuple[int, int, int], ...], ...]
+    cuts: tuple[tuple[tuple[str, int, int, int], ...], ...]
 
 
 def concat(parts: Sequence[Tensors], padding: Mapping[str, Padding]) -> tuple[Tensors, Layout]:
@@ -69,7 +74,8 @@ def concat(parts: Sequence[Tensors], padding: Mapping[str, Padding]) -> tuple[Te
     if not padding:  # the common case: nothing to pad
         batch = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
         return batch, Layout(rows, ((),) * len(parts))
-    padded: list[list[tuple[int, int, int]]] = [[] for _ in parts]
+    # request -> (output, axis) -> (own length, padded length)
+    cuts: list[dict[tuple[str, int], tuple[int, int]]] = [{} for _ in parts]
     batch = {}
     for name in parts[0]:
         arrays = [part[name] for part in parts]
@@ -78,17 +84,27 @@ def concat(parts: Sequence[Tensors], padding: Mapping[str, Padding]) -> tuple[Te
             target = max(a.shape[pad.axis] for a in arrays)
             for index, array in enumerate(arrays):
                 own = array.shape[pad.axis]
-                padded[index].append((pad.axis, own, target))
-                if own < target:
-                    widths = [(0, 0)] * array.ndim
-                    widths[pad.axis] = (0, target - own)
-                    arrays[index] = np.pad(array, widths, constant_values=pad.value)
+                if own == target:
+                    continue
+                for output, axes in pad.outputs.items():
+                    for axis in axes:
+                        # Two inputs padded into one output axis (ids and mask): keep the longer.
+                        kept = cuts[index].get((output, axis), (0, target))[0]
+                        cuts[index][(output, axis)] = (max(own, kept), target)
+                widths = [(0, 0)] * array.ndim
+                widths[pad.axis] = (0, target - own)
+                arrays[index] = np.pad(array, widths, constant_values=pad.value)
         batch[name] = np.concatenate(arrays, axis=0)
-    return batch, Layout(rows, tuple(tuple(sorted(set(p))) for p in padded))
+    layout = tuple(
+        tuple(sorted((out, axis, own, target) for (out, axis), (own, target) in part.items()))
+        for part in cuts
+    )
+    return batch, Layout(rows, layout)
 
 
 def split(outputs: Tensors, layout: Layout) -> list[Tensors]:
-    """Each request's slice of the batch outputs; padded axes are cut back to its own length."""
+    """Each request's slice of the batch outputs; the output axes that follow a padded input axis
+    are cut back to the request's own length."""
     total = sum(layout.rows)
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != total:
@@ -96,19 +112,26 @@ def split(outputs: Tensors, layout: Layout) -> list[Tensors]:
             raise SplitError(f"output '{name}' has {got}; the batch has {total} rows")
     results: list[Tensors] = []
     start = 0
-    for rows, padded in zip(layout.rows, layout.padded, strict=True):
+    for rows, cuts in zip(layout.rows, layout.cuts, strict=True):
         end = start + rows
-        if not padded:
-            results.append({name: array[start:end] for name, array in outputs.items()})
-            start = end
-            continue
-        part = {}
-        for name, array in outputs.items():
-            piece = array[start:end]
-            for axis, own, target in padded:
-                if own < target and piece.ndim > axis and piece.shape[axis] == target:
-                    piece = np.take(piece, np.arange(own), axis=axis)
-            part[name] = piece
+        part = {name: array[start:end] for name, array in outputs.items()}
+        for name, axis, own, target in cuts:
+            piece = part.get(name)
+            if piece is None:  # not among this batch's outputs: nothing to cut
+                continue
+            if piece.ndim <= axis:
+                raise SplitError(
+                    f"output '{name}' has {piece.ndim} dimensions; it has no axis {axis} to cut "
+                    "back to the request's length"
+                )
+            if piece.shape[axis] != target:
+                raise SplitError(
+                    f"output '{name}' axis {axis} has length {piece.shape[axis]}; the padded "
+                    f"length is {target}, so it cannot be cut back to the request's {own}"
+                )
+            index: list[slice] = [slice(None)] * piece.ndim
+            index[axis] = slice(0, own)
+            part[name] = piece[tuple(index)]
         results.append(part)
         start = end
     return results

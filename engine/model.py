@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +17,7 @@ from batching.assembly import Padding
 from batching.batcher import Batcher, BatchPolicy
 from engine import datatypes
 from engine.backends.base import Backend
-from engine.model_config import ModelConfig, effective_batching
+from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
 from engine.stats import ModelStats
 from engine.types import TensorSpec
@@ -30,10 +30,10 @@ def open_backend(config: ModelConfig, path: Path, label: str) -> Backend:
     if config.backend == "tensorrt":
         from engine.backends.tensorrt import TensorRTBackend
 
-        return TensorRTBackend(path, config.tensorrt, label)
+        return TensorRTBackend(path, config.tensorrt, label, config.instance_groups)
     from engine.backends.onnxruntime import OnnxBackend
 
-    return OnnxBackend(path, config.onnxruntime, label)
+    return OnnxBackend(path, config.onnxruntime, label, config.instance_groups)
 
 
 def batch_size_limit(config: ModelConfig, inputs: tuple[TensorSpec, ...], default: int) -> int:
@@ -48,6 +48,67 @@ def batch_size_limit(config: ModelConfig, inputs: tuple[TensorSpec, ...], defaul
             "dynamic first axis; set max_batch_size: 0 or export the model with a batch axis"
         )
     return config.max_batch_size
+
+
+def padding_plan(
+    pad: Mapping[str, PadSpec],
+    inputs: tuple[TensorSpec, ...],
+    outputs: tuple[TensorSpec, ...],
+) -> dict[str, Padding]:
+    """The batcher's padding of each padded input, with the output axes that follow its padded
+    axis: as the config lists them, or else every output axis that carries the input axis's
+    symbolic dim name in the model. A name or axis the model does not have is a ValueError."""
+    known_inputs = {spec.name: spec for spec in inputs}
+    known_outputs = {spec.name: spec for spec in outputs}
+    plan = {}
+    for name, spec in pad.items():
+        model_input = known_inputs.get(name)
+        if model_input is None:
+            raise ValueError(
+                f"dynamic_batching.pad names input '{name}'; the model's inputs are "
+                f"{', '.join(known_inputs)}"
+            )
+        if spec.axis >= len(model_input.shape):
+            raise ValueError(
+                f"dynamic_batching.pad.{name}.axis is {spec.axis}; input '{name}' has shape "
+                f"{list(model_input.shape)} (axes 1 to {len(model_input.shape) - 1} can be padded)"
+            )
+        if spec.outputs is None:
+            follows = _named_like(model_input, spec.axis, outputs)
+        else:
+            follows = {}
+            for output, axes in spec.outputs.items():
+                model_output = known_outputs.get(output)
+                if model_output is None:
+                    raise ValueError(
+                        f"dynamic_batching.pad.{name}.outputs names output '{output}'; the "
+                        f"model's outputs are {', '.join(known_outputs)}"
+                    )
+                follows[output] = (axes,) if isinstance(axes, int) else tuple(axes)
+                rank = len(model_output.shape)
+                if any(axis >= rank for axis in follows[output]):
+                    raise ValueError(
+                        f"dynamic_batching.pad.{name}.outputs.{output} is {axes}; output "
+                        f"'{output}' has shape {list(model_output.shape)} (axes 1 to {rank - 1} "
+                        "can follow the padded axis)"
+                    )
+        plan[name] = Padding(spec.axis, spec.value, follows)
+    return plan
+
+
+def _named_like(
+    model_input: TensorSpec, axis: int, outputs: tuple[TensorSpec, ...]
+) -> dict[str, tuple[int, ...]]:
+    """Every non-batch output axis with the padded input axis's symbolic name (none if unnamed)."""
+    dim = model_input.dim_names[axis] if axis < len(model_input.dim_names) else None
+    if dim is None:
+        return {}
+    follows = {}
+    for output in outputs:
+        axes = tuple(i for i, name in enumerate(output.dim_names) if i > 0 and name == dim)
+        if axes:
+            follows[output.name] = axes
+    return follows
 
 
 def fingerprint(path: Path, config: ModelConfig) -> str:
@@ -159,6 +220,7 @@ async def load_model(
     try:
         generation = await asyncio.to_thread(fingerprint, path, config)
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
+        padding = padding_plan(config.dynamic_batching.pad, backend.inputs, backend.outputs)
         warmed = time.monotonic()
         if config.warmup.enabled:
             await asyncio.to_thread(warm_up, backend, config.warmup.batch_sizes, max_batch)
@@ -174,14 +236,16 @@ async def load_model(
         preferred_batch_sizes=tuple(s for s in batching.preferred_batch_sizes if s <= max_batch),
         max_queue_size=max(queue_rows, max_batch),
         priority_levels=batching.priority_levels,
-        instances=config.instances,
-        padding={k: Padding(v.axis, v.value) for k, v in batching.pad.items()},
+        instances=config.instance_count,
+        padding=padding,
         pad_bucket_ratio=batching.pad_bucket_ratio,
         dispatch_when_idle=batching.dispatch_when_idle,
     )
-    executor = ThreadPoolExecutor(config.instances, thread_name_prefix=f"infer-{name}-{version}")
+    executor = ThreadPoolExecutor(
+        config.instance_count, thread_name_prefix=f"infer-{name}-{version}"
+    )
     stats = ModelStats()
-    runner = BatchRunner(backend, executor, inline=config.instances == 1)
+    runner = BatchRunner(backend, executor, inline=config.instance_count == 1)
     batcher = Batcher(runner, policy, stats, tenant_share, label)
     load_s = time.monotonic() - started
     log.info(
@@ -190,7 +254,7 @@ async def load_model(
         extra={
             "model": name, "version": str(version), "provider": backend.provider,
             "load_s": round(load_s, 4), "warm_up_s": round(warm_up_s, 4),
-            "max_batch_size": max_batch, "instances": config.instances,
+            "max_batch_size": max_batch, "instances": config.instance_count,
         },
     )  # fmt: skip
     return LoadedModel(

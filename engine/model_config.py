@@ -7,7 +7,7 @@ auto-complete does."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -45,11 +45,18 @@ class VersionPolicy(Section):
         return ordered[: self.latest]
 
 
+PositiveAxis = Annotated[int, Field(gt=0)]
+
+
 class PadSpec(Section):
     axis: int = Field(gt=0)
     """The variable-length axis (not the batch axis)."""
     value: float = 0
     """The value that pads it (must be harmless to the model, e.g. a pad token id)."""
+    outputs: dict[str, PositiveAxis | list[PositiveAxis]] | None = None
+    """Outputs with axes that follow the padded one, as {output: axis or [axes]}; those axes are
+    cut back to each request's length. Unset: every output axis with the padded input axis's
+    symbolic dim name in the model (e.g. `seq`). Other outputs are split on the batch axis only."""
 
 
 class DynamicBatching(Section):

@@ -15,6 +15,8 @@ class TensorSpec:
     name: str
     datatype: str
     shape: tuple[int, ...]
+    dim_names: tuple[str | None, ...] = field(default=(), compare=False)
+    """The model's symbolic name of each axis (None where it has none); empty when unknown."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import onnxruntime as ort
 
 from engine import datatypes
 from engine.errors import InvalidInput
-from engine.model_config import OnnxRuntimeOptions
+from engine.model_config import InstanceGroup, OnnxRuntimeOptions
 from engine.types import TensorSpec
 
 log = logging.getLogger("sluice.backend.onnxruntime")
@@ -25,7 +26,8 @@ _LEVELS = {
 
 def _spec(arg: ort.NodeArg) -> TensorSpec:
     shape = tuple(dim if isinstance(dim, int) and dim >= 0 else -1 for dim in arg.shape)
-    return TensorSpec(arg.name, datatypes.from_onnx(arg.type), shape)
+    names = tuple(dim if isinstance(dim, str) and dim else None for dim in arg.shape)
+    return TensorSpec(arg.name, datatypes.from_onnx(arg.type), shape, names)
 
 
 def choose_providers(preferred: list[str], available: list[str]) -> list[str]:
@@ -41,18 +43,24 @@ class OnnxBackend:
 
     platform = "onnxruntime_onnx"
 
-    def __init__(self, path: Path, options: OnnxRuntimeOptions, label: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        options: OnnxRuntimeOptions,
+        label: str,
+        groups: Sequence[InstanceGroup] = (),
+    ) -> None:
         session_options = ort.SessionOptions()
         session_options.intra_op_num_threads = options.intra_op_threads
         session_options.inter_op_num_threads = options.inter_op_threads
         session_options.graph_optimization_level = _LEVELS[options.graph_optimization_level]
         session_options.log_severity_level = 4  # errors are raised and logged as JSON
-        providers = choose_providers(options.execution_providers, ort.get_available_providers())
+        providers = choose_providers(options.provider_names, ort.get_available_providers())
         self._session = ort.InferenceSession(
             str(path), sess_options=session_options, providers=providers
         )
         self.provider = self._session.get_providers()[0]
-        skipped = [p for p in options.execution_providers if p not in providers]
+        skipped = [p for p in options.provider_names if p not in providers]
         log.info(
             "%s runs on %s%s",
             label,

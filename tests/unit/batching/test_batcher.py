@@ -311,7 +311,8 @@ async def test_padding_merges_lengths_and_slices_outputs_back(recorder: Recorder
         return {"y": inputs["x"] * 2}
 
     policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=0.05,
-                         padding={"x": Padding(axis=1, value=0)}, pad_bucket_ratio=1.5)  # fmt: skip
+                         padding={"x": Padding(axis=1, value=0, outputs={"y": (1,)})},
+                         pad_bucket_ratio=1.5)  # fmt: skip
     batcher = Batcher(identity, policy)
     batcher.pause()
     items = [rows(1, width=4), rows(2, width=5), rows(3, width=9), rows(4, width=5)]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
+from batching.assembly import Padding
 from engine.backends.onnxruntime import OnnxBackend
 from engine.engine import Engine
-from engine.model import batch_size_limit, load_model, warm_up
-from engine.model_config import ModelConfig, OnnxRuntimeOptions
+from engine.model import batch_size_limit, load_model, padding_plan, warm_up
+from engine.model_config import ModelConfig, OnnxRuntimeOptions, PadSpec
 from engine.settings import BatchingDefaults, load_settings
 from engine.types import TensorSpec
 from tests.models import add_sub_model, fixed_shape_model, identity_model, write_model
@@ -130,3 +133,86 @@ async def test_engine_reports_the_failed_load_and_serves_the_rest(tmp_path: Path
         assert not engine.ready  # a model that was asked for did not load
     finally:
         await engine.close()
+
+
+# -- padding: which output axes follow a padded input axis ----------------------------------------
+
+IDS = (TensorSpec("ids", "INT64", (-1, -1), ("batch", "seq")),)
+ENCODER_OUTPUTS = (
+    TensorSpec("logits", "FP32", (-1, 4), ("batch", None)),
+    TensorSpec("hidden", "FP32", (-1, -1, 8), ("batch", "seq", None)),
+    TensorSpec("attention", "FP32", (-1, -1, -1), ("batch", "seq", "seq")),
+    TensorSpec("pooled", "FP32", (-1, -1), ("batch", "tokens")),
+)
+
+
+def pad(**spec: object) -> dict[str, PadSpec]:
+    return {"ids": PadSpec.model_validate({"axis": 1, **spec})}
+
+
+def test_padding_follows_the_symbolic_dim_name_of_the_padded_axis() -> None:
+    plan = padding_plan(pad(value=5), IDS, ENCODER_OUTPUTS)
+    assert plan["ids"] == Padding(1, 5, {"hidden": (1,), "attention": (1, 2)})
+
+
+def test_padding_outputs_in_the_config_override_the_dim_names() -> None:
+    plan = padding_plan(pad(outputs={"pooled": 1, "attention": [2]}), IDS, ENCODER_OUTPUTS)
+    assert plan["ids"].outputs == {"pooled": (1,), "attention": (2,)}
+    assert padding_plan(pad(outputs={}), IDS, ENCODER_OUTPUTS)["ids"].outputs == {}
+
+
+def test_padding_of_an_unnamed_axis_follows_no_output() -> None:
+    unnamed = (TensorSpec("ids", "INT64", (-1, -1), ("batch", None)),)
+    assert padding_plan(pad(), unnamed, ENCODER_OUTPUTS)["ids"].outputs == {}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"outputs": {"nope": 1}}, "dynamic_batching.pad.ids.outputs names output 'nope'; the "
+         "model's outputs are logits, hidden, attention, pooled"),
+        ({"outputs": {"logits": 2}}, "dynamic_batching.pad.ids.outputs.logits is 2; output "
+         "'logits' has shape [-1, 4] (axes 1 to 1 can follow the padded axis)"),
+        ({"outputs": {"hidden": [1, 3]}}, "dynamic_batching.pad.ids.outputs.hidden is [1, 3]; "
+         "output 'hidden' has shape [-1, -1, 8]"),
+        ({"axis": 2}, "dynamic_batching.pad.ids.axis is 2; input 'ids' has shape [-1, -1] "
+         "(axes 1 to 1 can be padded)"),
+    ],
+)  # fmt: skip
+def test_padding_that_names_what_the_model_lacks_is_a_config_error(
+    spec: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        padding_plan(pad(**spec), IDS, ENCODER_OUTPUTS)
+    with pytest.raises(ValueError, match="pad names input 'x'; the model's inputs are ids"):
+        padding_plan({"x": PadSpec(axis=1)}, IDS, ENCODER_OUTPUTS)
+
+
+def test_padding_output_axes_exclude_the_batch_axis() -> None:
+    with pytest.raises(ValidationError, match="greater than 0"):
+        PadSpec.model_validate({"axis": 1, "outputs": {"hidden": 0}})
+
+
+async def test_a_model_whose_padding_names_an_unknown_output_does_not_load(
+    tmp_path: Path,
+) -> None:
+    config = "dynamic_batching:\n  pad:\n    INPUT0: {axis: 1, outputs: {OUTPUT9: 1}}\n"
+    write_model(tmp_path, "padded", identity_model("FP32", ("batch", "seq")), config)
+    engine = Engine(load_settings(model_repository=tmp_path, grpc_enabled=False))
+    await engine.start()
+    try:
+        (row,) = engine.repository_index()
+        assert row["state"] == "UNAVAILABLE"
+        assert "pad.INPUT0.outputs names output 'OUTPUT9'" in row["reason"]
+    finally:
+        await engine.close()
+
+
+async def test_a_loaded_model_pads_by_the_dim_names_of_its_onnx_file(tmp_path: Path) -> None:
+    config = ModelConfig.model_validate({"dynamic_batching": {"pad": {"INPUT0": {"axis": 1}}}})
+    path = write_model(tmp_path, "padded", identity_model("FP32", ("batch", "seq")))
+    model = await load_model("padded", 1, path, config, BatchingDefaults())
+    try:
+        assert model.batcher.policy.padding == {"INPUT0": Padding(1, 0, {"OUTPUT0": (1,)})}
+    finally:
+        await model.close()
