@@ -6,14 +6,45 @@
 -- ARGV[3]  "1": charge every check when all pass; "0": only read (the usage endpoint)
 -- ARGV[3i+1], ARGV[3i+2], ARGV[3i+3] describe KEYS[i]:
 --          "bucket", rate_per_s, burst   or   "day" | "month", limit, 0
--- Returns {allowed (0|1), now_us, then for each KEYS[i]: level, window_end_s}. Numbers travel
--- as %.17g strings because Redis truncates Lua numbers in replies to integers. A bucket's level
--- is its tokens before this request; a quota's level is the units used before it.
+-- Returns {allowed (0|1), now_us, then for each KEYS[i]: level, window_end_s, garbage (0|1)}.
+-- Numbers travel as %.17g strings because Redis truncates Lua numbers in replies to integers. A
+-- bucket's level is its tokens before this request; a quota's level is the units used before it.
+--
+-- Stored values are untrusted: anyone who can write to Redis may have planted a key. A key that
+-- is not a hash, lacks a field, or holds anything but a finite number in range (tonumber takes
+-- "nan", "inf", "1e999") is garbage: it is deleted, its check starts fresh (a full bucket, an
+-- unused quota) and the reply flags it, so the server logs and counts it.
 --
 -- Mirrors engine/limits/bucket.py and engine/limits/quota.py; the tests keep them in step.
 
 local function fmt(x)
   return string.format("%.17g", x)
+end
+
+-- Doubles count units exactly up to 2^53; a stored counter above that was not written by us.
+local MAX_COUNT = 9007199254740992
+
+-- x is a number, not NaN (the one value unequal to itself) and not infinite.
+local function finite(x)
+  return x ~= nil and x == x and x ~= math.huge and x ~= -math.huge
+end
+
+local function whole(x)
+  return finite(x) and math.floor(x) == x
+end
+
+-- The two fields of the hash at key as numbers (nil where absent or not numeric), whether a
+-- key exists at all, and whether it is of the wrong type (then it is garbage already).
+local function read(key, first, second)
+  local kind = redis.call("TYPE", key)["ok"]
+  if kind == "none" then
+    return nil, nil, false, false
+  end
+  if kind ~= "hash" then
+    return nil, nil, true, true
+  end
+  local stored = redis.call("HMGET", key, first, second)
+  return tonumber(stored[1]), tonumber(stored[2]), true, false
 end
 
 -- Howard Hinnant's civil_from_days / days_from_civil (proleptic Gregorian calendar, UTC).
@@ -76,12 +107,19 @@ for i, key in ipairs(KEYS) do
   local kind = ARGV[3 * i + 1]
   local a = tonumber(ARGV[3 * i + 2])
   local b = tonumber(ARGV[3 * i + 3])
+  local garbage
   if kind == "bucket" then
-    local stored = redis.call("HMGET", key, "tokens", "ts")
+    local level, ts, exists
+    level, ts, exists, garbage = read(key, "tokens", "ts")
     local tokens = b
-    if stored[1] then
-      local elapsed_s = math.max(0, now_us - tonumber(stored[2])) / 1000000
-      tokens = math.min(b, tonumber(stored[1]) + elapsed_s * a)
+    if exists and not garbage then
+      -- A stamp later than one full refill from now cannot come from a clock step; left alone
+      -- it would keep the bucket empty for as long as it says.
+      garbage = not (finite(level) and finite(ts) and level >= 0 and ts >= 0
+                     and ts <= now_us + b / a * 1000000)
+      if not garbage then
+        tokens = math.min(b, level + math.max(0, now_us - ts) / 1000000 * a)
+      end
     end
     if units > tokens then
       allowed = 0
@@ -92,10 +130,14 @@ for i, key in ipairs(KEYS) do
     writes[i] = {"tokens", fmt(tokens - units), "ts", fmt(now_us), math.ceil(b / a * 1000) + 1000}
   else
     local id, end_s = window(kind, now_s)
-    local stored = redis.call("HMGET", key, "window", "used")
+    local stored_id, count, exists
+    stored_id, count, exists, garbage = read(key, "window", "used")
     local used = 0
-    if stored[1] and tonumber(stored[1]) == id then
-      used = tonumber(stored[2])
+    if exists and not garbage then
+      garbage = not (whole(stored_id) and whole(count) and count >= 0 and count <= MAX_COUNT)
+      if not garbage and stored_id == id then
+        used = count
+      end
     end
     if used + units > a then
       allowed = 0
@@ -104,6 +146,11 @@ for i, key in ipairs(KEYS) do
     reply[#reply + 1] = fmt(end_s)
     writes[i] = {"window", fmt(id), "used", fmt(used + units),
                  math.ceil((end_s - now_s) * 1000) + 1000}
+  end
+  reply[#reply + 1] = garbage and "1" or "0"
+  if garbage then
+    -- A missing key is a fresh bucket or counter: deleting is the repair, also on a read.
+    redis.call("DEL", key)
   end
 end
 

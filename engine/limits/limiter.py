@@ -50,6 +50,9 @@ class LimiterCounters:
     """Admissions and usage reads that Redis did not answer."""
     fallback_admissions: int = 0
     """Of those, the ones the local limiter decided instead (fail_open)."""
+    garbage_state: int = 0
+    """Buckets and quota counters found in Redis holding garbage (planted, or a wrong type),
+    evaluated as fresh and reset."""
 
 
 class Admission:
@@ -111,6 +114,8 @@ class Limiter:
         self._plans: dict[tuple[str, str | None], Plan] = {}
         self._unlogged_failures = 0
         self._logged_at = -float("inf")
+        self._unlogged_garbage = 0
+        self._garbage_logged_at = -float("inf")
         self.counters = LimiterCounters()
 
     @property
@@ -196,9 +201,7 @@ class Limiter:
         self, tenant: str, checks: Sequence[Check], units: int, *, commit: bool
     ) -> tuple[Outcome, str]:
         try:
-            return await self._backend.apply(
-                tenant, checks, units, commit=commit
-            ), self._backend.name
+            outcome = await self._backend.apply(tenant, checks, units, commit=commit)
         except BackendUnavailable as exc:
             self._note_failure(exc)
             if not self._settings.fail_open:
@@ -209,6 +212,26 @@ class Limiter:
             self.counters.fallback_admissions += 1
             outcome = await self._local.apply(tenant, checks, units, commit=commit)
             return outcome, f"{self._local.name} (fallback: {self._backend.name} unavailable)"
+        if outcome.repaired:
+            self._note_garbage(tenant, outcome.repaired)
+        return outcome, self._backend.name
+
+    def _note_garbage(self, tenant: str, repaired: Sequence[Check]) -> None:
+        self.counters.garbage_state += len(repaired)
+        self._unlogged_garbage += len(repaired)
+        now = self._clock()
+        if now - self._garbage_logged_at >= self._settings.error_log_interval_s:
+            logger.warning(
+                "%s rate limiter state held garbage %d time(s) since the last report (planted or "
+                "corrupt values are evaluated as a fresh bucket or counter and reset); this "
+                "time: tenant '%s', %s",
+                self._backend.name,
+                self._unlogged_garbage,
+                tenant,
+                ", ".join(check.slot for check in repaired),
+            )
+            self._garbage_logged_at = now
+            self._unlogged_garbage = 0
 
     def _note_failure(self, exc: BackendUnavailable) -> None:
         self.counters.backend_failures += 1

@@ -139,6 +139,9 @@ class Outcome:
     levels: tuple[Level, ...]
     now_unix_s: float
     """The backend's clock (Redis `TIME` for Redis) at evaluation."""
+    repaired: tuple[Check, ...] = ()
+    """Checks whose stored state was garbage (planted or corrupt): each was evaluated as fresh
+    and its stored state reset. Always empty for the memory backend."""
 
 
 class LimitBackend(Protocol):

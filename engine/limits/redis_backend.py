@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -114,7 +115,45 @@ class RedisBackend:
         await self._client.aclose()
 
 
+# Above this a double no longer counts units exactly; the script treats bigger counters as garbage.
+MAX_COUNT = 2**53
+
+
 def _outcome(checks: Sequence[Check], reply: Any) -> Outcome:
-    values = [float(value) for value in reply[2:]]
-    levels = tuple(Level(check, values[2 * i], values[2 * i + 1]) for i, check in enumerate(checks))
-    return Outcome(int(reply[0]) == 1, levels, float(reply[1]) / 1_000_000)
+    """The script's reply, checked: it comes over a socket, so a reply that is not exactly what
+    `admit.lua` returns (finite numbers in range) is a failed call, never a crash later on."""
+    try:
+        return _parse(checks, reply)
+    except (TypeError, ValueError, IndexError, OverflowError) as exc:
+        raise BackendUnavailable(f"redis answered a malformed admission reply: {exc}") from exc
+
+
+def _parse(checks: Sequence[Check], reply: Any) -> Outcome:
+    if not isinstance(reply, list) or len(reply) != 2 + 3 * len(checks):
+        raise ValueError(f"expected {2 + 3 * len(checks)} values, got {reply!r:.200}")
+    if reply[0] not in (0, 1):
+        raise ValueError(f"allowed is {reply[0]!r}, not 0 or 1")
+    now_us = _number(reply[1], "now_us", 0, math.inf)
+    levels: list[Level] = []
+    repaired: list[Check] = []
+    for i, check in enumerate(checks):
+        level, end_s, garbage = reply[2 + 3 * i : 5 + 3 * i]
+        if check.kind == "bucket":
+            levels.append(Level(check, _number(level, "tokens", 0, check.burst)))
+        else:
+            used = _number(level, "used", 0, MAX_COUNT)
+            if not used.is_integer():
+                raise ValueError(f"used is {used}, not a whole number")
+            levels.append(Level(check, used, _number(end_s, "window_end_s", 0, math.inf)))
+        if garbage not in (b"0", b"1", "0", "1"):
+            raise ValueError(f"garbage flag is {garbage!r}")
+        if garbage in (b"1", "1"):
+            repaired.append(check)
+    return Outcome(reply[0] == 1, tuple(levels), now_us / 1_000_000, tuple(repaired))
+
+
+def _number(raw: Any, name: str, low: float, high: float) -> float:
+    value = float(raw)  # float() of bytes is fine: b"2.5", but also b"nan" and b"inf"
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"{name} is {value}, outside [{low}, {high}]")
+    return value
