@@ -7,9 +7,16 @@ auto-complete does."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from engine.settings import BatchingDefaults, SettingsError, describe, read_yaml
 
@@ -91,6 +98,20 @@ class DynamicBatching(Section):
         return self
 
 
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")
+"""ONNX Runtime providers that run on an NVIDIA GPU (and take a `device_id` option)."""
+
+ProviderOption = str | int | float | bool
+
+
+class ExecutionProvider(Section):
+    name: str
+    """An ONNX Runtime execution provider, e.g. `CUDAExecutionProvider`."""
+    options: dict[str, ProviderOption] = Field(default_factory=dict)
+    """Provider options as ONNX Runtime names them (`device_id`, `trt_fp16_enable`,
+    `trt_engine_cache_enable`, `trt_engine_cache_path`, ...); ONNX Runtime checks the names."""
+
+
 class OnnxRuntimeOptions(Section):
     intra_op_threads: int = Field(1, ge=0)
     """Threads inside one operator (0 lets ONNX Runtime choose)."""
@@ -98,8 +119,88 @@ class OnnxRuntimeOptions(Section):
     """Threads across operators (0 lets ONNX Runtime choose)."""
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     """ONNX Runtime graph optimizations applied at load."""
-    execution_providers: list[str] = Field(default_factory=lambda: ["CPUExecutionProvider"])
-    """Providers in order of preference; unavailable ones are skipped, CPU is the fallback."""
+    execution_providers: list[str | ExecutionProvider] = Field(
+        default_factory=lambda: ["CPUExecutionProvider"]
+    )
+    """Providers in order of preference, each a name or {name, options}; unavailable ones are
+    skipped and CPU is the fallback."""
+    require_providers: bool = False
+    """Fail the load unless the first listed provider is the one that runs (ONNX Runtime
+    otherwise falls back to CPU without an error)."""
+
+    @model_validator(mode="after")
+    def _known_providers(self) -> OnnxRuntimeOptions:
+        import onnxruntime as ort
+
+        known = ort.get_all_providers()
+        unknown = [name for name in self.provider_names if name not in known]
+        if unknown:
+            raise ValueError(
+                f"unknown execution provider '{unknown[0]}'; ONNX Runtime knows {', '.join(known)}"
+            )
+        if len(set(self.provider_names)) != len(self.provider_names):
+            raise ValueError(f"execution_providers lists a provider twice: {self.provider_names}")
+        return self
+
+    @property
+    def providers(self) -> list[ExecutionProvider]:
+        """Every listed provider as {name, options}, in order."""
+        return [
+            ExecutionProvider(name=p) if isinstance(p, str) else p for p in self.execution_providers
+        ]
+
+    @property
+    def provider_names(self) -> list[str]:
+        """The listed providers' names, in order."""
+        return [provider.name for provider in self.providers]
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Whether any listed provider runs on a GPU."""
+        return any(name in GPU_PROVIDERS for name in self.provider_names)
+
+
+class TensorRTOptions(Section):
+    profile: int | None = Field(None, ge=0)
+    """Optimization profile every execution context uses; unset: instance i on a device uses
+    profile i modulo the engine's profile count."""
+    workspace_bytes: int | None = Field(None, gt=0)
+    """Device memory one execution context may take for activations; a load whose engine needs
+    more fails (and `sluice convert` builds with this workspace limit)."""
+
+
+class InstanceGroup(Section):
+    count: int = Field(1, ge=1, le=64)
+    """Instances in this group (per listed GPU for kind gpu, as in Triton)."""
+    kind: Literal["cpu", "gpu"] = "cpu"
+    """Where the instances run: cpu instances share one session; each gpu instance has its own
+    session or TensorRT execution context on its device."""
+    gpus: list[Annotated[int, Field(ge=0)]] | None = None
+    """CUDA device ordinals for kind gpu (default [0])."""
+
+    @model_validator(mode="after")
+    def _devices(self) -> InstanceGroup:
+        if self.gpus is not None:
+            if self.kind != "gpu":
+                raise ValueError(
+                    f"gpus {self.gpus} is set on an instance group of kind {self.kind}; only "
+                    "kind gpu takes gpus"
+                )
+            if not self.gpus or len(set(self.gpus)) != len(self.gpus):
+                raise ValueError(f"gpus {self.gpus} must list distinct device ordinals")
+        return self
+
+    @property
+    def devices(self) -> list[int]:
+        """The device of each instance in this group (empty for kind cpu)."""
+        if self.kind == "cpu":
+            return []
+        return [gpu for gpu in (self.gpus or [0]) for _ in range(self.count)]
+
+    @property
+    def size(self) -> int:
+        """Instances in this group in all."""
+        return len(self.devices) if self.kind == "gpu" else self.count
 
 
 class Warmup(Section):
@@ -123,18 +224,56 @@ class ModelConfig(Section):
     """Largest batch in rows; 0 runs the model unbatched. Default: derived from the model."""
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served."""
-    instances: int = Field(1, ge=1, le=64)
-    """Batches that run at once, concurrently on one shared session (threads in the pool)."""
+    instances: int | list[InstanceGroup] = 1
+    """Batches that run at once: a count (CPU instances sharing one session; GPU 0 for
+    TensorRT), or instance groups such as [{count: 2, kind: gpu, gpus: [0, 1]}]."""
     dynamic_batching: DynamicBatching = Field(default_factory=DynamicBatching)
     """Dynamic batcher options."""
     onnxruntime: OnnxRuntimeOptions = Field(default_factory=OnnxRuntimeOptions)
     """ONNX Runtime session options."""
-    tensorrt: dict[str, Any] = Field(default_factory=dict)
+    tensorrt: TensorRTOptions = Field(default_factory=TensorRTOptions)
     """TensorRT options (GPU only)."""
     warmup: Warmup = Field(default_factory=Warmup)
     """Warm-up at load."""
     cache: ModelCache = Field(default_factory=ModelCache)
     """Result cache for this model."""
+
+    @field_validator("instances")
+    @classmethod
+    def _instance_count(cls, value: int | list[InstanceGroup]) -> int | list[InstanceGroup]:
+        total = value if isinstance(value, int) else sum(group.size for group in value)
+        if isinstance(value, list) and not value:
+            raise ValueError("instances lists no instance group")
+        if not 1 <= total <= 64:
+            raise ValueError(f"instances must add up to 1 to 64, not {total}")
+        return value
+
+    @model_validator(mode="after")
+    def _instance_kinds(self) -> ModelConfig:
+        kinds = {group.kind for group in self.instance_groups}
+        if self.backend == "tensorrt" and "cpu" in kinds:
+            raise ValueError("backend tensorrt runs on GPUs only; use instance groups of kind gpu")
+        if self.backend == "onnxruntime" and "gpu" in kinds and not self.onnxruntime.uses_gpu:
+            raise ValueError(
+                "instances of kind gpu need a GPU provider (one of "
+                f"{', '.join(GPU_PROVIDERS)}) in onnxruntime.execution_providers; it lists "
+                f"{', '.join(self.onnxruntime.provider_names)}"
+            )
+        return self
+
+    @property
+    def instance_groups(self) -> list[InstanceGroup]:
+        """`instances` as groups: a bare count is one cpu group (one gpu group on GPU 0 for
+        TensorRT)."""
+        if isinstance(self.instances, list):
+            return self.instances
+        kind = "gpu" if self.backend == "tensorrt" else "cpu"
+        return [InstanceGroup(count=self.instances, kind=kind)]
+
+    @property
+    def instance_count(self) -> int:
+        """Batches that may run at once, over every group."""
+        return sum(group.size for group in self.instance_groups)
 
 
 def load_model_config(model_dir: Path) -> ModelConfig:

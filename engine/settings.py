@@ -195,6 +195,9 @@ class Settings(BaseSettings):
     """Largest HTTP request body; larger bodies get 413."""
     grpc_max_message_bytes: int = Field(80 * MiB, gt=0)
     """Largest gRPC message, received or sent."""
+    grpc_stream_max_pending: int = Field(64, gt=0, le=65536)
+    """Per `ModelStreamInfer` stream: most requests running plus answers the client has not
+    read yet. At the bound the server stops reading that stream until the client reads."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long queued and running requests may take to finish."""
     allow_unauthenticated: bool = False

@@ -45,6 +45,11 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
 INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
+UNIMPLEMENTED_LOG_INTERVAL_S = 60.0
+"""At most one log line per unimplemented RPC per this many seconds (callers can repeat them)."""
+STREAM_SETTLE_S = 1.0
+"""How long a rejected stream is read (and dropped) while waiting for the client to finish
+writing, before its status is sent anyway."""
 
 
 async def abort(context: Context, exc: EngineError) -> NoReturn:
@@ -78,12 +83,62 @@ def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     return wrapper
 
 
-class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
-    """The servicer. RPCs it does not override (shared memory, trace, log settings) answer
-    UNIMPLEMENTED."""
+class _LogThrottle:
+    """At most one log line per key per interval; each line says how many it stood in for."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._next: dict[str, float] = {}
+        self._skipped: dict[str, int] = {}
+
+    def due(self, key: str) -> int | None:
+        """None when `key` was logged within the interval, else the count skipped since."""
+        now = time.monotonic()
+        if now < self._next.get(key, 0.0):
+            self._skipped[key] = self._skipped.get(key, 0) + 1
+            return None
+        self._next[key] = now + self._interval_s
+        return self._skipped.pop(key, 0)
+
+
+def _unimplemented(name: str, why: str) -> Handler[Any, NoReturn]:
+    """An RPC sluice does not serve: authenticated like the others, then UNIMPLEMENTED, with one
+    log line per interval instead of grpc's traceback per call."""
+
+    async def method(self: GrpcService, request: Any, context: Context) -> NoReturn:
+        self._principal(context)
+        skipped = self._unimplemented_log.due(name)
+        if skipped is not None:
+            log.warning(
+                "gRPC %s called; it is not implemented (answered UNIMPLEMENTED; %d more such "
+                "calls since the last line)",
+                name,
+                skipped,
+            )
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"sluice does not implement {name}: {why}"
+        )
+        raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+    method.__name__ = method.__qualname__ = name
+    return _guarded(method)
+
+
+_SHARED_MEMORY = "send tensor data in the request (raw_input_contents)"
+
+
+class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
+    """The servicer: every RPC of `inference.GRPCInferenceService`; those sluice does not serve
+    (shared memory, trace and log settings) answer UNIMPLEMENTED.
+
+    `stream_max_pending` bounds each ModelStreamInfer stream: requests running plus answers not
+    yet sent to the client. At the bound the stream is not read, so HTTP/2 flow control holds
+    the client's writes until it reads its answers."""
+
+    def __init__(self, engine: Engine, stream_max_pending: int = 64) -> None:
         self._engine = engine
+        self._stream_max_pending = stream_max_pending
+        self._unimplemented_log = _LogThrottle(UNIMPLEMENTED_LOG_INTERVAL_S)
 
     def _bind_request_id(self, context: Context) -> str:
         """The call's request id (the caller's `x-request-id` if sane), also sent back as
@@ -218,13 +273,16 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     ) -> AsyncIterator[Any]:
         """Each request is answered as soon as it completes (out of order, matched by `id`); a
         failed request answers `error_message` and the stream carries on. The stream has one
-        request id, shared by the log lines and spans of all its requests."""
+        request id, shared by the log lines and spans of all its requests. At most
+        `stream_max_pending` requests are running or answered-but-unsent: then the stream is not
+        read until the client reads."""
         request_id.set(self._bind_request_id(context))  # this call's own context: no reset
         try:
             principal = self._principal(context)
         except EngineError as exc:
-            await abort(context, exc)
+            await _reject_stream(request_iterator, context, exc, self._stream_max_pending)
         results: asyncio.Queue[Any] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._stream_max_pending)
 
         async def one(request: Any) -> None:
             try:
@@ -241,15 +299,19 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         async def feed() -> None:
             try:
                 async with asyncio.TaskGroup() as group:
+                    # A slot per request read, freed once its answer is sent: no slot, no read.
+                    await slots.acquire()
                     async for request in request_iterator:
                         group.create_task(one(request))
+                        await slots.acquire()
             finally:
                 results.put_nowait(None)  # the reader always ends, also when reading failed
 
         feeder = asyncio.create_task(feed())
         try:
             while (answer := await results.get()) is not None:
-                yield answer
+                yield answer  # returns once grpc has sent it: flow control holds us here
+                slots.release()
             await feeder
         finally:
             if not feeder.done():  # the client went away: stop reading and running its requests
@@ -258,6 +320,19 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                     await feeder
 
     # -- Triton extensions -----------------------------------------------------------------------
+
+    SystemSharedMemoryStatus = _unimplemented("SystemSharedMemoryStatus", _SHARED_MEMORY)
+    SystemSharedMemoryRegister = _unimplemented("SystemSharedMemoryRegister", _SHARED_MEMORY)
+    SystemSharedMemoryUnregister = _unimplemented("SystemSharedMemoryUnregister", _SHARED_MEMORY)
+    CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus", _SHARED_MEMORY)
+    CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister", _SHARED_MEMORY)
+    CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister", _SHARED_MEMORY)
+    TraceSetting = _unimplemented(
+        "TraceSetting", "tracing is set by the server's `tracing` settings at start"
+    )
+    LogSettings = _unimplemented(
+        "LogSettings", "logging is set by the server's `log_level` and `log_format` at start"
+    )
 
     @_guarded
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> Any:
@@ -311,6 +386,23 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
 
+async def _reject_stream(
+    request_iterator: AsyncIterator[Any], context: Context, exc: EngineError, most: int
+) -> NoReturn:
+    """End a stream with `exc` before serving it, once the client has finished writing (up to
+    `most` messages, dropped, or STREAM_SETTLE_S). A grpc.aio client whose write is in flight when
+    the status arrives reports INTERNAL "Internal error from Core" instead of the status
+    (grpc/grpc#36066); a client still writing after the bound may still see that."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(STREAM_SETTLE_S):
+            read = 0
+            async for _ in request_iterator:
+                read += 1
+                if read >= most:
+                    break
+    await abort(context, exc)
+
+
 def _stream_error(request: Any, message: str) -> Any:
     return pb.ModelStreamInferResponse(
         error_message=message,
@@ -334,7 +426,7 @@ def build_grpc_server(settings: Settings, engine: Engine) -> tuple[grpc.aio.Serv
     """A grpc.aio server (not started) serving `engine` on settings.host:grpc_port, and the
     port it bound (the picked one when grpc_port is 0). Start and stop it in the running loop."""
     server = grpc.aio.server(options=server_options(settings))
-    servicer = GrpcService(engine)
+    servicer = GrpcService(engine, settings.grpc_stream_max_pending)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"

@@ -1,0 +1,138 @@
+"""cuda-python's runtime (`cuda.bindings.runtime`), called as documented: enum arguments, every
+call's `(cudaError_t, value...)` result checked, a failure raised as a BackendError that names
+the call, its arguments and CUDA's own name and text for the error. Device buffers, pinned host
+buffers and non-blocking streams are owned objects with an explicit `close()`.
+
+Imported lazily by the TensorRT backend, so CPU-only installs never load it. `load_runtime` is
+the one place the module is imported (tests put a fake of it in `sys.modules`)."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from engine.errors import BackendError
+
+
+def load_runtime() -> Any:
+    """The `cuda.bindings.runtime` module (ImportError without cuda-python >= 12.6)."""
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+class Cuda:
+    """Checked calls into one runtime module."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.rt = runtime
+        self.ok = runtime.cudaError_t.cudaSuccess
+        self.to_device = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.to_host = runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost
+
+    def call(self, name: str, *args: Any) -> Any:
+        """`runtime.<name>(*args)`'s value (None, one value, or a tuple of them)."""
+        err, *values = getattr(self.rt, name)(*args)
+        if err != self.ok:
+            raise BackendError(
+                f"{name}({', '.join(_show(a) for a in args)}) failed: {self.describe(err)}"
+            )
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def describe(self, err: Any) -> str:
+        """CUDA's name and text for an error, e.g. `cudaErrorInvalidValue (invalid argument)`."""
+        _, name = self.rt.cudaGetErrorName(err)
+        _, text = self.rt.cudaGetErrorString(err)
+        return f"{_text(name)} ({_text(text)})"
+
+    def device_count(self) -> int:
+        """CUDA devices visible to this process (0 when the driver sees none)."""
+        err, count = self.rt.cudaGetDeviceCount()
+        return int(count) if err == self.ok else 0
+
+    def properties(self, device: int) -> tuple[str, str]:
+        """(name, compute capability as "major.minor") of a device."""
+        props = self.call("cudaGetDeviceProperties", device)
+        return _text(props.name), f"{props.major}.{props.minor}"
+
+
+class DeviceBuffer:
+    """`nbytes` of device memory on the current device."""
+
+    def __init__(self, cuda: Cuda, nbytes: int) -> None:
+        self._cuda = cuda
+        self.nbytes = nbytes
+        self.ptr: int = int(cuda.call("cudaMalloc", nbytes))
+
+    def close(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            self._cuda.call("cudaFree", ptr)
+
+
+class PinnedBuffer:
+    """`nbytes` of page-locked host memory, so async copies are truly async (pageable memory
+    makes the driver stage through its own buffer, synchronously)."""
+
+    def __init__(self, cuda: Cuda, nbytes: int) -> None:
+        self._cuda = cuda
+        self.nbytes = nbytes
+        self.ptr: int = int(cuda.call("cudaMallocHost", nbytes))
+        self.bytes = np.frombuffer(
+            (ctypes.c_char * max(nbytes, 1)).from_address(self.ptr), np.uint8
+        )
+
+    def close(self) -> None:
+        if self.ptr:
+            ptr, self.ptr = self.ptr, 0
+            del self.bytes
+            self._cuda.call("cudaFreeHost", ptr)
+
+
+class Stream:
+    """A non-blocking stream: its work never waits on the legacy default stream, so instances
+    on one device overlap."""
+
+    def __init__(self, cuda: Cuda) -> None:
+        self._cuda = cuda
+        self.handle: Any = cuda.call("cudaStreamCreateWithFlags", cuda.rt.cudaStreamNonBlocking)
+
+    def __int__(self) -> int:
+        return int(self.handle)
+
+    def copy_in(self, device: DeviceBuffer, host: PinnedBuffer, nbytes: int) -> None:
+        self._cuda.call(
+            "cudaMemcpyAsync", device.ptr, host.ptr, nbytes, self._cuda.to_device, self.handle
+        )
+
+    def copy_out(self, host: PinnedBuffer, device: DeviceBuffer, nbytes: int) -> None:
+        self._cuda.call(
+            "cudaMemcpyAsync", host.ptr, device.ptr, nbytes, self._cuda.to_host, self.handle
+        )
+
+    def synchronize(self) -> None:
+        self._cuda.call("cudaStreamSynchronize", self.handle)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            self._cuda.call("cudaStreamDestroy", handle)
+
+
+def _show(arg: Any) -> str:
+    name = getattr(arg, "name", None)
+    if isinstance(name, str):  # an enum member (cuda-python's enums are IntEnum-like)
+        return name
+    if isinstance(arg, int) and arg > 1 << 32:
+        return hex(arg)
+    if isinstance(arg, int):
+        return str(arg)
+    return f"stream {int(arg):#x}" if hasattr(arg, "getPtr") else repr(arg)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace").rstrip("\0") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,44 @@
+"""Puts the fakes where `import` finds them, for one test (through pytest's monkeypatch, which
+restores sys.modules afterwards). The code under test imports them exactly as it imports the
+real modules: this is the seam, not a patch of the code's internals."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+from tests.fakes import tensorrt as fake_tensorrt
+from tests.fakes.cuda_runtime import FakeCudaRuntime
+
+
+def _package(name: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+    module.__path__ = []
+    return module
+
+
+def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> None:
+    """`import cuda.bindings.runtime` (and the legacy `from cuda import cudart`) give `runtime`."""
+    runtime.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.runtime", None)  # type: ignore[attr-defined]
+    cuda, bindings = _package("cuda"), _package("cuda.bindings")
+    bindings.runtime = runtime  # type: ignore[attr-defined]
+    cuda.bindings = bindings  # type: ignore[attr-defined]
+    cuda.cudart = runtime  # type: ignore[attr-defined]
+    for name, module in {
+        "cuda": cuda,
+        "cuda.bindings": bindings,
+        "cuda.bindings.runtime": runtime,
+        "cuda.cudart": runtime,
+    }.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
+def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """`import tensorrt` gives the fake TensorRT 10 (its version restored after the test)."""
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt)
+    monkeypatch.setattr(fake_tensorrt, "__version__", fake_tensorrt.__version__)
+    return fake_tensorrt

@@ -1,0 +1,387 @@
+"""A fake `tensorrt` module with TensorRT 10's Python signatures and refusals.
+
+Same as the real module: `Runtime.deserialize_cuda_engine` returns None for a plan it cannot
+load (not a plan, another TensorRT version, another compute capability); tensors are addressed
+by name (`num_io_tensors`, `get_tensor_name`, `get_tensor_mode`, `get_tensor_dtype`,
+`get_tensor_shape`, `get_tensor_profile_shape(name, profile) -> [min, opt, max]`);
+`set_input_shape` returns False for a shape outside the active profile; `set_tensor_address`
+takes an int; `execute_async_v3(stream_handle: int)` returns False while an input shape or a
+tensor address is unset, and queues its work on the stream (the outputs are written only when
+the stream runs). `set_optimization_profile_async(index, stream_handle)` returns False for an
+index the engine lacks.
+
+The "network" of a fake plan copies input tensors to output tensors (`copy_of`), with
+`cudaMemcpyAsync(..., cudaMemcpyDeviceToDevice, stream)` through whichever
+`cuda.bindings.runtime` is importable, so on a GPU machine with cuda-python this fake drives
+real device buffers and streams. Build fake plans with `plan()`; the builder half
+(`Builder`, `OnnxParser`) makes such plans from ONNX models for the converter's tests."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__version__ = "10.3.0"
+MAGIC = "sluice-fake-tensorrt-plan"
+
+
+class DataType(enum.Enum):
+    FLOAT = 0
+    HALF = 1
+    INT8 = 2
+    INT32 = 3
+    BOOL = 4
+    UINT8 = 5
+    INT64 = 8
+
+
+_NP = {
+    DataType.FLOAT: np.float32, DataType.HALF: np.float16, DataType.INT8: np.int8,
+    DataType.INT32: np.int32, DataType.BOOL: np.bool_, DataType.UINT8: np.uint8,
+    DataType.INT64: np.int64,
+}  # fmt: skip
+
+
+def nptype(trt_type: DataType) -> type:
+    """The numpy type of a TensorRT DataType (TypeError for anything else, as pybind11)."""
+    if not isinstance(trt_type, DataType):
+        raise TypeError(f"nptype(): incompatible function arguments: {trt_type!r}")
+    return _NP[trt_type]
+
+
+class TensorIOMode(enum.Enum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+
+
+class Dims(tuple):  # type: ignore[type-arg]
+    """TensorRT's Dims: a sequence of ints, -1 for a dynamic axis."""
+
+
+class Logger:
+    class Severity(enum.IntEnum):
+        INTERNAL_ERROR = 0
+        ERROR = 1
+        WARNING = 2
+        INFO = 3
+        VERBOSE = 4
+
+    INTERNAL_ERROR = Severity.INTERNAL_ERROR
+    ERROR = Severity.ERROR
+    WARNING = Severity.WARNING
+    INFO = Severity.INFO
+    VERBOSE = Severity.VERBOSE
+
+    def __init__(self, min_severity: Logger.Severity = Severity.WARNING) -> None:
+        self.min_severity = min_severity
+        self.messages: list[str] = []
+
+    def log(self, severity: Logger.Severity, msg: str) -> None:
+        self.messages.append(msg)
+
+
+def plan(
+    tensors: Sequence[dict[str, Any]],
+    profiles: Sequence[dict[str, Sequence[Sequence[int]]]],
+    *,
+    version: str | None = None,
+    compute_capability: tuple[int, int] = (9, 0),
+    device_memory_bytes: int = 1 << 20,
+) -> bytes:
+    """A fake serialized engine. `tensors`: {name, mode: input|output, dtype (DataType name),
+    shape, copy_of (outputs)}; `profiles`: per profile, {input name: [min, opt, max]}."""
+    return json.dumps(
+        {
+            "magic": MAGIC,
+            "version": version or __version__,
+            "compute_capability": list(compute_capability),
+            "tensors": list(tensors),
+            "profiles": list(profiles),
+            "device_memory_bytes": device_memory_bytes,
+        }
+    ).encode()
+
+
+def _cudart() -> Any:
+    import cuda.bindings.runtime as cudart
+
+    return cudart
+
+
+class Runtime:
+    def __init__(self, logger: Logger) -> None:
+        if not isinstance(logger, Logger):
+            raise TypeError("Runtime(): incompatible constructor arguments")
+        self.logger = logger
+
+    def deserialize_cuda_engine(self, serialized_engine: bytes) -> ICudaEngine | None:
+        try:
+            data = json.loads(bytes(serialized_engine))
+        except (ValueError, UnicodeDecodeError):
+            self.logger.log(Logger.ERROR, "Error Code 1: Serialization (magic tag does not match)")
+            return None
+        if not isinstance(data, dict) or data.get("magic") != MAGIC:
+            return None
+        if data["version"] != __version__:
+            self.logger.log(Logger.ERROR, "The engine plan file is not compatible with this "
+                            "version of TensorRT")  # fmt: skip
+            return None
+        cudart = _cudart()
+        _, device = cudart.cudaGetDevice()
+        _, props = cudart.cudaGetDeviceProperties(device)
+        if list(data["compute_capability"]) != [props.major, props.minor]:
+            self.logger.log(Logger.ERROR, "The engine plan file is generated on an incompatible "
+                            "device")  # fmt: skip
+            return None
+        return ICudaEngine(data)
+
+
+class ICudaEngine:
+    def __init__(self, data: dict[str, Any]) -> None:
+        self._tensors = {t["name"]: t for t in data["tensors"]}
+        self._order = [t["name"] for t in data["tensors"]]
+        self._profiles = data["profiles"]
+        self.device_memory_size_v2 = int(data["device_memory_bytes"])
+        self.contexts: list[IExecutionContext] = []
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(self._order)
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self._profiles)
+
+    @property
+    def device_memory_size(self) -> int:
+        return self.device_memory_size_v2
+
+    def get_tensor_name(self, index: int) -> str:
+        return self._order[index]
+
+    def get_tensor_mode(self, name: str) -> TensorIOMode:
+        tensor = self._tensors.get(name)
+        if tensor is None:
+            return TensorIOMode.NONE
+        return TensorIOMode.INPUT if tensor["mode"] == "input" else TensorIOMode.OUTPUT
+
+    def get_tensor_dtype(self, name: str) -> DataType:
+        return DataType[self._tensors[name]["dtype"]]
+
+    def get_tensor_shape(self, name: str) -> Dims:
+        return Dims(self._tensors[name]["shape"])
+
+    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list[Dims]:
+        if self.get_tensor_mode(name) != TensorIOMode.INPUT:
+            raise RuntimeError(f"{name} is not an input tensor")
+        if not 0 <= profile_index < len(self._profiles):
+            raise RuntimeError(f"profile index {profile_index} out of range")
+        return [Dims(shape) for shape in self._profiles[profile_index][name]]
+
+    def create_execution_context(self) -> IExecutionContext:
+        context = IExecutionContext(self)
+        self.contexts.append(context)
+        return context
+
+
+class IExecutionContext:
+    def __init__(self, engine: ICudaEngine) -> None:
+        self.engine = engine
+        self.active_optimization_profile = 0
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._addresses: dict[str, int] = {}
+        self.executions: list[dict[str, tuple[int, ...]]] = []
+
+    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+        if not isinstance(stream_handle, int):
+            raise TypeError("set_optimization_profile_async(): incompatible function arguments")
+        if not 0 <= profile_index < self.engine.num_optimization_profiles:
+            return False
+        self.active_optimization_profile = profile_index
+        self._shapes.clear()
+        return True
+
+    def set_input_shape(self, name: str, shape: Sequence[int]) -> bool:
+        if self.engine.get_tensor_mode(name) != TensorIOMode.INPUT:
+            return False
+        declared = self.engine.get_tensor_shape(name)
+        shape = tuple(int(d) for d in shape)
+        if len(shape) != len(declared):
+            return False
+        low, _, high = self.engine.get_tensor_profile_shape(name, self.active_optimization_profile)
+        for size, fixed, lo, hi in zip(shape, declared, low, high, strict=True):
+            if (fixed != -1 and size != fixed) or not lo <= size <= hi:
+                return False
+        self._shapes[name] = shape
+        return True
+
+    def get_tensor_shape(self, name: str) -> Dims:
+        tensor = self.engine._tensors[name]
+        source = tensor.get("copy_of", name)
+        if source in self._shapes:
+            return Dims(self._shapes[source])
+        return Dims(tensor["shape"])
+
+    def infer_shapes(self) -> list[str]:
+        return [
+            name
+            for name in self.engine._order
+            if self.engine.get_tensor_mode(name) == TensorIOMode.INPUT and name not in self._shapes
+        ]
+
+    def set_tensor_address(self, name: str, memory: int) -> bool:
+        if not isinstance(memory, int):
+            raise TypeError("set_tensor_address(): incompatible function arguments")
+        if name not in self.engine._tensors:
+            return False
+        self._addresses[name] = memory
+        return True
+
+    def get_tensor_address(self, name: str) -> int:
+        return self._addresses.get(name, 0)
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        if not isinstance(stream_handle, int):
+            raise TypeError("execute_async_v3(): incompatible function arguments")
+        if self.infer_shapes() or set(self.engine._order) - set(self._addresses):
+            return False  # TensorRT logs "not all shapes/addresses are specified"
+        cudart = _cudart()
+        for name in self.engine._order:
+            tensor = self.engine._tensors[name]
+            if "copy_of" not in tensor:
+                continue
+            shape = self._shapes[tensor["copy_of"]]
+            count = int(np.prod(shape)) * np.dtype(nptype(DataType[tensor["dtype"]])).itemsize
+            (err,) = cudart.cudaMemcpyAsync(
+                self._addresses[name],
+                self._addresses[tensor["copy_of"]],
+                count,
+                cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
+                stream_handle,
+            )
+            if err != cudart.cudaError_t.cudaSuccess:
+                return False
+        self.executions.append(dict(self._shapes))
+        return True
+
+
+# -- the builder half, for the converter -------------------------------------------------------
+
+
+class MemoryPoolType(enum.Enum):
+    WORKSPACE = 0
+
+
+class BuilderFlag(enum.Enum):
+    FP16 = 0
+    INT8 = 1
+
+
+class IOptimizationProfile:
+    def __init__(self) -> None:
+        self.shapes: dict[str, list[list[int]]] = {}
+
+    def set_shape(self, input: str, min: Any, opt: Any, max: Any) -> None:
+        self.shapes[input] = [list(min), list(opt), list(max)]
+
+
+class IBuilderConfig:
+    def __init__(self) -> None:
+        self.pool_limits: dict[MemoryPoolType, int] = {}
+        self.flags: set[BuilderFlag] = set()
+        self.profiles: list[IOptimizationProfile] = []
+
+    def set_memory_pool_limit(self, pool: MemoryPoolType, pool_size: int) -> None:
+        self.pool_limits[pool] = pool_size
+
+    def set_flag(self, flag: BuilderFlag) -> None:
+        self.flags.add(flag)
+
+    def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+
+class INetworkDefinition:
+    def __init__(self) -> None:
+        self.tensors: list[dict[str, Any]] = []
+
+
+_ONNX_TO_TRT = {1: "FLOAT", 10: "HALF", 3: "INT8", 6: "INT32", 9: "BOOL", 2: "UINT8", 7: "INT64"}
+
+
+class OnnxParser:
+    """Parses the model's inputs and outputs; the fake network copies input i to output i."""
+
+    def __init__(self, network: INetworkDefinition, logger: Logger) -> None:
+        self.network = network
+        self.errors: list[str] = []
+
+    @property
+    def num_errors(self) -> int:
+        return len(self.errors)
+
+    def get_error(self, index: int) -> str:
+        return self.errors[index]
+
+    def parse(self, model: bytes) -> bool:
+        import onnx
+
+        try:
+            graph = onnx.load_from_string(bytes(model)).graph
+        except Exception as exc:  # the real parser reports, never raises
+            self.errors.append(f"failed to parse: {exc}")
+            return False
+        inputs = [v for v in graph.input if v.name not in {i.name for i in graph.initializer}]
+        for value in inputs:
+            self.network.tensors.append(_tensor(value, "input"))
+        for index, value in enumerate(graph.output):
+            tensor = _tensor(value, "output")
+            tensor["copy_of"] = inputs[min(index, len(inputs) - 1)].name
+            tensor["dtype"] = self.network.tensors[min(index, len(inputs) - 1)]["dtype"]
+            self.network.tensors.append(tensor)
+        return True
+
+
+def _tensor(value: Any, mode: str) -> dict[str, Any]:
+    dims = [
+        d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim
+    ]
+    dtype = _ONNX_TO_TRT[value.type.tensor_type.elem_type]
+    return {"name": value.name, "mode": mode, "dtype": dtype, "shape": dims}
+
+
+class Builder:
+    builds = 0
+
+    def __init__(self, logger: Logger) -> None:
+        self.logger = logger
+
+    def create_network(self, flags: int = 0) -> INetworkDefinition:
+        return INetworkDefinition()
+
+    def create_builder_config(self) -> IBuilderConfig:
+        return IBuilderConfig()
+
+    def create_optimization_profile(self) -> IOptimizationProfile:
+        return IOptimizationProfile()
+
+    def build_serialized_network(
+        self, network: INetworkDefinition, config: IBuilderConfig
+    ) -> bytes | None:
+        if not config.profiles:
+            return None  # dynamic shapes need a profile
+        Builder.builds += 1
+        cudart = _cudart()
+        _, device = cudart.cudaGetDevice()
+        _, props = cudart.cudaGetDeviceProperties(device)
+        return plan(
+            network.tensors,
+            [p.shapes for p in config.profiles],
+            compute_capability=(props.major, props.minor),
+        )

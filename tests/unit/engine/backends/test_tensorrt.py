@@ -1,0 +1,264 @@
+"""The native TensorRT backend against fakes of cuda-python's runtime and TensorRT 10 that hold
+the real contracts (tests/fakes): buffers, streams, shapes, errors and engine compatibility."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from engine.backends.tensorrt import TensorRTBackend
+from engine.errors import BackendError, InvalidInput
+from engine.model_config import InstanceGroup, TensorRTOptions
+from tests.fakes.cuda_runtime import FakeCudaRuntime, cudaDeviceProp, cudaError_t
+from tests.fakes.install import install_cuda, install_tensorrt
+
+TENSORS = [
+    {"name": "x", "mode": "input", "dtype": "FLOAT", "shape": [-1, 4]},
+    {"name": "ids", "mode": "input", "dtype": "INT64", "shape": [-1, -1]},
+    {"name": "y", "mode": "output", "dtype": "FLOAT", "shape": [-1, 4], "copy_of": "x"},
+    {"name": "ids_out", "mode": "output", "dtype": "INT64", "shape": [-1, -1], "copy_of": "ids"},
+]
+PROFILE_0 = {"x": [[1, 4], [4, 4], [8, 4]], "ids": [[1, 1], [4, 16], [8, 32]]}
+PROFILE_1 = {"x": [[1, 4], [4, 4], [8, 4]], "ids": [[1, 1], [4, 64], [8, 64]]}
+
+
+@pytest.fixture
+def cudart(monkeypatch: pytest.MonkeyPatch) -> FakeCudaRuntime:
+    runtime = FakeCudaRuntime(
+        [cudaDeviceProp(b"NVIDIA H100", 9, 0), cudaDeviceProp(b"NVIDIA H100", 9, 0)]
+    )
+    install_cuda(monkeypatch, runtime)
+    return runtime
+
+
+@pytest.fixture
+def trt(monkeypatch: pytest.MonkeyPatch, cudart: FakeCudaRuntime) -> ModuleType:
+    return install_tensorrt(monkeypatch)
+
+
+def write_plan(
+    folder: Path, trt: ModuleType, record: dict[str, object] | None = None, **kw: object
+) -> Path:
+    version = folder / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    path = version / "model.plan"
+    path.write_bytes(trt.plan(TENSORS, kw.pop("profiles", [PROFILE_0]), **kw))  # type: ignore[arg-type]
+    if record is not None:
+        (version / "conversion.json").write_text(json.dumps({"tensorrt": record}))
+    return path
+
+
+def batch(rows: int, length: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "x": rng.standard_normal((rows, 4)).astype(np.float32),
+        "ids": rng.integers(0, 1 << 40, (rows, length), dtype=np.int64),
+    }
+
+
+def open_backend(
+    path: Path, groups: list[InstanceGroup] | None = None, **options: object
+) -> TensorRTBackend:
+    if groups is None:
+        return TensorRTBackend(path, TensorRTOptions(**options), "model 'm' version 1")  # type: ignore[arg-type]
+    return TensorRTBackend(path, TensorRTOptions(**options), "model 'm' version 1", groups)  # type: ignore[arg-type]
+
+
+def test_batch_round_trips_through_device_buffers(tmp_path: Path, trt: ModuleType) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        for rows, length, seed in [(3, 10, 0), (8, 32, 1), (1, 1, 2)]:
+            feed = batch(rows, length, seed)
+            out = backend.run(feed)
+            np.testing.assert_array_equal(out["y"], feed["x"])
+            np.testing.assert_array_equal(out["ids_out"], feed["ids"])
+            assert (out["y"].dtype, out["ids_out"].dtype) == (np.float32, np.int64)
+    finally:
+        backend.close()
+
+
+def test_metadata_comes_from_the_engine(tmp_path: Path, trt: ModuleType) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        assert [(s.name, s.datatype, s.shape) for s in backend.inputs] == [
+            ("x", "FP32", (-1, 4)), ("ids", "INT64", (-1, -1))
+        ]  # fmt: skip
+        assert [s.name for s in backend.outputs] == ["y", "ids_out"]
+    finally:
+        backend.close()
+
+
+def test_buffers_and_streams_are_made_once_per_instance(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    backend = open_backend(write_plan(tmp_path, trt), [InstanceGroup(count=2, kind="gpu")])
+    try:
+        allocated = (cudart.malloc_calls, cudart.host_alloc_calls)
+        assert cudart.streams_created == 2
+        assert cudart.live_device_allocations == 2 * 4  # every tensor, per instance
+        for seed in range(5):
+            backend.run(batch(1 + seed, 2 + seed, seed))
+        assert (cudart.malloc_calls, cudart.host_alloc_calls) == allocated
+        assert cudart.pageable_copies == 0  # host side of every copy is pinned
+        assert cudart.default_stream_uses == 0
+        assert cudart.sync_copies == 0  # only async copies on the instance's stream
+    finally:
+        backend.close()
+    assert (cudart.live_device_allocations, cudart.live_pinned_allocations) == (0, 0)
+    assert cudart.live_streams == 0
+
+
+def test_buffers_are_sized_for_the_profile_maximum(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        out = backend.run(batch(8, 32))  # the profile's max: must fit without reallocating
+        assert out["ids_out"].shape == (8, 32)
+        assert cudart.malloc_calls == 4
+    finally:
+        backend.close()
+
+
+def test_instances_live_on_their_gpus(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    backend = open_backend(
+        write_plan(tmp_path, trt), [InstanceGroup(count=1, kind="gpu", gpus=[0, 1])]
+    )
+    try:
+        assert (cudart.allocations_on(0), cudart.allocations_on(1)) == (4, 4)
+        feed = batch(2, 5)
+        for _ in range(4):  # whichever instance runs it, its device is made current first
+            np.testing.assert_array_equal(backend.run(feed)["ids_out"], feed["ids"])
+    finally:
+        backend.close()
+
+
+def test_an_absent_gpu_fails_the_load(tmp_path: Path, trt: ModuleType) -> None:
+    with pytest.raises(BackendError, match=r"cudaSetDevice\(3\) failed: cudaErrorInvalidDevice"):
+        open_backend(write_plan(tmp_path, trt), [InstanceGroup(kind="gpu", gpus=[3])])
+
+
+def test_shape_outside_the_profile_is_invalid_input(tmp_path: Path, trt: ModuleType) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        with pytest.raises(InvalidInput) as caught:
+            backend.run(batch(2, 40))
+        assert str(caught.value) == (
+            "input 'ids' has shape [2, 40]; the TensorRT engine's optimization profile 0 allows "
+            "[1, 1] to [8, 32]"
+        )
+        np.testing.assert_array_equal(backend.run(batch(2, 7))["ids_out"], batch(2, 7)["ids"])
+    finally:
+        backend.close()
+
+
+def test_the_configured_profile_is_used(tmp_path: Path, trt: ModuleType) -> None:
+    path = write_plan(tmp_path, trt, profiles=[PROFILE_0, PROFILE_1])
+    backend = open_backend(path, profile=1)
+    try:
+        feed = batch(2, 60)  # only profile 1 allows 60
+        np.testing.assert_array_equal(backend.run(feed)["ids_out"], feed["ids"])
+    finally:
+        backend.close()
+    with pytest.raises(
+        BackendError, match="optimization profile 2; the engine has profiles 0 to 1"
+    ):
+        open_backend(path, profile=2)
+
+
+def test_workspace_limit_is_honoured(tmp_path: Path, trt: ModuleType) -> None:
+    path = write_plan(tmp_path, trt, device_memory_bytes=64 << 20)
+    with pytest.raises(
+        BackendError, match=r"needs 67108864 bytes .*workspace_bytes allows 1048576"
+    ):
+        open_backend(path, workspace_bytes=1 << 20)
+
+
+@pytest.mark.parametrize(
+    "call",
+    ["cudaMemcpyAsync", "cudaStreamSynchronize", "cudaSetDevice"],
+)
+def test_a_failed_cuda_call_is_a_backend_error_naming_it(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime, call: str
+) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        cudart.fail_next(call, cudaError_t.cudaErrorIllegalAddress)
+        with pytest.raises(BackendError) as caught:
+            backend.run(batch(2, 3))
+        assert f"{call}" in str(caught.value)
+        assert "cudaErrorIllegalAddress (an illegal memory access was encountered)" in str(
+            caught.value
+        )
+    finally:
+        backend.close()
+
+
+def test_a_failed_allocation_at_load_names_the_call(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    cudart.fail_next("cudaMalloc", cudaError_t.cudaErrorMemoryAllocation)
+    with pytest.raises(
+        BackendError, match=r"cudaMalloc\(\d+\) failed: cudaErrorMemoryAllocation \(out of memory\)"
+    ):
+        open_backend(write_plan(tmp_path, trt))
+    assert cudart.live_device_allocations == 0  # what was allocated before the failure is freed
+    assert cudart.live_streams == 0
+
+
+def test_a_plan_that_does_not_deserialize_says_how_to_rebuild(
+    tmp_path: Path, trt: ModuleType
+) -> None:
+    path = write_plan(tmp_path, trt)
+    path.write_bytes(b"\x00not a plan")
+    with pytest.raises(BackendError) as caught:
+        open_backend(path)
+    message = str(caught.value)
+    assert "TensorRT 10.3.0 cannot deserialize" in message
+    assert "rebuild it here with `sluice convert SOURCE --target tensorrt" in message
+
+
+def test_an_engine_from_another_tensorrt_version_is_named(tmp_path: Path, trt: ModuleType) -> None:
+    record = {"version": "10.0.1", "gpu": "NVIDIA A100", "compute_capability": "8.0"}
+    path = write_plan(tmp_path, trt, record, version="10.0.1", compute_capability=(8, 0))
+    with pytest.raises(BackendError) as caught:
+        open_backend(path)
+    message = str(caught.value)
+    assert "built with TensorRT 10.0.1 for NVIDIA A100 (compute capability 8.0)" in message
+    assert "this machine has TensorRT 10.3.0 and NVIDIA H100 (compute capability 9.0)" in message
+    assert "rebuild it here with `sluice convert" in message
+
+
+def test_an_engine_for_another_gpu_is_named(tmp_path: Path, trt: ModuleType) -> None:
+    record = {"version": "10.3.0", "gpu": "NVIDIA A100", "compute_capability": "8.0"}
+    path = write_plan(tmp_path, trt, record, compute_capability=(8, 0))
+    with pytest.raises(
+        BackendError, match=r"built with TensorRT 10.3.0 for NVIDIA A100 \(compute capability 8.0\)"
+    ):
+        open_backend(path)
+
+
+def test_an_unreadable_conversion_record_does_not_stop_a_good_engine(
+    tmp_path: Path, trt: ModuleType
+) -> None:
+    path = write_plan(tmp_path, trt)
+    (path.parent / "conversion.json").write_text('{"tensorrt": [1, 2')
+    backend = open_backend(path)
+    backend.close()
+
+
+def test_missing_cuda_python_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    install_tensorrt(monkeypatch)
+    monkeypatch.setitem(__import__("sys").modules, "cuda", None)  # import cuda -> ImportError
+    with pytest.raises(BackendError) as caught:
+        TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
+    assert "the 'cuda-python' package" in str(caught.value)
+    assert "pip install 'sluice[gpu]'" in str(caught.value)
