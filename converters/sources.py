@@ -3,7 +3,8 @@
 pickle or an ONNX file. Everything is local; nothing is downloaded.
 
 Unpickling runs code, so pickles (scikit-learn files, whole pickled torch modules) load only with
-`trust_pickle`. TorchScript and exported-program archives and state dicts load without it."""
+`trust_pickle`. TorchScript archives and state dicts load without it, and so do exported programs
+that hold only tensors and plain shape arithmetic (converters/archive.py)."""
 
 from __future__ import annotations
 
@@ -107,9 +108,9 @@ def _load_torch_archive(path: Path, trust_pickle: bool) -> Source:
             module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
         return Source("torchscript", str(path), module)
     if any(name.endswith("/archive_format") for name in names):
-        with quiet():
-            program = torch.export.load(str(path))
-        return Source("exported_program", str(path), program)
+        from converters.archive import load_exported_program
+
+        return Source("exported_program", str(path), load_exported_program(path, trust_pickle))
     if not trust_pickle:
         raise ConversionError(
             f"'{path}' is neither TorchScript nor an exported program but a pickle (torch.save), "
