@@ -77,13 +77,15 @@ def itemsize(datatype: str) -> int:
 
 
 MAX_DIMS = 64
-# numpy refuses shapes whose non-zero dimensions multiply past this, even when one is 0.
-_MAX_ELEMENTS = 2**62
+# numpy refuses a shape whose non-zero dimensions, times the item size, pass the largest intp
+# (even when another dimension is 0 and the array is empty); 8 bytes is the widest item here.
+MAX_ELEMENTS = (2**63 - 1) // 8
 
 
 def check_shape(name: str, shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """A tensor shape a client sent, checked: non-negative whole numbers, at most MAX_DIMS of
-    them, small enough for numpy to represent."""
+    them, and non-zero dimensions multiplying to at most MAX_ELEMENTS, so that numpy can
+    represent it for every datatype (a 0 in the shape does not lift the bound)."""
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidInput(
             f"input '{name}': shape must be a list of non-negative integers, got {shape!r:.80}"
@@ -93,6 +95,9 @@ def check_shape(name: str, shape: tuple[int, ...] | list[int]) -> tuple[int, ...
     nonzero = 1
     for dim in shape:
         nonzero *= max(dim, 1)
-        if nonzero > _MAX_ELEMENTS:
-            raise InvalidInput(f"input '{name}': shape {list(shape)} is too large for any array")
+        if nonzero > MAX_ELEMENTS:
+            raise InvalidInput(
+                f"input '{name}': shape {list(shape)} is too large for any array (its non-zero "
+                f"dimensions multiply past {MAX_ELEMENTS})"
+            )
     return tuple(shape)

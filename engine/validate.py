@@ -77,6 +77,27 @@ def scheduling(parameters: Mapping[str, Any]) -> tuple[int | None, float | None]
     return _non_negative(parameters, "priority"), _seconds(_non_negative(parameters, "timeout"))
 
 
+MAX_PARAMETER_DEPTH = 32
+"""How deeply a request parameter's value may nest lists and objects (JSON allows any depth)."""
+
+
+def check_parameters(parameters: Mapping[str, Any], where: str) -> None:
+    """InvalidInput when a parameter's value nests lists and objects past MAX_PARAMETER_DEPTH.
+    Iterative, so no depth a client sends can exhaust the stack while it is measured."""
+    for key, value in parameters.items():
+        stack = [(value, 1)]
+        while stack:
+            item, depth = stack.pop()
+            if isinstance(item, dict | list):
+                if depth > MAX_PARAMETER_DEPTH:
+                    raise InvalidInput(
+                        f"{where}: parameter '{key}' is nested deeper than "
+                        f"{MAX_PARAMETER_DEPTH} levels"
+                    )
+                children = item.values() if isinstance(item, dict) else item
+                stack.extend((child, depth + 1) for child in children)
+
+
 def _non_negative(parameters: Mapping[str, Any], key: str) -> int | None:
     value = parameters.get(key)
     if value is None:

@@ -93,6 +93,7 @@ def tensor_from_buffer(
         dtype = numpy_dtype(datatype)
     except InvalidInput as exc:
         raise InvalidInput(f"input '{name}': {exc.message}") from None
+    shape = check_shape(name, shape)  # every caller's shape, so numpy's reshape cannot fail
     count = math.prod(shape)
     if datatype == "BYTES":
         return decode_bytes(buffer, count, name).reshape(shape)
@@ -169,12 +170,11 @@ def split_request(body: bytes, headers: Mapping[str, str]) -> BinaryRequest:
     if raw_length is None:
         json_size = len(body)
     else:
-        try:
-            json_size = int(raw_length)
-        except ValueError:
+        if not (raw_length.isascii() and raw_length.isdigit()):  # int() takes " +1_0" too
             raise InvalidInput(
                 f"{HEADER_LENGTH} is {raw_length!r}; expected a whole number of bytes"
-            ) from None
+            )
+        json_size = int(raw_length)
         if not 0 <= json_size <= len(body):
             raise InvalidInput(f"{HEADER_LENGTH} is {json_size} but the body has {len(body)} bytes")
     try:

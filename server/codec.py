@@ -11,7 +11,7 @@ import orjson
 from engine import datatypes
 from engine.errors import InvalidInput
 from engine.types import InferRequest
-from engine.validate import scheduling
+from engine.validate import check_parameters, scheduling
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
 _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}
@@ -56,6 +56,9 @@ def tensor_header(item: Any, index: int) -> tuple[str, str, list[int], dict[str,
     parameters = {} if item.get("parameters") is None else item["parameters"]
     if not isinstance(parameters, dict):
         raise InvalidInput(f"{where}: parameters must be an object")
+    check_parameters(parameters, where)
+    if "shared_memory_region" in parameters:
+        raise InvalidInput(f"{where}: shared memory is not supported by this server")
     return name, datatype, shape, parameters
 
 
@@ -154,11 +157,11 @@ def decode_request(
     outputs = None
     if payload.get("outputs") is not None:
         outputs_json = _field(payload, "outputs", list, "request")
-        outputs = [_field(o if isinstance(o, dict) else {}, "name", str, f"outputs[{i}]")
-                   for i, o in enumerate(outputs_json)]  # fmt: skip
+        outputs = [_output_name(o, i) for i, o in enumerate(outputs_json)]
     parameters = {} if payload.get("parameters") is None else payload["parameters"]
     if not isinstance(parameters, dict):
         raise InvalidInput("request: 'parameters' must be an object")
+    check_parameters(parameters, "request")
     request_id = payload.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise InvalidInput(f"request: 'id' must be a string, got {request_id!r:.60}")
@@ -174,6 +177,14 @@ def decode_request(
         priority=priority,
         timeout_s=timeout_s,
     )
+
+
+def _output_name(item: Any, index: int) -> str:
+    name: str = _field(item if isinstance(item, dict) else {}, "name", str, f"outputs[{index}]")
+    parameters = item.get("parameters")
+    if isinstance(parameters, dict):  # any other kind is refused by the binary extension's reader
+        check_parameters(parameters, f"output '{name}'")
+    return name
 
 
 def json_data(array: np.ndarray, datatype: str) -> Any:

@@ -29,6 +29,13 @@ log = logging.getLogger("sluice.http")
 
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 INFER_SPAN = "POST /v2/models/{name}/infer"
+# Headers that decide how a request is read or who sends it: sent twice, they are ambiguous.
+SINGLE_HEADERS = (
+    "x-api-key",
+    "authorization",
+    "content-encoding",
+    "inference-header-content-length",
+)
 
 
 class InferRoute:
@@ -65,6 +72,8 @@ class InferRoute:
         span = None if tracing is None else tracing.begin(INFER_SPAN, "http", name, headers)
         status, served = 200, ""
         try:
+            if len(headers) != len(scope["headers"]):  # a header came more than once
+                _check_single(scope["headers"])
             body, extra, served = await self.infer(headers, receive, name, version)
         except EngineError as exc:
             status = http_status(exc)
@@ -160,6 +169,13 @@ class InferRoute:
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
+
+
+def _check_single(raw_headers: list[tuple[bytes, bytes]]) -> None:
+    names = [key.decode("latin-1").lower() for key, _ in raw_headers]
+    for name in SINGLE_HEADERS:
+        if names.count(name) > 1:
+            raise InvalidInput(f"header '{name}' is sent {names.count(name)} times; send it once")
 
 
 def _closing(send: Send) -> Send:

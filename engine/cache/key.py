@@ -143,8 +143,35 @@ def element_bytes(value: object) -> bytes:
     raise TypeError(f"BYTES element must be bytes or str, got {type(value).__name__}")
 
 
+class _Encoded(bytes):
+    """Bytes already encoded by `canonical`, waiting on its stack (not a value to encode)."""
+
+
 def canonical(value: Any) -> bytes:
-    """A deterministic, type-tagged encoding of a JSON-like value (True, 1, 1.0 and "1" differ)."""
+    """A deterministic, type-tagged encoding of a JSON-like value (True, 1, 1.0 and "1" differ).
+
+    Iterative, with an explicit stack: parameters nested past Python's recursion limit encode
+    like any others (the front-ends bound nesting too, but the key must never be what fails)."""
+    out: list[bytes] = []
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, _Encoded):
+            out.append(item)
+        elif isinstance(item, Mapping):
+            items = sorted((str(k), v) for k, v in item.items())
+            out.append(b"d" + _U64.pack(len(items)))
+            for key, child in reversed(items):  # reversed: the stack pops the first one first
+                stack += (child, _Encoded(_framed(key.encode())))
+        elif isinstance(item, list | tuple):
+            out.append(b"l" + _U64.pack(len(item)))
+            stack.extend(reversed(item))
+        else:
+            out.append(_scalar(item))
+    return b"".join(out)
+
+
+def _scalar(value: Any) -> bytes:
     if value is None:
         return b"N"
     if isinstance(value, bool | np.bool_):
@@ -157,12 +184,6 @@ def canonical(value: Any) -> bytes:
         return b"s" + _framed(value.encode())
     if isinstance(value, bytes):
         return b"b" + _framed(value)
-    if isinstance(value, Mapping):
-        items = sorted((str(k), v) for k, v in value.items())
-        body = b"".join(_framed(k.encode()) + canonical(v) for k, v in items)
-        return b"d" + _U64.pack(len(items)) + body
-    if isinstance(value, list | tuple):
-        return b"l" + _U64.pack(len(value)) + b"".join(canonical(v) for v in value)
     # Not a protocol value; still deterministic for the types that reach here in practice.
     return b"r" + _framed(f"{type(value).__qualname__}:{value!r}".encode())
 

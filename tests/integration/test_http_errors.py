@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from engine.demo import write_demo_repository
+from server import binary
 from tests.models import (
     add_sub_model,
     fixed_shape_model,
@@ -41,6 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     write_datatype_models(repo)
     write_model(repo, "add_sub", add_sub_model(), "max_batch_size: 8\n")
     write_model(repo, "fixed", fixed_shape_model("FP32", (2, 3)))
+    write_model(repo, "cached", identity_model("FP32"), "cache:\n  enabled: true\n")
     # A loadable model just outside the repository: no URL may ever reach it.
     write_model(root, "secret", identity_model("FP32"))
     process = ServerProcess("--model-repository", str(repo), log_path=root / "server.log",
@@ -240,15 +242,64 @@ def test_batch_sizes_that_disagree(server: ServerProcess) -> None:
 
 @pytest.mark.parametrize(
     "shape",
-    [[1] * 65, [0, 2**70], [0, 2**62, 2**62]],
-    ids=["65-dims", "dim-2^70", "size-overflow"],
+    [[1] * 65, [0, 2**70], [0, 2**62, 2**62], [0, 2**61]],
+    ids=["65-dims", "dim-2^70", "size-overflow", "zero-size-2^61"],
 )
 def test_shapes_no_array_can_have(server: ServerProcess, shape: list[int]) -> None:
     data = [0.5] if len(shape) == 65 else []
     # The standard library encoder: orjson refuses ints beyond 64 bits.
     payload = json.dumps({"inputs": [x_input(shape=shape, data=data)]}).encode()
     message = demo_error(server, payload)
-    assert "input 'x'" in message
+    assert message.startswith("input 'x': shape ")
+
+
+def binary_post(
+    server: ServerProcess, header: dict[str, Any], data: bytes = b"", **headers: str
+) -> httpx.Response:
+    raw = orjson.dumps(header)
+    return httpx.post(f"{server.url}/v2/models/demo/infer", content=raw + data, timeout=10,
+                      headers={binary.HEADER_LENGTH: str(len(raw)), **headers})  # fmt: skip
+
+
+def test_zero_sized_shape_too_large_for_numpy_over_binary(server: ServerProcess) -> None:
+    tensor = {"name": "x", "datatype": "FP32", "shape": [0, 2**61],
+              "parameters": {"binary_data_size": 0}}  # fmt: skip
+    message = error_of(binary_post(server, {"inputs": [tensor]}), 400)
+    assert message.startswith("input 'x': shape [0, 2305843009213693952] is too large")
+
+
+def test_parameter_nested_too_deep_is_400_on_a_cached_model(server: ServerProcess) -> None:
+    value: Any = 1
+    for _ in range(600):
+        value = [value]
+    payload = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}],
+               "parameters": {"tag": value}}  # fmt: skip
+    raw = json.dumps(payload).encode()  # orjson refuses to write this deep
+    message = error_of(post(server, "/v2/models/cached/infer", raw), 400)
+    assert message == "request: parameter 'tag' is nested deeper than 32 levels"
+
+
+def test_shared_memory_input_with_data_is_400(server: ServerProcess) -> None:
+    params = {"shared_memory_region": "r", "shared_memory_byte_size": 64}
+    message = demo_error(server, {"inputs": [x_input(parameters=params)]})
+    assert message == "input 'x': shared memory is not supported by this server"
+
+
+def test_two_api_key_headers_are_400(server: ServerProcess) -> None:
+    body = orjson.dumps({"inputs": [x_input()]})
+    headers = [("x-api-key", "a"), ("x-api-key", "b"), ("content-type", "application/json")]
+    response = httpx.post(f"{server.url}/v2/models/demo/infer", content=body, headers=headers)
+    assert error_of(response, 400) == "header 'x-api-key' is sent 2 times; send it once"
+
+
+@pytest.mark.parametrize("length", ["+40", "4_0"])
+def test_header_length_takes_only_digits(server: ServerProcess, length: str) -> None:
+    raw = orjson.dumps({"inputs": [x_input()]})
+    length = length.replace("40", str(len(raw)))
+    response = httpx.post(f"{server.url}/v2/models/demo/infer", content=raw,
+                          headers=[(binary.HEADER_LENGTH.encode(), length.encode())])  # fmt: skip
+    message = error_of(response, 400)
+    assert message == f"{binary.HEADER_LENGTH} is {length!r}; expected a whole number of bytes"
 
 
 # -- URLs -------------------------------------------------------------------------------------

@@ -293,3 +293,18 @@ def test_no_compression_unless_asked() -> None:
 def test_a_huge_bytes_shape_is_refused_before_any_allocation() -> None:
     with pytest.raises(InvalidInput, match="1099511627776 BYTES elements need at least"):
         binary.decode_bytes(memoryview(b""), 2**40, "x")
+
+
+@pytest.mark.parametrize("datatype", ["FP64", "INT8", "BYTES"])
+def test_zero_sized_shapes_too_large_for_numpy_are_invalid_input(datatype: str) -> None:
+    with pytest.raises(InvalidInput, match=r"input 'x': shape \[0, 2305843009213693952\] "):
+        binary.tensor_from_buffer(memoryview(b""), datatype, (0, 2**61), "x")
+
+
+@pytest.mark.parametrize("length", [" 2", "2 ", "+2", "1_0", "\u0662", "0x2", "-0", ""])
+def test_header_length_takes_only_ascii_digits(length: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        binary.split_request(b"{}", {binary.HEADER_LENGTH: length})
+    assert caught.value.message == (
+        f"{binary.HEADER_LENGTH} is {length!r}; expected a whole number of bytes"
+    )

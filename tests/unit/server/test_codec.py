@@ -228,15 +228,23 @@ def test_non_integer_dims_are_rejected(shape: list[Any]) -> None:
         [1] * 65,  # numpy holds at most 64 dimensions
         [0, 2**70],  # 0 values, but no array can have this shape
         [0, 2**62, 2**62],
+        [0, 2**61],  # within int64, but 2**61 elements of 8 bytes are not
+        [2**60, 0],
+        [0, 2**30, 2**30],
     ],
 )
 def test_shapes_numpy_cannot_hold_are_invalid_input(shape: list[int]) -> None:
     count = int(np.prod(shape, dtype=object))
     data = [1.0] * count
-    for datatype in ("FP32", "BYTES"):
+    for datatype in ("FP32", "FP64", "BYTES"):
         values = ["a"] * count if datatype == "BYTES" else data
         message = rejected(tensor(shape=shape, datatype=datatype, data=values))
-        assert "input 'x'" in message
+        assert message.startswith("input 'x': shape "), message
+
+
+def test_the_largest_zero_sized_shape_decodes() -> None:
+    for datatype in ("FP64", "BYTES"):
+        assert decode_data("x", datatype, [0, 2**60 - 1], []).shape == (0, 2**60 - 1)
 
 
 # -- request structure ------------------------------------------------------------------------
@@ -319,6 +327,36 @@ def test_bad_request_parameters_are_rejected(parameters: Any) -> None:
 @pytest.mark.parametrize("parameters", ["x", 5, [1], [], 0, False])
 def test_bad_input_parameters_are_rejected(parameters: Any) -> None:
     assert rejected(tensor(parameters=parameters)) == "input 'x': parameters must be an object"
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [33, 500, 1000])
+def test_parameters_nested_too_deep_are_rejected(depth: int) -> None:
+    limit = "nested deeper than 32 levels"
+    assert rejected(body(parameters={"p": nested(depth)})) == (f"request: parameter 'p' is {limit}")
+    assert (
+        rejected(tensor(parameters={"p": nested(depth)})) == f"input 'x': parameter 'p' is {limit}"
+    )
+    payload = body(outputs=[{"name": "y", "parameters": {"p": nested(depth)}}])
+    assert rejected(payload) == f"output 'y': parameter 'p' is {limit}"
+
+
+def test_parameters_nested_up_to_the_limit_are_kept() -> None:
+    request = decode_request(body(parameters={"p": nested(32)}), "m", None)
+    assert request.parameters == {"p": nested(32)}
+
+
+def test_shared_memory_input_with_data_is_rejected() -> None:
+    params = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+    assert rejected(tensor(parameters=params)) == (
+        "input 'x': shared memory is not supported by this server"
+    )
 
 
 def test_null_parameters_mean_none() -> None:

@@ -184,6 +184,37 @@ def test_canonical_tells_json_lookalikes_apart() -> None:
     assert canonical({"a": 1, "b": 2}) == canonical({"b": 2, "a": 1})
 
 
+def nested(depth: int, leaf: Any = 1) -> Any:
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+def test_canonical_of_deep_nesting_is_iterative_and_exact() -> None:
+    deep = canonical(nested(5000))  # far past Python's recursion limit
+    assert deep.startswith(b"l" if 5000 % 2 == 0 else b"d")
+    assert deep != canonical(nested(5001)) != canonical(nested(5000, 2))
+    assert canonical(nested(5000)) == deep
+    # The iterative encoder writes the same bytes as the framed recursive definition.
+    assert canonical([{"b": [1, "x"], "a": None}, 2.5]) == (
+        b"l" + (2).to_bytes(8, "little")
+        + b"d" + (2).to_bytes(8, "little")
+        + (1).to_bytes(8, "little") + b"a" + b"N"
+        + (1).to_bytes(8, "little") + b"b"
+        + b"l" + (2).to_bytes(8, "little") + b"i" + (1).to_bytes(8, "little") + b"1"
+        + b"s" + (1).to_bytes(8, "little") + b"x"
+        + b"f" + (len((2.5).hex())).to_bytes(8, "little") + (2.5).hex().encode()
+    )  # fmt: skip
+
+
+def test_request_key_of_deeply_nested_parameters() -> None:
+    args = ({"x": np.zeros(2, np.int64)}, {"x": "INT64"}, None)
+    assert request_key("m", "1", 0, *args, {"p": nested(3000)}) != request_key(
+        "m", "1", 0, *args, {"p": nested(3001)}
+    )
+
+
 def test_namespace_separates_versions_and_generations_and_escapes_colons() -> None:
     assert namespace("sluice", "resnet", "1", 7) == b"sluice:resnet:1:7:"
     assert namespace("sluice", "a:b", "1", 0) != namespace("sluice", "a", "b:1", 0)
