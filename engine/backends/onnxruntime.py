@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import queue
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from engine import datatypes
-from engine.errors import InvalidInput
-from engine.model_config import InstanceGroup, OnnxRuntimeOptions
+from engine.errors import BackendError, InvalidInput
+from engine.model_config import GPU_PROVIDERS, InstanceGroup, OnnxRuntimeOptions
 from engine.types import TensorSpec
 
 log = logging.getLogger("sluice.backend.onnxruntime")
@@ -30,6 +32,9 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
     return TensorSpec(arg.name, datatypes.from_onnx(arg.type), shape, names)
 
 
+CPU = "CPUExecutionProvider"
+
+
 def choose_providers(preferred: list[str], available: list[str]) -> list[str]:
     """The preferred providers that this onnxruntime build has, in order, always ending in CPU."""
     chosen = [name for name in preferred if name in available]
@@ -39,7 +44,9 @@ def choose_providers(preferred: list[str], available: list[str]) -> list[str]:
 
 
 class OnnxBackend:
-    """A model.onnx file in an ONNX Runtime session."""
+    """A model.onnx file in ONNX Runtime sessions: one shared by every cpu instance (ORT runs
+    one session from many threads), and one per gpu instance on its device. Sessions on a GPU
+    provider run through IO binding, so each output crosses the bus once, into host memory."""
 
     platform = "onnxruntime_onnx"
 
@@ -50,42 +57,134 @@ class OnnxBackend:
         label: str,
         groups: Sequence[InstanceGroup] = (),
     ) -> None:
+        self._path, self._options, self._label = path, options, label
+        available = ort.get_available_providers()
+        devices = [device for group in groups for device in group.devices]
+        shared_slots = sum(group.count for group in groups if group.kind == "cpu")
+        self._sessions: list[ort.InferenceSession] = []
+        slots: list[ort.InferenceSession] = []
+        if shared_slots or not devices:
+            shared = self._open(session_providers(options, available, None))
+            slots += [shared] * max(shared_slots, 1)
+        for device in devices:
+            slots.append(self._open(session_providers(options, available, device)))
+        first = self._session = self._sessions[0]
+        self.provider = first.get_providers()[0]
+        skipped = [p for p in options.provider_names if p not in available]
+        log.info(
+            "%s runs on %s%s%s",
+            label,
+            self.provider,
+            f" on GPU {', '.join(map(str, sorted(set(devices))))}" if devices else "",
+            f" (unavailable, skipped: {', '.join(skipped)})" if skipped else "",
+        )
+        # One session serves every thread unless there are per-device sessions to hand out.
+        self._pool: queue.SimpleQueue[ort.InferenceSession] | None = None
+        if len(self._sessions) > 1:
+            self._pool = queue.SimpleQueue()
+            for slot in slots:
+                self._pool.put(slot)
+        self.inputs = tuple(_spec(arg) for arg in first.get_inputs())
+        self.outputs = tuple(_spec(arg) for arg in first.get_outputs())
+        self._output_names = [spec.name for spec in self.outputs]
+        self._string_outputs = {s.name for s in self.outputs if s.datatype == "BYTES"}
+        self._string_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
+
+    def _open(self, providers: list[tuple[str, dict[str, str]]]) -> ort.InferenceSession:
+        options = self._options
         session_options = ort.SessionOptions()
         session_options.intra_op_num_threads = options.intra_op_threads
         session_options.inter_op_num_threads = options.inter_op_threads
         session_options.graph_optimization_level = _LEVELS[options.graph_optimization_level]
         session_options.log_severity_level = 4  # errors are raised and logged as JSON
-        providers = choose_providers(options.provider_names, ort.get_available_providers())
-        self._session = ort.InferenceSession(
-            str(path), sess_options=session_options, providers=providers
+        session = ort.InferenceSession(
+            str(self._path), sess_options=session_options, providers=providers
         )
-        self.provider = self._session.get_providers()[0]
-        skipped = [p for p in options.provider_names if p not in providers]
-        log.info(
-            "%s runs on %s%s",
-            label,
-            self.provider,
-            f" (unavailable, skipped: {', '.join(skipped)})" if skipped else "",
-        )
-        self.inputs = tuple(_spec(arg) for arg in self._session.get_inputs())
-        self.outputs = tuple(_spec(arg) for arg in self._session.get_outputs())
-        self._output_names = [spec.name for spec in self.outputs]
-        self._string_outputs = {s.name for s in self.outputs if s.datatype == "BYTES"}
-        self._string_inputs = {s.name for s in self.inputs if s.datatype == "BYTES"}
+        self._sessions.append(session)
+        running = session.get_providers()[0]
+        wanted = options.provider_names[0] if options.provider_names else CPU
+        if options.require_providers and running != wanted:
+            raise BackendError(
+                f"{self._label} requires {wanted} (onnxruntime.require_providers), but "
+                f"{running} runs: this onnxruntime build has "
+                f"{', '.join(ort.get_available_providers())}"
+                + (
+                    "; GPU providers need onnxruntime-gpu (the `gpu` extra) and CUDA and cuDNN "
+                    "libraries that match it"
+                    if wanted in GPU_PROVIDERS
+                    else ""
+                )
+            )
+        return session
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         feed = {
             name: _to_str(name, array) if name in self._string_inputs else array
             for name, array in inputs.items()
         }
-        results = self._session.run(self._output_names, feed)
+        if self._pool is None:
+            results = self._run(self._session, feed)
+        else:
+            session = self._pool.get()  # never waits long: at most one batch per instance
+            try:
+                results = self._run(session, feed)
+            finally:
+                self._pool.put(session)
         return {
             name: _to_bytes(value) if name in self._string_outputs else np.asarray(value)
             for name, value in zip(self._output_names, results, strict=True)
         }
 
+    def _run(self, session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> list[Any]:
+        if session.get_providers()[0] in GPU_PROVIDERS:
+            return run_bound(session, self._output_names, feed)
+        return session.run(self._output_names, feed)  # type: ignore[no-any-return]
+
     def close(self) -> None:
+        self._pool = None
+        self._sessions.clear()
         del self._session
+
+
+def session_providers(
+    options: OnnxRuntimeOptions, available: Sequence[str], device: int | None
+) -> list[tuple[str, dict[str, str]]]:
+    """What `InferenceSession(providers=...)` is given: the listed providers this build has, in
+    order, with their options (as the strings ONNX Runtime parses), CPU last. On a gpu
+    instance the instance's device is every GPU provider's `device_id`."""
+    chosen = []
+    for provider in options.providers:
+        if provider.name not in available:
+            continue
+        values = {key: _option(value) for key, value in provider.options.items()}
+        if device is not None and provider.name in GPU_PROVIDERS:
+            values["device_id"] = str(device)
+        chosen.append((provider.name, values))
+    if CPU not in [name for name, _ in chosen]:
+        chosen.append((CPU, {}))
+    return chosen
+
+
+def run_bound(
+    session: ort.InferenceSession, output_names: list[str], feed: dict[str, np.ndarray]
+) -> list[np.ndarray]:
+    """One run through IO binding: inputs copied to the device once, outputs written by the
+    device straight into host memory (no device-side copy handed back to be copied again)."""
+    binding = session.io_binding()
+    for name, array in feed.items():
+        binding.bind_cpu_input(name, array)
+    for name in output_names:
+        binding.bind_output(name, "cpu")
+    session.run_with_iobinding(binding)
+    outputs: list[np.ndarray] = binding.copy_outputs_to_cpu()
+    return outputs
+
+
+def _option(value: str | int | float | bool) -> str:
+    # ONNX Runtime parses provider options from strings; its bool parser takes true/false.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def _to_str(name: str, array: np.ndarray) -> np.ndarray:
