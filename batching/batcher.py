@@ -92,11 +92,12 @@ class Batcher:
         self,
         inputs: Tensors,
         rows: int,
-        priority: int = 0,
+        priority: int = 1,
         tenant: str = "",
         deadline: float | None = None,
     ) -> Tensors:
-        """Queue one request and wait for its outputs. `deadline` is on time.monotonic()."""
+        """Queue one request and wait for its outputs. `priority` is a level from 1 (highest) to
+        `policy.priority_levels`; `deadline` is on time.monotonic()."""
         if self._closing:
             raise ShuttingDown()
         loop = asyncio.get_running_loop()

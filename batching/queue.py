@@ -1,5 +1,6 @@
-"""A bounded priority queue of pending requests: higher priority levels first, round-robin across
-tenants within a level, FIFO within a tenant, bounded in rows, with a per-tenant share cap."""
+"""A bounded priority queue of pending requests: levels numbered as in Triton (1 is the highest
+and is served first), round-robin across tenants within a level, FIFO within a tenant, bounded in
+rows, with a per-tenant share cap."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ class Pending:
     inputs: dict[str, np.ndarray]
     rows: int
     priority: int
+    """Level 1 (highest) to the queue's `levels` (lowest)."""
     tenant: str
     group: Hashable
     enqueued: float
@@ -42,11 +44,14 @@ class RequestQueue:
         self._tenant_share = tenant_share or (lambda _tenant: 1.0)
         self._tenant_rows: dict[str, int] = defaultdict(int)
         self._group_rows: dict[Hashable, int] = defaultdict(int)
-        # level -> tenant -> FIFO; dict order is the round-robin order (rotated after each take)
+        # level - 1 -> tenant -> FIFO, highest level first; dict order is the round-robin order
+        # (rotated after each take)
         self._levels: list[dict[str, deque[Pending]]] = [{} for _ in range(levels)]
 
     def put(self, item: Pending) -> None:
         """Queue `item`; Overloaded at once when the queue or the tenant's share is full."""
+        if not 1 <= item.priority <= self.levels:  # the caller checks requests; this is a bug
+            raise ValueError(f"priority level {item.priority} is not in 1..{self.levels}")
         if self.rows + item.rows > self.max_rows:
             raise Overloaded(
                 f"queue is full: {self.rows} of {self.max_rows} rows queued, "
@@ -59,7 +64,7 @@ class RequestQueue:
                 f"tenant '{item.tenant}' holds {held} queued rows of this model; its share is "
                 f"{share} of {self.max_rows}"
             )
-        self._levels[item.priority].setdefault(item.tenant, deque()).append(item)
+        self._levels[item.priority - 1].setdefault(item.tenant, deque()).append(item)
         self._count(item, +1)
 
     def cancel(self, item: Pending) -> None:
@@ -74,7 +79,7 @@ class RequestQueue:
 
     def head(self) -> Pending | None:
         """The next item in serving order, dropping withdrawn ones on the way."""
-        for tenants in reversed(self._levels):
+        for tenants in self._levels:
             for tenant, fifo in list(tenants.items()):
                 while fifo and fifo[0].state != QUEUED:
                     fifo.popleft()
@@ -90,7 +95,7 @@ class RequestQueue:
         they are marked running. Items of other groups keep their places."""
         taken: list[Pending] = []
         rows = 0
-        for tenants in reversed(self._levels):
+        for tenants in self._levels:
             progress = True
             while progress and rows < max_rows:
                 progress = False

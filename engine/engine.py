@@ -174,20 +174,25 @@ class Engine:
     def _priority(
         self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
     ) -> int:
-        """The request's batching level: as asked, or the tenant's, or the model's default. With
-        API keys configured, no tenant may ask for more than its own priority."""
+        """The request's batching level, numbered as in Triton (1 is the highest): as asked, or
+        else the tenant's own level, or else the model's default_priority_level; 0 asks for the
+        default. A tenant level past the model's lowest is its lowest. With API keys configured,
+        no tenant may ask for a higher level (a smaller number) than its own."""
         batching = model.config.dynamic_batching
-        top = batching.priority_levels - 1
-        if asked is None:
-            return min(tenant_priority, top) if tenant_priority else batching.default_priority
-        if not 0 <= asked <= top:
+        lowest = batching.priority_levels
+        own = min(tenant_priority, lowest) if tenant_priority else batching.default_level
+        if not asked:
+            return own
+        if asked > lowest:
             raise InvalidInput(
-                f"priority {asked} is out of range for {model.label}: it has priority levels "
-                f"0 to {top}"
+                f"priority {asked} is out of range for {model.label}: its priority levels are "
+                f"1 (highest) to {lowest} (lowest), and 0 or none means its default level "
+                f"{batching.default_level}"
             )
-        if not self.authenticator.open and asked > tenant_priority:
+        if not self.authenticator.open and asked < own:
             raise Forbidden(
-                f"tenant '{tenant}' may use priority up to {tenant_priority}; asked for {asked}"
+                f"tenant '{tenant}' may use priority levels {own} to {lowest} of {model.label} "
+                f"(1 is the highest); asked for {asked}"
             )
         return asked
 

@@ -7,7 +7,7 @@ auto-complete does."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -76,9 +76,10 @@ class DynamicBatching(Section):
     max_queue_size: int | None = Field(None, gt=0)
     """Rows the queue holds before new requests are rejected with 503."""
     priority_levels: int = Field(1, ge=1, le=16)
-    """Number of priority levels (0 is lowest); higher levels are served first."""
-    default_priority: int = Field(0, ge=0)
-    """Priority level of requests that do not set one."""
+    """Number of priority levels, numbered as in Triton: 1 is the highest and is served first,
+    `priority_levels` the lowest."""
+    default_priority_level: int | None = None
+    """Level of requests that set no priority (or 0); default: the lowest level."""
     default_timeout_s: float | None = Field(None, gt=0)
     """Deadline of requests that do not set `timeout`; unset means none."""
     pad: dict[str, PadSpec] = Field(default_factory=dict)
@@ -88,14 +89,31 @@ class DynamicBatching(Section):
     dispatch_when_idle: bool = True
     """Send at once when no batch of this model is running instead of waiting for the delay."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        # The old key counted the other way (0 lowest); silently renaming it would invert it.
+        if isinstance(data, dict) and "default_priority" in data:
+            raise ValueError(
+                "default_priority was replaced by default_priority_level, numbered as in Triton: "
+                "1 is the highest level, priority_levels the lowest"
+            )
+        return data
+
     @model_validator(mode="after")
     def _priorities(self) -> DynamicBatching:
-        if self.default_priority >= self.priority_levels:
+        level = self.default_priority_level
+        if level is not None and not 1 <= level <= self.priority_levels:
             raise ValueError(
-                f"default_priority {self.default_priority} is not below "
-                f"priority_levels {self.priority_levels}"
+                f"default_priority_level {level} is not a priority level: levels are 1 (highest) "
+                f"to {self.priority_levels} (lowest)"
             )
         return self
+
+    @property
+    def default_level(self) -> int:
+        """The level of requests that set no priority."""
+        return self.default_priority_level or self.priority_levels
 
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")

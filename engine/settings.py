@@ -96,7 +96,10 @@ class TenantLimits(Section):
     max_concurrent: int | None = Field(None, gt=0)
     """Cap on this tenant's requests in flight at once (per replica)."""
     priority: int = Field(0, ge=0)
-    """Batching priority level of this tenant's requests (higher runs first)."""
+    """Batching priority level of this tenant's requests, numbered as in Triton: 1 is the
+    highest; 0 means each model's default_priority_level; a level past a model's
+    priority_levels is its lowest. With API keys configured, the tenant's requests may ask for
+    its level or a lower one (a larger number), never a higher one."""
     quota_per_day: int | None = Field(None, gt=0)
     """Units per UTC day."""
     quota_per_month: int | None = Field(None, gt=0)

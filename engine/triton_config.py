@@ -52,7 +52,7 @@ def triton_config(model: LoadedModel) -> dict[str, Any]:
             "max_queue_delay_microseconds": int(batch_policy.max_queue_delay_s * 1e6),
             "preserve_ordering": False,
             "priority_levels": batch_policy.priority_levels,
-            "default_priority_level": config.dynamic_batching.default_priority,
+            "default_priority_level": config.dynamic_batching.default_level,
             "default_queue_policy": {
                 "max_queue_size": batch_policy.max_queue_size,
                 "default_timeout_microseconds": int(

@@ -72,9 +72,11 @@ def check_request(
 
 
 def scheduling(parameters: Mapping[str, Any]) -> tuple[int | None, float | None]:
-    """The request's `priority` level and queue timeout in seconds, from its parameters (Triton's
-    `timeout` is in microseconds; 0 means none). Shared by every front-end."""
-    return _non_negative(parameters, "priority"), _seconds(_non_negative(parameters, "timeout"))
+    """The request's `priority` level and queue timeout in seconds, from its parameters, as
+    Triton reads them: priority 1 is the highest level and 0 means the model's default (None
+    here); `timeout` is in microseconds and 0 means none. Shared by every front-end."""
+    priority = _non_negative(parameters, "priority") or None
+    return priority, _seconds(_non_negative(parameters, "timeout"))
 
 
 MAX_PARAMETER_DEPTH = 32

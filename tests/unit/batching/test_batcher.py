@@ -126,14 +126,25 @@ async def test_rows_count_and_requests_are_never_split(recorder: Recorder) -> No
     await batcher.close()
 
 
-async def test_higher_priority_first_fifo_within_level(recorder: Recorder) -> None:
+async def test_level_one_first_fifo_within_level(recorder: Recorder) -> None:
+    # Triton's numbering: levels 1..N, 1 the highest.
     batcher = make(recorder, max_batch_size=1, priority_levels=3)
     batcher.pause()
-    low = await submit_all(batcher, [rows(1), rows(2)], priority=0)
-    high = await submit_all(batcher, [rows(3), rows(4)], priority=2)
+    low = await submit_all(batcher, [rows(1), rows(2)], priority=3)
+    middle = await submit_all(batcher, [rows(5)], priority=2)
+    high = await submit_all(batcher, [rows(3), rows(4)], priority=1)
     batcher.resume()
-    await asyncio.gather(*low, *high)
-    assert recorder.batches == [[3], [4], [1], [2]]
+    await asyncio.gather(*low, *middle, *high)
+    assert recorder.batches == [[3], [4], [5], [1], [2]]
+    await batcher.close()
+
+
+async def test_a_level_outside_the_queue_is_refused(recorder: Recorder) -> None:
+    batcher = make(recorder, priority_levels=2)
+    for level in (0, 3):
+        with pytest.raises(ValueError, match=f"priority level {level} is not in 1..2"):
+            await batcher.submit(rows(1), 1, priority=level)
+    assert batcher.queue.requests == 0
     await batcher.close()
 
 

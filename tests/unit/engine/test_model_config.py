@@ -99,9 +99,27 @@ def test_two_version_policies_are_rejected(tmp_path: Path) -> None:
     assert "set only one of latest, all, specific" in message
 
 
-def test_default_priority_must_be_below_levels(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "dynamic_batching:\n  priority_levels: 2\n  default_priority: 2\n")
-    assert "default_priority 2 is not below priority_levels 2" in message
+@pytest.mark.parametrize("level", [0, 3])
+def test_default_priority_level_is_one_of_the_levels(tmp_path: Path, level: int) -> None:
+    text = f"dynamic_batching:\n  priority_levels: 2\n  default_priority_level: {level}\n"
+    message = error_of(tmp_path, text)
+    assert (
+        f"default_priority_level {level} is not a priority level: levels are 1 (highest) to 2 "
+        "(lowest)"
+    ) in message
+
+
+def test_default_priority_level_defaults_to_the_lowest_level(tmp_path: Path) -> None:
+    (tmp_path / "config.yaml").write_text("dynamic_batching:\n  priority_levels: 3\n")
+    batching = load_model_config(tmp_path).dynamic_batching
+    assert (batching.priority_levels, batching.default_level) == (3, 3)
+    assert ModelConfig().dynamic_batching.default_level == 1
+
+
+def test_the_old_default_priority_key_says_what_replaced_it(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "dynamic_batching:\n  priority_levels: 2\n  default_priority: 1\n")
+    assert "default_priority was replaced by default_priority_level" in message
+    assert "1 is the highest" in message
 
 
 def test_non_mapping_config_names_the_file(tmp_path: Path) -> None:

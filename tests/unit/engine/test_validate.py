@@ -7,7 +7,7 @@ import pytest
 
 from engine.errors import InvalidInput
 from engine.types import InferRequest, TensorSpec
-from engine.validate import check_request
+from engine.validate import check_request, scheduling
 
 LABEL = "model 'm' version 1"
 TWO_IN = (TensorSpec("a", "FP32", (-1, 4)), TensorSpec("b", "INT64", (-1, 2)))
@@ -106,3 +106,18 @@ def test_output_selection_that_is_valid_passes() -> None:
 def test_undeclared_datatype_takes_the_models() -> None:
     # Inputs decoded from binary data may carry no declared datatype.
     assert check_request(request(good(1), {}), TWO_IN, OUTS, 8, LABEL) == 1
+
+
+@pytest.mark.parametrize(
+    ("parameters", "expected"),
+    [
+        ({}, (None, None)),
+        ({"priority": 0}, (None, None)),  # Triton: 0 means the model's default level
+        ({"priority": 3, "timeout": 250_000}, (3, 0.25)),
+        ({"priority": 1, "timeout": 0}, (1, None)),
+    ],
+)
+def test_scheduling_reads_priority_and_timeout_as_triton_does(
+    parameters: dict[str, int], expected: tuple[int | None, float | None]
+) -> None:
+    assert scheduling(parameters) == expected
