@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.model import LoadedModel
+from engine.model_config import GPU_PROVIDERS
 from engine.types import TensorSpec
 
 _TYPES = {
@@ -18,6 +19,22 @@ _TYPES = {
 def _tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     dims = list(spec.shape[1:] if batched else spec.shape)
     return {"name": spec.name, "data_type": _TYPES[spec.datatype], "dims": dims}
+
+
+def instance_groups(model: LoadedModel) -> list[dict[str, Any]]:
+    """Triton's instance_group: KIND_GPU with the devices for gpu groups, and for a bare count
+    whose session runs on a GPU provider (device 0)."""
+    config = model.config
+    on_gpu = not isinstance(config.instances, list) and model.backend.provider in GPU_PROVIDERS
+    groups = []
+    for index, group in enumerate(config.instance_groups):
+        entry: dict[str, Any] = {"name": f"{model.name}_{index}", "count": group.count}
+        if group.kind == "gpu" or on_gpu:
+            entry |= {"kind": "KIND_GPU", "gpus": group.gpus or [0]}
+        else:
+            entry["kind"] = "KIND_CPU"
+        groups.append(entry)
+    return groups
 
 
 def triton_config(model: LoadedModel) -> dict[str, Any]:
@@ -40,9 +57,7 @@ def triton_config(model: LoadedModel) -> dict[str, Any]:
         "max_batch_size": model.max_batch_size,
         "input": [_tensor(spec, batched) for spec in model.backend.inputs],
         "output": [_tensor(spec, batched) for spec in model.backend.outputs],
-        "instance_group": [
-            {"name": f"{model.name}_0", "count": config.instances, "kind": "KIND_CPU"}
-        ],
+        "instance_group": instance_groups(model),
         "default_model_filename": "model.plan" if config.backend == "tensorrt" else "model.onnx",
         "parameters": {},
     }
