@@ -94,11 +94,12 @@ def print_summary(console: Console, result: LoadTestResult, out: str) -> None:
             f"{step.unexpected_errors:,}",
         )  # fmt: skip
     console.print(table)
-    console.print(verdict_text(result).replace("**", ""))
+    # soft_wrap: a log or a pipe gets whole lines (paths stay greppable), not 80-column pieces.
+    console.print(verdict_text(result).replace("**", ""), soft_wrap=True)
     bound = [str(step.users) for step in result.steps if step.generator_cpu_bound]
     if bound:
         console.print(
             f"Warning: locust ran above 90% CPU at {', '.join(bound)} users; add --workers.",
             style="yellow",
         )
-    console.print(f"Report: {out}/report.md, {out}/report.html, {out}/results.json")
+    console.print(f"Report: {out}/report.md, {out}/report.html, {out}/results.json", soft_wrap=True)

@@ -8,6 +8,7 @@ processes, reports progress from the growing history CSV and makes sure nothing 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import signal
 import socket
@@ -197,6 +198,8 @@ def run_step(
     LoadTestError when locust fails or overruns its run time by more than GRACE_S; every process
     it started is stopped before it returns or raises.
     """
+    # locust runs in the step's folder, so every path it is given must not depend on our cwd.
+    spec = dataclasses.replace(spec, prefix=spec.prefix.absolute())
     spec.prefix.parent.mkdir(parents=True, exist_ok=True)
     files = StepFiles(spec.prefix)
     log = spec.prefix.with_name(spec.prefix.name + ".log")
@@ -236,9 +239,14 @@ def run_step(
             if on_progress is not None:
                 on_progress(time.monotonic() - started, read_progress(files))
             time.sleep(poll_s)
-        if main.returncode != 0 or not files.summary.exists():
+        if main.returncode != 0:
             raise LoadTestError(
                 f"locust exited with code {main.returncode}; log {log}:\n" + _tail(log)
+            )
+        if not files.summary.exists():
+            raise LoadTestError(
+                f"locust finished but wrote no summary at {files.summary}; log {log}:\n"
+                + _tail(log)
             )
         for worker in processes[1:]:
             try:

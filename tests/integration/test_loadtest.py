@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from engine.demo import write_demo_repository
 from loadtests.results import LoadTestResult
@@ -168,3 +173,46 @@ def test_tenant_mix_with_a_rate_limit_and_the_cache(
     assert "| 429 | backpressure |" in markdown
     assert fast not in markdown
     assert slow not in markdown
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _quick_start() -> tuple[list[str], list[str]]:
+    """The two commands of the README's load-test Quick start, as argument lists."""
+    section = (ROOT / "README.md").read_text().split("## Load testing", 1)[1]
+    block = section.split("### Quick start", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    serve, loadtest = [
+        shlex.split(line.removesuffix("&")) for line in block.replace("\\\n", " ").splitlines()
+    ]
+    return serve, loadtest
+
+
+def test_the_readme_quick_start_runs_as_written_from_the_repo_root(tmp_path: Path) -> None:
+    serve, command = _quick_start()
+    assert serve == ["sluice", "serve", "--http-port", "18720", "--grpc-port", "18721"]
+    out = command[command.index("--out") + 1]
+    assert not Path(out).is_absolute()  # the case that broke: locust runs in another folder
+    report = ROOT / out
+    if report.exists():
+        pytest.skip(f"{report} exists; not overwriting it")
+    server = ServerProcess(log_path=tmp_path / "server.log").start()  # serve's flags: ports only
+    # Shorter steps and ramp, and the test server's port; everything else as written.
+    swaps = {"http://127.0.0.1:18720": server.url, "5": "1", "1:8:x2": "1:2:x2"}
+    args = [swaps.get(arg, arg) for arg in command[1:]]
+    assert args[:3] == ["loadtest", "--url", server.url]
+    sluice = Path(sys.executable).with_name("sluice")  # the installed console script
+    try:
+        done = subprocess.run(
+            [str(sluice), *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode in (0, 1), done.stderr[-3000:]  # 1: the 25 ms SLO was missed
+        files = [report / name for name in ("report.md", "report.html", "results.json")]
+        assert all(path.is_file() for path in files), sorted(report.rglob("*"))
+        assert json.loads(files[2].read_text())["steps"][0]["users"] == 1
+        shown = re.search(r"Report: (.*)", done.stderr)
+        assert shown is not None, done.stderr[-3000:]
+        assert shown.group(1).split(", ") == [f"{out}/{path.name}" for path in files]
+    finally:
+        server.stop()
+        shutil.rmtree(report, ignore_errors=True)
