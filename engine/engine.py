@@ -18,6 +18,7 @@ from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import (
     CachedResult,
     Coalescer,
+    Expected,
     ResultCache,
     build_cache,
     cache_key_async,
@@ -223,7 +224,7 @@ class Engine:
         parameters: dict[str, Any] = {}
         try:
             if use_cache:
-                result, hit = await self._cached(model, request, compute, deadline)
+                result, hit = await self._cached(model, request, rows, compute, deadline)
                 parameters["cache_hit"] = hit
             else:
                 result = await compute()
@@ -244,6 +245,7 @@ class Engine:
         self,
         model: LoadedModel,
         request: InferRequest,
+        rows: int,
         compute: Callable[[float | None], Awaitable[CachedResult]],
         deadline: float | None,
     ) -> tuple[CachedResult, bool]:
@@ -259,8 +261,12 @@ class Engine:
             self.settings.cache.namespace, model.name, model.version, model.generation,
             request.inputs, request.datatypes, request.outputs, parameters,
         )  # fmt: skip
+        # Redis is untrusted: an entry is served only if it is what this model computes here.
+        expected = Expected.for_outputs(
+            model.backend.outputs, request.outputs or None, rows if model.max_batch_size else None
+        )
         looked_up = time.monotonic()
-        lookup = cache.get(key)
+        lookup = cache.get(key, expected)
         hit = await (lookup if self.tracing is None else self.tracing.stage("cache", lookup))
         if hit is not None:
             model.stats.cache_hit.add(time.monotonic() - looked_up)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -50,6 +50,10 @@ class CacheSettings(Section):
     """Connections to Redis per process; a call that finds none free within the timeout misses."""
     redis_max_pending_writes: int = Field(1024, gt=0)
     """Stores still on their way to Redis beyond which new stores are skipped (and counted)."""
+    signing_key: SecretStr | None = Field(None, min_length=16)
+    """A secret shared by the replicas (or `SLUICE_CACHE__SIGNING_KEY`): Redis entries then carry
+    an HMAC-SHA256 bound to their key, and entries without a valid one are misses, so a writer
+    who can reach Redis but lacks the secret cannot plant answers. Masked in logs."""
 
 
 class ApiKey(Section):

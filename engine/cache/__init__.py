@@ -7,6 +7,7 @@ from engine.cache.codec import CorruptEntry, decode, encode
 from engine.cache.contract import (
     CachedResult,
     CacheStats,
+    Expected,
     ResultCache,
     copy_outputs,
     copy_result,
@@ -30,6 +31,7 @@ __all__ = [
     "CachedResult",
     "Coalescer",
     "CorruptEntry",
+    "Expected",
     "MemoryCache",
     "RedisCache",
     "ResultCache",

@@ -1,20 +1,31 @@
 """The binary value layout of a cached result: a small header, then the raw arrays. Never pickle.
 
-    header   magic b"SLCR" | format u8 | flags u8 (0) | count u16 | crc32 u32 (of all other bytes)
+    header   magic b"SLCR" | format u8 | flags u8 | count u16 | crc32 u32 (of the bytes before
+             the signature, but for itself)
     count ×  name_len u16 | name utf-8 | datatype code u8 | ndim u8 | dims u64 × ndim | nbytes u64
     count ×  payload (zero-padded to a multiple of 8 so numeric arrays decode aligned)
+    signed:  HMAC-SHA256 (32 bytes) of u32 len(key) | key | every byte before it
 
 All integers are little-endian. Numeric payloads are the C-order little-endian array bytes and
 decode zero-copy (`np.frombuffer`, read-only). A BYTES payload is, per element, a u32 length and
 the element's bytes. `decode` checks every length against the buffer and the checksum, and
 raises `CorruptEntry` (never anything else) for data it did not write.
+
+Flags: 0, or 1 (`SIGNED`) when the entry ends with a signature. The CRC catches damage; only the
+signature stops a writer who can reach Redis but has no `cache.signing_key`, and because it covers
+the Redis key the entry is stored under, a genuine entry moved to another key fails it too. A
+reader with a signer refuses unsigned entries; a reader without one reads signed entries as
+plain ones (it trusts unsigned entries anyway), so a key can be rolled out replica by replica.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import math
 import struct
 import zlib
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -42,14 +53,37 @@ _TYPE_NDIM = struct.Struct("<BB")
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _MAX_NDIM = 32
+SIGNED = 1
+"""The flags bit of an entry that ends with a signature."""
+SIGNATURE_BYTES = hashlib.sha256().digest_size
 
 
 class CorruptEntry(ValueError):
     """A stored value that is not a complete entry of this format; treat it as a miss."""
 
 
-def encode(result: CachedResult) -> bytes:
-    """The stored form of `result` (its datatypes decide the layout of each output)."""
+class Signer:
+    """HMAC-SHA256 of entries with a secret (`cache.signing_key`), bound to their Redis key."""
+
+    __slots__ = ("_secret",)
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def __repr__(self) -> str:
+        return "Signer(***)"  # never the secret, not even in a traceback
+
+    def sign(self, key: bytes, parts: Iterable[bytes | memoryview]) -> bytes:
+        """The signature of the entry made of `parts`, stored under `key`."""
+        mac = hmac.new(self._secret, _U32.pack(len(key)) + key, hashlib.sha256)
+        for part in parts:
+            mac.update(part)
+        return mac.digest()
+
+
+def encode(result: CachedResult, *, signer: Signer | None = None, key: bytes = b"") -> bytes:
+    """The stored form of `result` (its datatypes decide the layout of each output), signed for
+    `key` when a `signer` is given."""
     if len(result.outputs) > 0xFFFF:
         raise ValueError(f"{len(result.outputs)} outputs; the format holds at most 65535")
     meta: list[bytes] = []
@@ -69,19 +103,23 @@ def encode(result: CachedResult) -> bytes:
     # Pad the metadata so the first payload starts 8-byte aligned.
     meta.append(bytes(-(_HEADER.size + sum(map(len, meta))) % 8))
     body = [*meta, *payloads]
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(result.outputs))
+    flags = 0 if signer is None else SIGNED
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(result.outputs))
     crc = zlib.crc32(prefix)
     for part in body:
         crc = zlib.crc32(part, crc)
     header = prefix + _U32.pack(crc)
+    if signer is not None:
+        body.append(signer.sign(key, [header, *body]))
     # One copy of the array data, straight into the value (payloads are views until here).
     return b"".join([header, *body])
 
 
-def decode(data: bytes) -> CachedResult:
-    """The result stored in `data`; CorruptEntry if it is truncated, altered or foreign."""
+def decode(data: bytes, *, signer: Signer | None = None, key: bytes = b"") -> CachedResult:
+    """The result stored in `data` under `key`; CorruptEntry if it is truncated, altered or
+    foreign, and, with a `signer`, if its signature is missing or not this signer's for `key`."""
     try:
-        return _decode(data)
+        return _decode(data, signer, key)
     except CorruptEntry:
         raise
     except (ValueError, struct.error, OverflowError, MemoryError) as exc:
@@ -89,13 +127,27 @@ def decode(data: bytes) -> CachedResult:
         raise CorruptEntry(f"unreadable entry: {exc}") from exc
 
 
-def _decode(data: bytes) -> CachedResult:
+def _decode(data: bytes, signer: Signer | None, key: bytes) -> CachedResult:
     if len(data) < _HEADER.size:
         raise CorruptEntry(f"entry of {len(data)} bytes is shorter than the header")
     magic, version, flags, count, crc = _HEADER.unpack_from(data)
-    if magic != MAGIC or version != FORMAT_VERSION or flags != 0:
+    if magic != MAGIC or version != FORMAT_VERSION or flags not in (0, SIGNED):
         raise CorruptEntry(f"not a cache entry of format {FORMAT_VERSION} ({magic!r}, {version})")
     view = memoryview(data)
+    end = len(data)
+    if flags == SIGNED:
+        end -= SIGNATURE_BYTES
+        if end < _HEADER.size:
+            raise CorruptEntry(f"signed entry of {len(data)} bytes is too short for a signature")
+    if signer is not None:
+        if flags != SIGNED:
+            raise CorruptEntry("entry is not signed, and cache.signing_key requires signed entries")
+        if not hmac.compare_digest(signer.sign(key, [view[:end]]), view[end:]):
+            raise CorruptEntry(
+                "signature mismatch: written without this cache.signing_key, altered, or moved "
+                "from another key"
+            )
+    view = view[:end]
     if zlib.crc32(view[_HEADER.size :], zlib.crc32(view[: _PREFIX.size])) != crc:
         raise CorruptEntry("checksum mismatch: the entry was altered or truncated")
     reader = _Reader(view, _HEADER.size)
@@ -108,8 +160,8 @@ def _decode(data: bytes) -> CachedResult:
         outputs[name] = _array(data, start, datatype, shape, nbytes)
         datatypes[name] = datatype
         reader.align()
-    if reader.offset != len(data):
-        raise CorruptEntry(f"{len(data) - reader.offset} unexpected bytes after the last tensor")
+    if reader.offset != end:
+        raise CorruptEntry(f"{end - reader.offset} unexpected bytes after the last tensor")
     if len(outputs) != count:
         raise CorruptEntry(f"header says {count} tensors but only {len(outputs)} names differ")
     return CachedResult(outputs, datatypes)

@@ -8,11 +8,13 @@ can change what the next caller reads. A caller that needs to modify outputs cop
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Protocol, runtime_checkable
 
 import numpy as np
+
+from engine.types import TensorSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +28,44 @@ class CachedResult:
     def nbytes(self) -> int:
         """Bytes of array data held (BYTES: the total length of the elements)."""
         return sum(array_nbytes(array) for array in self.outputs.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What a result must be to answer one request: exactly these outputs, each of its datatype
+    and of a shape that fits (-1 fits any length). An entry read from Redis is checked against it
+    before it is served, so one that another writer planted (valid CRC, wrong outputs or rows) or
+    that another build of the model wrote is a miss, never an answer."""
+
+    outputs: Mapping[str, tuple[str, tuple[int, ...]]]
+    """Output name -> (datatype, shape)."""
+
+    @classmethod
+    def for_outputs(
+        cls, specs: Sequence[TensorSpec], names: Collection[str] | None, rows: int | None
+    ) -> Expected:
+        """The outputs `names` (None: all) of a model with output `specs`, for a request of
+        `rows` rows (None for a model without a batch dimension)."""
+        outputs: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for spec in specs:
+            if names is None or spec.name in names:
+                shape = spec.shape if rows is None else (rows, *spec.shape[1:])
+                outputs[spec.name] = (spec.datatype, tuple(shape))
+        return cls(outputs)
+
+    def mismatch(self, result: CachedResult) -> str | None:
+        """Why `result` cannot answer the request (what it holds, what was expected), or None."""
+        if set(result.outputs) != set(self.outputs) or set(result.datatypes) != set(self.outputs):
+            return f"outputs {sorted(result.outputs)}; expected {sorted(self.outputs)}"
+        for name, (datatype, shape) in self.outputs.items():
+            if result.datatypes[name] != datatype:
+                return f"output '{name}' is {result.datatypes[name]}; expected {datatype}"
+            got = result.outputs[name].shape
+            if len(got) != len(shape) or any(
+                want not in (-1, have) for have, want in zip(got, shape, strict=True)
+            ):
+                return f"output '{name}' has shape {list(got)}; expected {list(shape)}"
+        return None
 
 
 @dataclass(slots=True)
@@ -48,6 +88,10 @@ class CacheStats:
     """Results stored (for Redis: writes that completed)."""
     skipped: int = 0
     """Results not stored: larger than the entry limit, or too many writes already pending."""
+    rejected: int = 0
+    """Entries read from Redis and refused: corrupt, unsigned or wrongly signed (with a signing
+    key), larger than the entry limit, or not fitting the request (each also an error and a
+    miss)."""
     bytes: int = 0
     entries: int = 0
 
@@ -69,8 +113,10 @@ class ResultCache(Protocol):
         """Counters of this cache (tiered: the combined view)."""
         ...
 
-    async def get(self, key: bytes) -> CachedResult | None:
-        """The result stored under `key`, or None. Its arrays are read-only."""
+    async def get(self, key: bytes, expected: Expected | None = None) -> CachedResult | None:
+        """The result stored under `key`, or None. Its arrays are read-only. An entry read from
+        Redis that does not fit `expected` is a miss (memory holds only results this process
+        computed or checked)."""
         ...
 
     async def put(self, key: bytes, result: CachedResult, ttl_s: float) -> None:

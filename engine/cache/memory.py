@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.cache.contract import CachedResult, CacheStats, frozen_copy, read_only_views
+from engine.cache.contract import CachedResult, CacheStats, Expected, frozen_copy, read_only_views
 
 
 @dataclass(slots=True)
@@ -54,8 +54,9 @@ class MemoryCache:
         entry = self._entries.get(key)
         return entry is not None and entry.expires_at > self._clock()
 
-    async def get(self, key: bytes) -> CachedResult | None:
-        """The stored result as read-only views, or None (expired entries are dropped)."""
+    async def get(self, key: bytes, expected: Expected | None = None) -> CachedResult | None:
+        """The stored result as read-only views, or None (expired entries are dropped).
+        `expected` is not checked: this process stored every entry itself."""
         return self.lookup(key)
 
     def lookup(self, key: bytes) -> CachedResult | None:

@@ -1,6 +1,12 @@
 """Result cache in Redis, shared by replicas. Values use the binary layout of `codec`; TTL is
 Redis expiry (SET ... PX). (Named redis_cache, not redis, so it never shadows the redis package.)
 
+Redis is untrusted: anyone who can write to it can plant a value with a valid CRC. An entry is
+served only if it decodes, is no larger than `max_entry_bytes`, fits the request (`Expected`:
+output names, datatypes, shapes, rows) and, with a `signing_key`, carries this key's signature
+for the Redis key it is read from; anything else is a miss, counted in `stats.rejected` and
+`stats.errors`, logged like a failure, and deleted before the miss is answered.
+
 Failure policy: Redis is an optimisation, never a dependency. Every call runs inside
 `asyncio.timeout(timeout_s)`; a failure or timeout is a miss (get) or a skipped store (put),
 counted in `stats.errors` and logged at most once per `error_log_interval_s`. After a failure
@@ -15,6 +21,7 @@ cancelled or times out, so a late reply can never be read by the next caller on 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +33,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from engine.cache import codec
-from engine.cache.contract import CachedResult, CacheStats
+from engine.cache.contract import CachedResult, CacheStats, Expected
 from engine.settings import CacheSettings
 
 T = TypeVar("T")
@@ -56,9 +63,12 @@ class RedisCache:
         retry_interval_s: float = 0.5,
         max_pending_writes: int = 1024,
         max_connections: int = 64,
+        signing_key: bytes | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """With `signing_key`, entries are written signed and only signed ones are read."""
         self.url = url
+        self._signer = None if signing_key is None else codec.Signer(signing_key)
         self.timeout_s = timeout_s
         self.max_entry_bytes = max_entry_bytes
         self.error_log_interval_s = error_log_interval_s
@@ -96,6 +106,11 @@ class RedisCache:
             retry_interval_s=settings.redis_retry_interval_s,
             max_pending_writes=settings.redis_max_pending_writes,
             max_connections=settings.redis_max_connections,
+            signing_key=(
+                None
+                if settings.signing_key is None
+                else settings.signing_key.get_secret_value().encode()
+            ),
         )
 
     @property
@@ -108,14 +123,17 @@ class RedisCache:
         """Stores still on their way to Redis."""
         return len(self._writes)
 
-    async def get(self, key: bytes) -> CachedResult | None:
-        """The stored result (read-only arrays) or None on a miss, a failure or a corrupt entry."""
-        found = await self._fetch(key, with_ttl=False)
+    async def get(self, key: bytes, expected: Expected | None = None) -> CachedResult | None:
+        """The stored result (read-only arrays) or None on a miss, a failure or an entry that is
+        corrupt, wrongly signed or does not fit `expected`."""
+        found = await self._fetch(key, expected, with_ttl=False)
         return None if found is None else found[0]
 
-    async def get_with_ttl(self, key: bytes) -> tuple[CachedResult, float | None] | None:
+    async def get_with_ttl(
+        self, key: bytes, expected: Expected | None = None
+    ) -> tuple[CachedResult, float | None] | None:
         """Like `get`, plus the entry's remaining lifetime in seconds (one round trip)."""
-        return await self._fetch(key, with_ttl=True)
+        return await self._fetch(key, expected, with_ttl=True)
 
     async def put(self, key: bytes, result: CachedResult, ttl_s: float) -> None:
         """Encode `result` now (the caller may reuse its arrays at once); write it in the
@@ -133,10 +151,8 @@ class RedisCache:
             self._stats.errors += 1
             return
         try:
-            if result.nbytes > OFFLOAD_BYTES:
-                value = await asyncio.to_thread(codec.encode, result)
-            else:
-                value = codec.encode(result)
+            encode = functools.partial(codec.encode, result, signer=self._signer, key=key)
+            value = await asyncio.to_thread(encode) if result.nbytes > OFFLOAD_BYTES else encode()
         except (TypeError, ValueError, KeyError) as exc:  # not storable: never fail the reply
             self._stats.skipped += 1
             self._failure("encode", exc)
@@ -159,7 +175,9 @@ class RedisCache:
         self._disconnected = True
         await self._client.aclose(close_connection_pool=True)
 
-    async def _fetch(self, key: bytes, with_ttl: bool) -> tuple[CachedResult, float | None] | None:
+    async def _fetch(
+        self, key: bytes, expected: Expected | None, with_ttl: bool
+    ) -> tuple[CachedResult, float | None] | None:
         if with_ttl:
             reply = await self._call("get", lambda: self._get_and_pttl(key))
         else:
@@ -168,15 +186,23 @@ class RedisCache:
             self._stats.misses += 1
             return None
         raw, ttl_ms = reply[0], reply[1]
+        decode = functools.partial(codec.decode, raw, signer=self._signer, key=key)
         try:
-            if len(raw) > OFFLOAD_BYTES:
-                result = await asyncio.to_thread(codec.decode, raw)
-            else:
-                result = codec.decode(raw)
+            result = await asyncio.to_thread(decode) if len(raw) > OFFLOAD_BYTES else decode()
+            if result.nbytes > self.max_entry_bytes:
+                raise codec.CorruptEntry(
+                    f"entry holds {result.nbytes} bytes; max_entry_bytes is {self.max_entry_bytes}"
+                )
+            problem = None if expected is None else expected.mismatch(result)
+            if problem is not None:
+                raise codec.CorruptEntry(f"entry does not fit the request: {problem}")
         except codec.CorruptEntry as exc:
             self._stats.misses += 1
+            self._stats.rejected += 1
             self._failure("decode", exc)
-            self._spawn(self.delete(key))
+            # Deleted before the miss is answered, so this DEL cannot land after the store of
+            # the result computed next (a rare path: corruption, or someone planting entries).
+            await self.delete(key)
             return None
         self._stats.hits += 1
         return result, (ttl_ms / 1000 if ttl_ms is not None and ttl_ms > 0 else None)

@@ -3,7 +3,7 @@ replica are still hits here. A Redis hit fills memory for the rest of the entry'
 
 from __future__ import annotations
 
-from engine.cache.contract import CachedResult, CacheStats, read_only_views
+from engine.cache.contract import CachedResult, CacheStats, Expected, read_only_views
 from engine.cache.memory import MemoryCache
 from engine.cache.redis_cache import RedisCache
 
@@ -29,16 +29,18 @@ class TieredCache:
             expirations=local.expirations,
             stores=local.stores,
             skipped=local.skipped + remote.skipped,
+            rejected=remote.rejected,
             bytes=local.bytes,
             entries=local.entries,
         )
 
-    async def get(self, key: bytes) -> CachedResult | None:
-        """Memory first; on a memory miss, Redis (and a Redis hit is copied into memory)."""
+    async def get(self, key: bytes, expected: Expected | None = None) -> CachedResult | None:
+        """Memory first; on a memory miss, Redis (and a Redis hit, checked against `expected`
+        before anything else, is copied into memory)."""
         found = self.memory.lookup(key)
         if found is not None:
             return found
-        remote = await self.redis.get_with_ttl(key)
+        remote = await self.redis.get_with_ttl(key, expected)
         if remote is None:
             return None
         result, ttl_s = remote
