@@ -314,8 +314,14 @@ def _chosen_encoding(accept_encoding: str | None) -> str | None:
     return None
 
 
-def decompress(body: bytes, content_encoding: str | None, limit_bytes: int) -> bytes:
-    """The body without its Content-Encoding (gzip, deflate), bounded by `limit_bytes`."""
+def decompress(
+    body: bytes, content_encoding: str | None, limit_bytes: int, budget_bytes: int | None = None
+) -> bytes | None:
+    """The body without its Content-Encoding (gzip, deflate), inflated only up to `limit_bytes`
+    (PayloadTooLarge past it), with nothing allowed after the compressed stream.
+
+    With `budget_bytes`, None when the body inflates past that budget: what it really holds is
+    unknown until it is inflated whole, which the caller then does off the event loop."""
     coding = (content_encoding or "identity").strip().lower()
     if coding == "identity":
         return body
@@ -323,13 +329,20 @@ def decompress(body: bytes, content_encoding: str | None, limit_bytes: int) -> b
         raise InvalidInput(
             f"unsupported Content-Encoding '{content_encoding}'; supported: gzip, deflate"
         )
+    cap = limit_bytes if budget_bytes is None else min(budget_bytes, limit_bytes)
     inflater = zlib.decompressobj(wbits=_ENCODINGS[coding])
     try:
-        plain = inflater.decompress(body, limit_bytes + 1)
+        plain = inflater.decompress(body, cap + 1)  # never more than this is allocated
     except zlib.error as exc:
         raise InvalidInput(f"body is not valid {coding} data: {exc}") from None
-    if len(plain) > limit_bytes or inflater.unconsumed_tail:
+    if len(plain) > cap or inflater.unconsumed_tail:
+        if cap < limit_bytes:
+            return None
         raise PayloadTooLarge(len(plain) + len(inflater.unconsumed_tail), limit_bytes)
     if not inflater.eof:
         raise InvalidInput(f"body is truncated {coding} data ({len(body)} bytes)")
+    if inflater.unused_data:
+        raise InvalidInput(
+            f"body has {len(inflater.unused_data)} bytes after the end of its {coding} data"
+        )
     return plain

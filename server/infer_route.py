@@ -123,12 +123,19 @@ class InferRoute:
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")
 
+        # The decompressed size decides where decoding runs: here, only a bounded prefix of a
+        # compressed body is inflated; a body that holds more is inflated in a worker thread.
+        encoding = headers.get("content-encoding")
+        plain = binary.decompress(body, encoding, self.limit, binary.OFFLOAD_BYTES)
+
         def decode() -> tuple[InferRequest, binary.BinaryRequest]:
-            plain = binary.decompress(body, headers.get("content-encoding"), self.limit)
-            split = binary.split_request(plain, headers)
+            full = binary.decompress(body, encoding, self.limit) if plain is None else plain
+            assert full is not None
+            split = binary.split_request(full, headers)
             return codec.decode_request(split.header, name, version, split.arrays), split
 
-        request, split = await binary.off_loop(len(body), decode)
+        size = binary.OFFLOAD_BYTES + 1 if plain is None else len(plain)
+        request, split = await binary.off_loop(size, decode)
         request.tenant = tenant
         response = await _unless_disconnected(receive, self.engine.infer(request))
         size = sum(array.nbytes for array in response.outputs.values())

@@ -308,3 +308,22 @@ def test_header_length_takes_only_ascii_digits(length: str) -> None:
     assert caught.value.message == (
         f"{binary.HEADER_LENGTH} is {length!r}; expected a whole number of bytes"
     )
+
+
+@pytest.mark.parametrize(
+    ("encoding", "compress"), [("gzip", gzip.compress), ("deflate", zlib.compress)]
+)
+def test_bytes_after_the_compressed_stream_are_invalid_input(encoding: str, compress: Any) -> None:
+    body = compress(b'{"inputs": []}') + b"garbage"
+    with pytest.raises(InvalidInput) as caught:
+        binary.decompress(body, encoding, limit_bytes=1000)
+    assert caught.value.message == f"body has 7 bytes after the end of its {encoding} data"
+
+
+def test_decompression_within_a_budget_stops_early() -> None:
+    bomb = gzip.compress(bytes(100_000))
+    assert binary.decompress(bomb, "gzip", limit_bytes=200_000, budget_bytes=1000) is None
+    assert binary.decompress(bomb, "gzip", 200_000, budget_bytes=100_000) == bytes(100_000)
+    with pytest.raises(PayloadTooLarge):  # past the limit itself: no second try is needed
+        binary.decompress(bomb, "gzip", limit_bytes=1000, budget_bytes=5000)
+    assert binary.decompress(b"abc", None, limit_bytes=10, budget_bytes=1) == b"abc"
