@@ -101,18 +101,27 @@ class Engine:
 
     @property
     def ready(self) -> bool:
-        """Started, not draining, nothing loading, and every model that was asked for loaded."""
-        return self._started and not self._draining and self.registry.settled
+        """Started and not draining; with `strict_readiness`, also every model asked for serves
+        (see ModelRegistry.serving_all)."""
+        if not self._started or self._draining:
+            return False
+        return self.registry.serving_all() if self.settings.strict_readiness else True
 
     @property
     def draining(self) -> bool:
         return self._draining
 
+    def stop_accepting(self) -> None:
+        """The first step of a drain: readiness turns 503 and new requests are refused
+        (ShuttingDown); requests already accepted carry on."""
+        self._draining = True
+        if self._registry is not None:
+            self._registry.stop_polling()
+
     async def drain(self) -> None:
         """Stop taking requests and finish every queued and running one, bounded by
         `drain_timeout_s`; whatever is still left then is answered ShuttingDown by close()."""
-        self._draining = True
-        self.registry.stop_polling()
+        self.stop_accepting()
         models = self.registry.all()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout_s):

@@ -52,10 +52,12 @@ class ModelRegistry:
             await model.close()
         self._models.clear()
 
-    @property
-    def settled(self) -> bool:
-        """Nothing loading and nothing failed: every model asked for is serving."""
-        return not self._loading and not self._failed
+    def serving_all(self) -> bool:
+        """Every model asked for serves: none is loading or failed without a version serving.
+        A reload (or a failed reload) of a model whose old version still serves counts as
+        serving: readiness does not flap while a repository changes."""
+        asked = self._loading | {name for name, _ in self._failed}
+        return all(name in self._models for name in asked)
 
     def all(self) -> list[LoadedModel]:
         """Every loaded model version."""
@@ -79,6 +81,9 @@ class ModelRegistry:
             check_name("model", name)
             if name in self._loading:
                 raise ModelNotReady(name, version or "latest", "loading")
+            failed = [reason for (n, _), reason in sorted(self._failed.items()) if n == name]
+            if failed:
+                raise ModelNotReady(name, version or "latest", f"failed to load: {failed[0]}")
             raise ModelNotFound(name, available=sorted(self._models))
         if version is None or version == "":
             return versions[max(versions, key=int)]
@@ -176,8 +181,10 @@ class ModelRegistry:
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
                 self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
-                if str(version) in current:  # a failed reload keeps the version that was serving
-                    fresh[str(version)] = current[str(version)]
+        if current and len(fresh) < len(entry.versions):
+            # A failed reload changes nothing that serves: the versions serving now stay (also
+            # when a new version's file is broken or half-written), next to those that loaded.
+            fresh = {**current, **fresh}
         if fresh:
             self._models[entry.name] = fresh
         else:

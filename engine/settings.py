@@ -207,6 +207,11 @@ class Settings(BaseSettings):
     read yet. At the bound the server stops reading that stream until the client reads."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long queued and running requests may take to finish."""
+    strict_readiness: bool = True
+    """Triton's strict readiness: the server is ready only while every model asked for serves
+    (one that failed to load keeps it unready). False: ready once started; a model that failed
+    is unready on its own (/v2/models/<name>/ready). A failed reload that keeps the old version
+    serving never drops readiness either way."""
     allow_unauthenticated: bool = False
     """Allow binding a non-loopback address with no API keys configured."""
     batching: BatchingDefaults = Field(default_factory=BatchingDefaults)

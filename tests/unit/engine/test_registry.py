@@ -1,0 +1,116 @@
+"""Readiness and model control on a real repository: strict and non-strict readiness when a
+model fails at start, and failed reloads that keep the serving version (and readiness)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.demo import write_demo_repository
+from engine.engine import Engine
+from engine.errors import InvalidInput, ModelNotReady
+from engine.settings import load_settings
+from engine.types import InferRequest
+
+X = np.ones((1, 16), np.float32)
+StartEngine = Callable[..., Any]
+
+
+def request(model: str = "demo") -> InferRequest:
+    return InferRequest(model, {"x": X}, {"x": "FP32"}, timeout_s=5)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """The demo model, plus `broken`: a folder whose model file is not ONNX."""
+    root = write_demo_repository(tmp_path / "models")
+    shutil.copytree(root / "demo", root / "broken")
+    (root / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    return root
+
+
+@pytest.fixture
+async def start(repo: Path) -> AsyncIterator[StartEngine]:
+    engines: list[Engine] = []
+
+    async def start_engine(**settings: Any) -> Engine:
+        engine = Engine(load_settings(model_repository=repo, **settings))
+        engines.append(engine)
+        await engine.start()
+        return engine
+
+    yield start_engine
+    for engine in engines:
+        await engine.close()
+
+
+async def test_strict_readiness_is_the_default_one_failed_model_keeps_the_server_unready(
+    start: StartEngine,
+) -> None:
+    engine = await start()
+    assert engine.ready is False
+    assert engine.model_ready("demo") is True
+    assert engine.model_ready("broken") is False
+
+
+async def test_non_strict_readiness_is_ready_with_the_models_that_loaded(
+    start: StartEngine,
+) -> None:
+    engine = await start(strict_readiness=False)
+    assert engine.ready is True
+    assert engine.model_ready("demo") is True
+    assert engine.model_ready("broken") is False
+    assert (await engine.infer(request())).outputs["probabilities"].shape == (1, 10)
+    with pytest.raises(ModelNotReady, match=r"'broken'.*failed to load: .*"):
+        await engine.infer(request("broken"))
+
+
+async def test_strict_readiness_from_the_environment(
+    repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_STRICT_READINESS", "false")
+    assert load_settings(model_repository=repo).strict_readiness is False
+
+
+@pytest.fixture
+async def explicit(start: StartEngine, repo: Path) -> Engine:
+    shutil.rmtree(repo / "broken")
+    engine: Engine = await start(model_control_mode="explicit", load_models=["demo"])
+    assert engine.ready is True
+    return engine
+
+
+async def test_a_failed_reload_of_the_serving_version_keeps_readiness(
+    explicit: Engine, repo: Path
+) -> None:
+    (repo / "demo" / "1" / "model.onnx").write_bytes(b"half a model")
+    with pytest.raises(InvalidInput, match="failed to load model 'demo'"):
+        await explicit.load_model("demo")
+    assert explicit.ready is True
+    assert explicit.model_ready("demo") is True
+
+
+async def test_a_broken_new_version_keeps_the_old_one_serving(explicit: Engine, repo: Path) -> None:
+    (repo / "demo" / "2").mkdir()
+    (repo / "demo" / "2" / "model.onnx").write_bytes(b"half a model")
+    with pytest.raises(InvalidInput, match="failed to load model 'demo'"):
+        await explicit.load_model("demo")
+    assert explicit.ready is True
+    assert (await explicit.infer(request())).model_version == "1"
+    states = {(row["version"], row["state"]) for row in explicit.repository_index()}
+    assert states == {("1", "READY"), ("2", "UNAVAILABLE")}
+
+
+async def test_a_broken_config_on_reload_keeps_the_old_config_serving(
+    explicit: Engine, repo: Path
+) -> None:
+    (repo / "demo" / "config.yaml").write_text("max_batch_size: [unclosed\n")
+    with pytest.raises(InvalidInput, match="failed to load model 'demo'"):
+        await explicit.load_model("demo")
+    assert explicit.ready is True
+    assert (await explicit.infer(request())).model_version == "1"
