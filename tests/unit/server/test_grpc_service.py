@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from google.protobuf import json_format
 from engine.auth import digest_key
 from engine.errors import Overloaded, RateLimited
 from engine.settings import ApiKey, AuthSettings, Settings, SettingsError
-from server.grpc_service import build_grpc_server, server_options
+from server.grpc_service import GrpcService, build_grpc_server, server_options
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.unit.server.fake_engine import FakeEngine
@@ -338,9 +339,46 @@ async def test_stream_infer_answers_each_request(stub: Stub) -> None:
     assert [a for a in by_id if a[0] == "good"] == [("good", ""), ("good", "")]
 
 
-async def test_unimplemented_rpcs(stub: Stub) -> None:
-    error = await _status(stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest()))
+UNIMPLEMENTED = {
+    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest,
+    "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterRequest,
+    "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterRequest,
+    "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest,
+    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
+    "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest,
+    "TraceSetting": pb.TraceSettingRequest,
+    "LogSettings": pb.LogSettingsRequest,
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNIMPLEMENTED))
+async def test_unimplemented_rpcs(stub: Stub, name: str) -> None:
+    error = await _status(getattr(stub, name)(UNIMPLEMENTED[name]()))
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
+    assert error.details().startswith(f"sluice does not implement {name}: ")
+    assert dict(error.trailing_metadata() or ())["x-request-id"]
+
+
+def test_every_rpc_is_served_by_the_servicer() -> None:
+    """No RPC falls through to the generated base class (NotImplementedError, a traceback)."""
+    base = pb_grpc.GRPCInferenceServiceServicer
+    rpcs = [name for name in vars(base) if not name.startswith("_")]
+    assert len(rpcs) == 20
+    assert [name for name in rpcs if getattr(GrpcService, name) is getattr(base, name)] == []
+
+
+async def test_unimplemented_rpcs_need_a_key() -> None:
+    engine = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
+    server, port = await _serve(engine)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            error = await _status(stub.TraceSetting(pb.TraceSettingRequest()))
+            assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+            keyed = stub.TraceSetting(pb.TraceSettingRequest(), metadata=(("x-api-key", "k"),))
+            assert (await _status(keyed)).code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await server.stop(grace=None)
 
 
 async def test_auth_from_metadata() -> None:
@@ -420,3 +458,103 @@ async def test_stream_cancellation_reaches_the_engine(stub: Stub, engine: FakeEn
     await asyncio.wait_for(engine.cancelled.wait(), 10)
     assert engine.cancelled.is_set()
     hold.set()
+
+
+def _double(index: int, rows: int = 1) -> Any:
+    x = np.full((rows, 4), index, np.float32)
+    return raw_request("double", {"x": ("FP32", x)}, id=str(index))
+
+
+async def _poll(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"condition not met in {timeout_s} s"
+        await asyncio.sleep(0.01)
+
+
+async def test_stream_is_not_read_past_its_bound(engine: FakeEngine) -> None:
+    """With nothing read by the client, the engine sees at most the bound plus the few answers
+    the client's flow-control window absorbs; reading then lets every request through."""
+    server, port = await _serve(engine, grpc_stream_max_pending=4)
+    total, rows = 200, 1024  # 20 KiB answers: a 64 KiB window holds 3
+    try:
+        options = [("grpc.http2.bdp_probe", 0)]  # the client's window stays 64 KiB
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            written = 0
+
+            async def writer() -> None:
+                nonlocal written
+                for index in range(total):
+                    await call.write(_double(index, rows))
+                    written += 1
+                await call.done_writing()
+
+            writing = asyncio.create_task(writer())
+            await _poll(lambda: len(engine.requests) >= 4)
+            peak, watch_until = 0, time.monotonic() + 1.0
+            while time.monotonic() < watch_until:  # nothing read: the count must stay put
+                peak = max(peak, len(engine.requests))
+                await asyncio.sleep(0.05)
+            answers = [answer async for answer in call]
+            await asyncio.wait_for(writing, 10)
+    finally:
+        await server.stop(grace=None)
+    assert peak <= 4 + 8, f"the engine got {peak} requests of an unread stream"
+    assert written == total
+    assert sorted(int(a.infer_response.id) for a in answers) == list(range(total))
+    for answer in answers:
+        expected = np.full((rows, 4), 2 * int(answer.infer_response.id), np.float32)
+        np.testing.assert_array_equal(output(answer.infer_response, "y"), expected)
+
+
+async def test_rejected_stream_that_never_stops_writing_still_ends(engine: FakeEngine) -> None:
+    """The server reads a rejected stream only up to its bound (or a second), then ends it."""
+    keyed = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
+    server, port = await _serve(keyed, grpc_stream_max_pending=4)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+            async def forever() -> AsyncIterator[Any]:
+                index = 0
+                while True:
+                    yield _double(index)
+                    index += 1
+
+            call = stub.ModelStreamInfer(forever())
+            async with asyncio.timeout(10):
+                with pytest.raises(grpc.aio.AioRpcError):
+                    async for _ in call:
+                        pass
+            # A client still writing when the status comes may see grpc.aio's INTERNAL
+            # (grpc/grpc#36066); the point here is that the call ended.
+            assert await call.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INTERNAL)
+    finally:
+        await server.stop(grace=None)
+    assert keyed.requests == []
+
+
+async def test_stream_without_a_key_is_unauthenticated_every_time() -> None:
+    engine = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
+    server, port = await _serve(engine)
+    codes = []
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for attempt in range(30):
+
+                async def requests(count: int = attempt % 8) -> AsyncIterator[Any]:
+                    for index in range(count):
+                        yield _double(index)
+
+                codes.append((await _status(_drain(stub.ModelStreamInfer(requests())))).code())
+    finally:
+        await server.stop(grace=None)
+    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 30
+    assert engine.requests == []
+
+
+async def _drain(call: Any) -> None:
+    async for _ in call:
+        pass
