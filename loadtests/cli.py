@@ -7,7 +7,6 @@ Exit status: 0 done (and the SLO met, if one was given), 1 no step met the SLO, 
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -203,11 +202,6 @@ def loadtest(
     report.md, report.html, results.json and PNG plots.
     """
     console = Console(stderr=True)
-    # Look locust up without importing it: importing it patches this process with gevent.
-    if importlib.util.find_spec("locust") is None:
-        raise click.ClickException(
-            "sluice loadtest runs locust, which is not installed: pip install 'sluice[loadtest]'"
-        )
     if worker_of is not None:
         sys.exit(run_worker(protocol, worker_of, console))
     if users is not None and ramp is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,17 @@ LAZY_COMMANDS = {
     "loadtest": "loadtests.cli:loadtest",
     "bundle": "server.bundle:bundle",
 }
+EXTRAS = {
+    "convert": ("convert", ("torch", "onnxscript", "onnxslim", "skl2onnx", "sklearn")),
+    "loadtest": ("loadtest", ("locust", "matplotlib", "httpx")),
+}
+"""Subcommands that need an optional extra: (extra, the modules it installs that they import)."""
+
+
+class UnavailableCommand(click.ClickException):
+    """A subcommand that cannot run here; a usage problem (exit 2), not a failed run."""
+
+    exit_code = 2
 
 
 class SluiceGroup(click.Group):
@@ -26,25 +38,41 @@ class SluiceGroup(click.Group):
         return sorted([*super().list_commands(ctx), *LAZY_COMMANDS])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        if name in LAZY_COMMANDS:
-            module, _, attr = LAZY_COMMANDS[name].partition(":")
-            try:
-                command: click.Command = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as exc:
-                return _unavailable(name, exc)
-            return command
-        return super().get_command(ctx, name)
+        if name not in LAZY_COMMANDS:
+            return super().get_command(ctx, name)
+        extra, modules = EXTRAS.get(name, ("", ()))
+        # find_spec, not import: importing locust would patch this process with gevent.
+        missing = [module for module in modules if importlib.util.find_spec(module) is None]
+        if missing:
+            return _unavailable(
+                name,
+                f"'sluice {name}' needs the {extra} extra, which is not installed "
+                f"(missing: {', '.join(missing)}): pip install 'sluice[{extra}]'",
+                f"(needs: pip install 'sluice[{extra}]')",
+            )
+        module, _, attr = LAZY_COMMANDS[name].partition(":")
+        try:
+            command: click.Command = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            return _unavailable(name, f"'sluice {name}' is not available: {exc}", f"({exc})")
+        return command
 
 
-def _unavailable(name: str, exc: Exception) -> click.Command:
-    """A stand-in that says why a subcommand cannot run (e.g. an extra is not installed)."""
+def _unavailable(name: str, message: str, short_help: str) -> click.Command:
+    """A stand-in that takes any arguments (the real command's options are unknown here) and
+    says why the subcommand cannot run, --help included."""
 
     def fail() -> None:
-        raise click.ClickException(
-            f"'sluice {name}' is not available: {exc} (install the matching extra, see README)"
-        )
+        raise UnavailableCommand(message)
 
-    return click.Command(name, callback=fail, help=f"(unavailable: {exc})")
+    return click.Command(
+        name,
+        callback=fail,
+        help=message,
+        short_help=short_help,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
 
 
 @click.group(cls=SluiceGroup)
@@ -68,9 +96,22 @@ def main() -> None:
 @click.option("--host", help="Address to bind (default 127.0.0.1).")
 @click.option("--http-port", type=int, help="HTTP port (default 8000).")
 @click.option("--grpc-port", type=int, help="gRPC port (default 8001).")
-@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]))
-@click.option("--log-format", type=click.Choice(["json", "text"]))
-@click.option("--model-control-mode", type=click.Choice(["none", "explicit", "poll"]))
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="Least severe log level written (default info).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["json", "text"]),
+    help="JSON lines or plain text logs (default json).",
+)
+@click.option(
+    "--model-control-mode",
+    type=click.Choice(["none", "explicit", "poll"]),
+    help="none: load every model at start (default); explicit: load --load-model models, then "
+    "what the repository API asks; poll: also rescan the repository.",
+)
 @click.option(
     "--load-model",
     "load_models",
