@@ -9,6 +9,7 @@ import logging
 import os
 import struct
 import uuid
+import zlib
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -91,6 +92,19 @@ def test_signed_entries_round_trip_and_are_bound_to_their_key() -> None:
     # A server without a key reads signed entries (it trusts unsigned ones anyway), so a key can
     # be rolled out replica by replica.
     assert decode(data).outputs["label"].tolist() == [b"row", b"row"]
+
+
+def test_the_signature_covers_every_byte_of_the_entry() -> None:
+    signer = Signer(SECRET)
+    data = encode(answer(), signer=signer, key=b"k")
+    body = len(data) - 32
+    for offset in (6, 12, 40, body - 1):  # count, metadata, payload, padding
+        altered = bytearray(data)
+        altered[offset] ^= 0x01
+        # Recompute the CRC, as a writer without the secret can: only the signature catches it.
+        struct.pack_into("<I", altered, 8, zlib.crc32(altered[12:body], zlib.crc32(altered[:8])))
+        with pytest.raises(CorruptEntry, match="signature"):
+            decode(bytes(altered), signer=signer, key=b"k")
 
 
 def test_unsigned_and_forged_entries_fail_with_a_key() -> None:
