@@ -43,16 +43,27 @@ class BatchPolicy:
     dispatch_when_idle: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class BatchTimings:
+    """Seconds one batch spent in each stage, as Triton's statistics split them: assembling its
+    inputs (concatenating and padding the requests' arrays), running the model, and cutting the
+    outputs back per request."""
+
+    input_s: float
+    infer_s: float
+    output_s: float
+
+
 class BatchObserver(Protocol):
     """Receives the timings the statistics need."""
 
-    def batch_done(self, rows: int, requests: int, compute_s: float, ok: bool) -> None: ...
+    def batch_done(self, rows: int, requests: int, timings: BatchTimings, ok: bool) -> None: ...
 
     def request_dequeued(self, queue_s: float) -> None: ...
 
 
 class _NoObserver:
-    def batch_done(self, rows: int, requests: int, compute_s: float, ok: bool) -> None:
+    def batch_done(self, rows: int, requests: int, timings: BatchTimings, ok: bool) -> None:
         pass
 
     def request_dequeued(self, queue_s: float) -> None:
@@ -230,15 +241,19 @@ class Batcher:
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
-        started = time.monotonic()
+        started = assembled = ran = time.monotonic()
         try:
             if self.batched:
                 inputs, layout = concat([item.inputs for item in batch], self.policy.padding)
-                parts = split(await self._run_batch(inputs), layout)
             else:
-                parts = [await self._run_batch(batch[0].inputs)]
+                inputs, layout = batch[0].inputs, None
+            assembled = time.monotonic()
+            outputs = await self._run_batch(inputs)
+            ran = time.monotonic()
+            parts = [outputs] if layout is None else split(outputs, layout)
         except Exception as exc:
-            self._observer.batch_done(rows, len(batch), time.monotonic() - started, ok=False)
+            failed = BatchTimings(assembled - started, ran - assembled, 0.0)
+            self._observer.batch_done(rows, len(batch), failed, ok=False)
             if len(batch) > 1:
                 # Find the request that broke the batch: each one alone, so the others still pass.
                 for item in batch:
@@ -246,7 +261,8 @@ class Batcher:
                 return
             _settle(batch[0], exc=self._backend_error(exc))
             return
-        self._observer.batch_done(rows, len(batch), time.monotonic() - started, ok=True)
+        timings = BatchTimings(assembled - started, ran - assembled, time.monotonic() - ran)
+        self._observer.batch_done(rows, len(batch), timings, ok=True)
         for item, outputs in zip(batch, parts, strict=True):
             _settle(item, result=outputs)
 

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from batching.batcher import BatchTimings
+
 # Seconds: 100 µs to 30 s.
 LATENCY_BUCKETS_S = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -56,22 +58,49 @@ class Duration:
         return {"count": self.count, "ns": self.ns}
 
 
+@dataclass(slots=True)
+class Stages:
+    """Time in each compute stage: input (concatenate/pad/copy in), infer, output (split/copy
+    out). All three are counted together, so their counts are always equal, as Triton's are."""
+
+    input: Duration = field(default_factory=Duration)
+    infer: Duration = field(default_factory=Duration)
+    output: Duration = field(default_factory=Duration)
+
+    def add(self, timings: BatchTimings, count: int = 1) -> None:
+        """`count` runs of `timings` each (a batch's times count once per request in it)."""
+        self.input.add(timings.input_s * count, count)
+        self.infer.add(timings.infer_s * count, count)
+        self.output.add(timings.output_s * count, count)
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        return {
+            "compute_input": self.input.as_dict(),
+            "compute_infer": self.infer.as_dict(),
+            "compute_output": self.output.as_dict(),
+        }
+
+
 class ModelStats:
-    """Counters of one model version; the batcher reports to it as its BatchObserver."""
+    """Counters of one model version; the batcher reports to it as its BatchObserver.
+
+    As in Triton, `success` counts every answered request (cache hits included) and the compute
+    stages count each request that ran once, with its batch's time; a cache hit has no compute.
+    """
 
     def __init__(self) -> None:
         self.success = Duration()
         self.fail = Duration()
         self.queue = Duration()
-        self.compute_infer = Duration()
+        self.stages = Stages()  # per request
         self.cache_hit = Duration()
         self.cache_miss = Duration()
         self.inference_count = 0  # rows inferred
         self.execution_count = 0  # batches run
         self.last_inference_ms = 0
-        self.batches: dict[int, Duration] = {}
+        self.batches: dict[int, Stages] = {}  # per batch, by its rows
         self.queue_wait = Histogram(LATENCY_BUCKETS_S)
-        self.compute = Histogram(LATENCY_BUCKETS_S)
+        self.compute = Histogram(LATENCY_BUCKETS_S)  # a batch's model run (infer stage)
         self.batch_rows = Histogram(BATCH_BUCKETS)
         self.batch_requests = Histogram(BATCH_BUCKETS)
 
@@ -79,15 +108,15 @@ class ModelStats:
         self.queue.add(queue_s)
         self.queue_wait.observe(queue_s)
 
-    def batch_done(self, rows: int, requests: int, compute_s: float, ok: bool) -> None:
+    def batch_done(self, rows: int, requests: int, timings: BatchTimings, ok: bool) -> None:
         if not ok:
             return
         self.execution_count += 1
         self.inference_count += rows
-        # Triton counts a batch's compute time once per request in it.
-        self.compute_infer.add(compute_s * requests, requests)
-        self.batches.setdefault(rows, Duration()).add(compute_s)
-        self.compute.observe(compute_s)
+        # Triton counts a batch's compute times once per request in it.
+        self.stages.add(timings, requests)
+        self.batches.setdefault(rows, Stages()).add(timings)
+        self.compute.observe(timings.infer_s)
         self.batch_rows.observe(rows)
         self.batch_requests.observe(requests)
         self.last_inference_ms = int(time.time() * 1000)
@@ -97,7 +126,6 @@ class ModelStats:
 
     def triton(self, name: str, version: str) -> dict[str, Any]:
         """This version's entry of Triton's statistics response."""
-        zero = Duration().as_dict()
         return {
             "name": name,
             "version": version,
@@ -108,19 +136,12 @@ class ModelStats:
                 "success": self.success.as_dict(),
                 "fail": self.fail.as_dict(),
                 "queue": self.queue.as_dict(),
-                "compute_input": zero,
-                "compute_infer": self.compute_infer.as_dict(),
-                "compute_output": zero,
+                **self.stages.as_dict(),
                 "cache_hit": self.cache_hit.as_dict(),
                 "cache_miss": self.cache_miss.as_dict(),
             },
             "batch_stats": [
-                {
-                    "batch_size": size,
-                    "compute_input": {"count": d.count, "ns": 0},
-                    "compute_infer": d.as_dict(),
-                    "compute_output": {"count": d.count, "ns": 0},
-                }
-                for size, d in sorted(self.batches.items())
+                {"batch_size": size, **stages.as_dict()}
+                for size, stages in sorted(self.batches.items())
             ],
         }

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from batching.assembly import Padding
-from batching.batcher import Batcher, BatchPolicy
+from batching.batcher import Batcher, BatchPolicy, BatchTimings
 from engine.errors import BackendError, DeadlineExceeded, Overloaded, ShuttingDown
 
 Tensors = dict[str, np.ndarray]
@@ -374,3 +374,37 @@ async def test_close_answers_queued_requests_shutting_down(recorder: Recorder) -
         with pytest.raises(ShuttingDown):
             await task
     assert recorder.batches == []
+
+
+class Timings:
+    """A BatchObserver that keeps each batch's stage timings."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int, BatchTimings, bool]] = []
+
+    def batch_done(self, rows: int, requests: int, timings: BatchTimings, ok: bool) -> None:
+        self.batches.append((rows, requests, timings, ok))
+
+    def request_dequeued(self, queue_s: float) -> None:
+        pass
+
+
+async def test_observer_gets_each_stage_of_a_padded_batch_timed_apart() -> None:
+    async def slow(inputs: Tensors) -> Tensors:
+        await asyncio.sleep(0.03)  # the model's run: it must land in infer_s, not in the others
+        return {"y": inputs["x"]}
+
+    observer = Timings()
+    policy = BatchPolicy(max_batch_size=4, max_queue_delay_s=5.0,
+                         padding={"x": Padding(axis=1, value=0, outputs={"y": (1,)})})  # fmt: skip
+    batcher = Batcher(slow, policy, observer)
+    batcher.pause()
+    tasks = await submit_all(batcher, [rows(1, width=4), rows(2, width=5)])
+    batcher.resume()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    ((batch_rows, requests, timings, ok),) = observer.batches
+    assert (batch_rows, requests, ok) == (2, 2, True)
+    assert timings.infer_s >= 0.03
+    assert 0 < timings.input_s < 0.03
+    assert 0 < timings.output_s < 0.03
+    await batcher.close()
