@@ -5,6 +5,11 @@ lost its script cache). The script reads the clock with Redis `TIME`, so replica
 disagree still share one bucket and one UTC day. Every call runs under
 `asyncio.timeout(timeout_s)`; a failure raises BackendUnavailable and, for `retry_interval_s`,
 later calls fail at once instead of each waiting for the timeout again.
+
+Whatever is stored at these keys is untrusted (anyone who can write to Redis can plant it): the
+script treats a wrong type, a missing field or a value that is not a finite number in range as a
+fresh bucket or counter, deletes the key and flags the check (`Outcome.repaired`); the reply is
+checked again here, and one that is not what the script returns is a failed call.
 """
 
 from __future__ import annotations
