@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 EXIT_VALIDATION_FAILED = 3
 
@@ -165,7 +164,7 @@ def convert(**params: Any) -> None:
     from converters.errors import ConversionError
     from converters.options import ConvertOptions
     from converters.pipeline import convert_model
-    from converters.report import Report, Steps, progress_bar, render
+    from converters.report import Report, Steps, console_for, progress_bar, render
     from converters.spec import parse_input, parse_pad
 
     options = ConvertOptions(
@@ -203,10 +202,10 @@ def convert(**params: Any) -> None:
         force=params["force"],
         dry_run=params["dry_run"],
     )
-    console = Console(highlight=False)
+    console = console_for()
     report = Report(source=options.source)
     try:
-        with progress_bar(Console(stderr=True, highlight=False)) as progress:
+        with progress_bar(console_for(stderr=True)) as progress:
             convert_model(options, Steps(report, progress))
     except ConversionError as exc:
         report.status, report.error = "error", exc.message

@@ -81,6 +81,7 @@ def convert_model(options: ConvertOptions, steps: Steps) -> Report:
         )
         report.validation = compare(source_runner, converted, batches, tolerances)
         step.detail = "passed" if report.validation.passed else "FAILED"
+        step.failed = not report.validation.passed
     if options.measure_iterations > 0:
         with steps.step("measure") as step:
             rng = np.random.default_rng(options.seed)

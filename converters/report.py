@@ -20,14 +20,20 @@ from rich.table import Table
 from converters.measure import Timing, speedups
 from converters.validate import Validation
 
+LOG_WIDTH = 10_000
+"""Width given to a console that is not a terminal (a CI log, a pipe): rich would otherwise
+assume 80 columns and cut the tables; lines are as long as their content."""
+
 
 @dataclass
 class StepRecord:
-    """One step of the conversion; `detail` is a short note the step fills in."""
+    """One step of the conversion; `detail` is a short note the step fills in, `failed` marks a
+    step that ran to its end with a negative result (validation that did not pass)."""
 
     name: str
     seconds: float = 0.0
     detail: str = ""
+    failed: bool = False
 
 
 @dataclass
@@ -46,6 +52,11 @@ class Report:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     validation: Validation | None = None
+    validated_on: str = ""
+    """The runtime and provider the converted model was validated on (the one that serves it)."""
+    tensorrt: dict[str, Any] | None = None
+    """For TensorRT engines: the TensorRT version, GPU, compute capability, precision, profiles
+    and workspace it was built for, which the server checks before loading it."""
     timings: list[Timing] = field(default_factory=list)
     model_bytes: int = 0
     status: str = "error"
@@ -95,9 +106,17 @@ class Steps:
             record.seconds = round(time.perf_counter() - start, 3)
             self.report.steps.append(record)
             if self.progress is not None and task is not None:
-                mark = "[green]✓[/]" if ok else "[red]✗[/]"
+                mark = "[green]✓[/]" if ok and not record.failed else "[red]✗[/]"
                 note = f" [dim]{record.detail}[/]" if record.detail else ""
                 self.progress.update(task, completed=1, description=f"{mark} {name}{note}")
+
+
+def console_for(stderr: bool = False) -> Console:
+    """A console for the command's output; not a terminal, it is never cut at 80 columns."""
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        console.width = LOG_WIDTH
+    return console
 
 
 def progress_bar(console: Console) -> Progress:
@@ -114,6 +133,8 @@ def render(report: Report, console: Console) -> None:
     """Print the validation and performance tables and the outcome."""
     if report.validation is not None:
         console.print(validation_table(report.validation))
+        if report.validated_on:
+            console.print(f"  validated on {report.validated_on}")
         for line in failures(report.validation):
             console.print(f"  [red]✗[/] {line}")
     if report.timings:
@@ -140,9 +161,10 @@ def validation_table(validation: Validation) -> Table:
         if value is not None
     )
     table = Table(title=f"Validation on {validation.samples} rows ({bounds or 'no bounds'})")
-    table.add_column("output", no_wrap=True)
+    # fold, never "…": a narrow terminal wraps a value rather than hiding part of it.
+    table.add_column("output", overflow="fold")
     for column in ("max abs", "max rel", "L2 err", "cosine", "differ", "NaN/Inf", "result"):
-        table.add_column(column, justify="right", no_wrap=True)
+        table.add_column(column, justify="right", overflow="fold")
     for check in validation.outputs:
         table.add_row(
             check.name,
@@ -170,8 +192,9 @@ def failures(validation: Validation) -> list[str]:
 def timing_table(timings: list[Timing], threads: int) -> Table:
     note = f"{threads} thread{'s' if threads > 1 else ''}, {timings[0].iterations} runs each"
     table = Table(title=f"Performance on this machine ({note})")
-    for column in ("model", "batch", "p50 latency ms", "throughput rows/s"):
-        table.add_column(column, justify="left" if column == "model" else "right")
+    table.add_column("model", overflow="fold")
+    for column in ("batch", "p50 latency ms", "throughput rows/s"):
+        table.add_column(column, justify="right", overflow="fold")
     for timing in timings:
         table.add_row(
             timing.model,

@@ -306,3 +306,20 @@ def test_importing_the_command_does_not_import_torch() -> None:
     code = "import sys, converters.cli; print(sorted({'torch', 'sklearn'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_failed_validation_is_marked_failed_and_tables_are_never_cut(
+    tmp_path: Path, convert_cli: Convert
+) -> None:
+    # CliRunner's stdout is not a terminal, as in CI logs, where rich would cut at 80 columns.
+    name = "probabilities_for_every_class_of_the_label_set"
+    result = convert_cli(
+        "tests.unit.converters.nets:build_sabotaged", "--input", "x:FP32:-1,4",
+        "--output", name, "--repository", tmp_path / "repo", "--measure-iterations", "0",
+    )  # fmt: skip
+    assert result.exit_code == 3
+    row = next(line for line in result.stdout.splitlines() if name in line)
+    assert "…" not in result.stdout
+    assert row.rstrip().endswith("FAIL │")
+    assert "✗ validate FAILED" in result.stderr
+    assert "✓ validate" not in result.stderr
