@@ -508,6 +508,48 @@ async def test_stream_is_not_read_past_its_bound(engine: FakeEngine) -> None:
         np.testing.assert_array_equal(output(answer.infer_response, "y"), expected)
 
 
+def test_stream_bound_setting() -> None:
+    assert Settings().grpc_stream_max_pending == 64
+    for bad in (0, 65537):
+        with pytest.raises(ValueError, match="grpc_stream_max_pending"):
+            Settings(grpc_stream_max_pending=bad)
+
+
+async def test_stream_runs_at_most_its_bound_at_once(engine: FakeEngine) -> None:
+    """Requests held by the engine count against the bound: no flow-control slack here."""
+    server, port = await _serve(engine, grpc_stream_max_pending=4)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            slow = [
+                raw_request("slow", {"x": ("FP32", np.full((1, 4), i, np.float32))}, id=str(i))
+                for i in range(20)
+            ]
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(_requests(slow))
+            answers: list[Any] = []
+            reading = asyncio.create_task(_collect(call, answers))
+            await _poll(lambda: len(engine.requests) >= 4)
+            watch_until = time.monotonic() + 0.5
+            while time.monotonic() < watch_until:  # all four held: the fifth is never read
+                assert len(engine.requests) == 4
+                await asyncio.sleep(0.02)
+            engine.release.set()
+            await asyncio.wait_for(reading, 10)
+    finally:
+        await server.stop(grace=None)
+    assert sorted(int(a.infer_response.id) for a in answers) == list(range(20))
+    assert [a.error_message for a in answers if a.error_message] == []
+
+
+async def _requests(requests: list[Any]) -> AsyncIterator[Any]:
+    for request in requests:
+        yield request
+
+
+async def _collect(call: Any, into: list[Any]) -> None:
+    async for answer in call:
+        into.append(answer)
+
+
 async def test_rejected_stream_that_never_stops_writing_still_ends(engine: FakeEngine) -> None:
     """The server reads a rejected stream only up to its bound (or a second), then ends it."""
     keyed = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
