@@ -21,24 +21,48 @@ def check_request(
     label: str,
 ) -> int:
     """Raise InvalidInput naming the first problem; return the request's rows (1 if unbatched)."""
+    shapes = {name: array.shape for name, array in request.inputs.items()}
+    rows = check_inputs(shapes, request.datatypes, inputs, max_batch_size, label)
+    if request.outputs is not None:
+        known = [spec.name for spec in outputs]
+        for name in request.outputs:
+            if name not in known:
+                raise InvalidInput(
+                    f"unknown output '{name}' requested from {label}; it has: {', '.join(known)}"
+                )
+        if len(set(request.outputs)) != len(request.outputs):
+            raise InvalidInput(f"an output is requested twice: {', '.join(request.outputs)}")
+    return rows
+
+
+def check_inputs(
+    shapes: Mapping[str, Sequence[int]],
+    datatypes: Mapping[str, str],
+    inputs: Sequence[TensorSpec],
+    max_batch_size: int,
+    label: str,
+) -> int:
+    """The inputs' names, datatypes, shapes and batch size against the model's: InvalidInput
+    naming the first problem, else the rows (1 if unbatched). Front-ends call it with the shapes
+    a request declares, before decoding any tensor data; the engine with the decoded arrays'."""
     expected = {spec.name: spec for spec in inputs}
-    for name in request.inputs:
+    for name in shapes:
         if name not in expected:
             raise InvalidInput(
                 f"unexpected input '{name}' for {label}; it takes: {', '.join(expected)}"
             )
     rows: int | None = None
     for spec in inputs:
-        if spec.name not in request.inputs:
+        if spec.name not in shapes:
             raise InvalidInput(
                 f"missing input '{spec.name}' for {label}; it takes: {', '.join(expected)}"
             )
-        datatype = request.datatypes.get(spec.name, spec.datatype)
+        datatype = datatypes.get(spec.name, spec.datatype)
         if datatype != spec.datatype:
             raise InvalidInput(
                 f"input '{spec.name}' has datatype {datatype}; {label} expects {spec.datatype}"
             )
-        shape = request.inputs[spec.name].shape
+        shape = shapes[spec.name]
         if len(shape) != len(spec.shape) or any(
             want not in (-1, got) for got, want in zip(shape, spec.shape, strict=False)
         ):
@@ -59,15 +83,6 @@ def check_request(
             raise InvalidInput(
                 f"batch size {rows} exceeds the maximum of {max_batch_size} for {label}"
             )
-    if request.outputs is not None:
-        known = [spec.name for spec in outputs]
-        for name in request.outputs:
-            if name not in known:
-                raise InvalidInput(
-                    f"unknown output '{name}' requested from {label}; it has: {', '.join(known)}"
-                )
-        if len(set(request.outputs)) != len(request.outputs):
-            raise InvalidInput(f"an output is requested twice: {', '.join(request.outputs)}")
     return rows if rows is not None else 1
 
 

@@ -29,6 +29,7 @@ import orjson
 from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput, PayloadTooLarge
 from engine.types import InferResponse
+from server import json_header
 
 T = TypeVar("T")
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -161,10 +162,15 @@ def tensor_buffer(array: np.ndarray, datatype: str) -> bytes | memoryview:
     return flat.view(np.uint8).data
 
 
-def split_request(body: bytes, headers: Mapping[str, str]) -> BinaryRequest:
+def split_request(
+    body: bytes,
+    headers: Mapping[str, str],
+    check_header: Callable[[dict[str, Any]], None] | None = None,
+) -> BinaryRequest:
     """Split a (decompressed) request body into the JSON header and the binary inputs, and read
     which outputs the client wants as binary (bad output parameters fail here, before any
-    inference is run)."""
+    inference is run). `check_header` sees the parsed header before any tensor is decoded; in
+    a large JSON body, inputs' `data` values are still json_header.RawData then."""
     raw_length = _header(headers, HEADER_LENGTH)
     view = memoryview(body)
     if raw_length is None:
@@ -178,12 +184,14 @@ def split_request(body: bytes, headers: Mapping[str, str]) -> BinaryRequest:
         if not 0 <= json_size <= len(body):
             raise InvalidInput(f"{HEADER_LENGTH} is {json_size} but the body has {len(body)} bytes")
     try:
-        header = orjson.loads(view[:json_size])
+        header = json_header.loads(body if raw_length is None else view[:json_size])
     except orjson.JSONDecodeError as exc:
         what = "inference header" if raw_length is not None else "request body"
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise InvalidInput(f"inference header must be a JSON object; got {type(header).__name__}")
+    if check_header is not None:
+        check_header(header)
     arrays = _binary_inputs(header, view[json_size:], raw_length is not None)
     default, flags = _output_flags(header)
     return BinaryRequest(header, arrays, default, flags)

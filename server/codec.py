@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,11 @@ from engine import datatypes
 from engine.errors import InvalidInput
 from engine.types import InferRequest
 from engine.validate import check_parameters, scheduling
+from server.json_header import RawData
+
+InputCheck = Callable[[Mapping[str, Sequence[int]], Mapping[str, str]], object]
+"""Checks declared input shapes and datatypes (by name) against a model: validate.check_inputs
+bound to one model's inputs."""
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
 _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}
@@ -62,10 +68,29 @@ def tensor_header(item: Any, index: int) -> tuple[str, str, list[int], dict[str,
     return name, datatype, shape, parameters
 
 
+def check_header(payload: dict[str, Any], check: InputCheck) -> None:
+    """Every input's name, datatype and shape, read from the request and passed to `check`
+    before any tensor data is decoded: a request the model refuses costs no tensor memory."""
+    inputs_json = _field(payload, "inputs", list, "request")
+    if not inputs_json:
+        raise InvalidInput("request: 'inputs' is empty")
+    shapes: dict[str, list[int]] = {}
+    types: dict[str, str] = {}
+    for index, item in enumerate(inputs_json):
+        name, datatype, shape, _ = tensor_header(item, index)
+        if name in shapes:
+            raise InvalidInput(f"input '{name}' is given twice")
+        shapes[name], types[name] = shape, datatype
+    check(shapes, types)
+
+
 def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
-    """A JSON `data` field (flat or nested) as an array of `shape`; every value is type- and
-    range-checked, so nothing is silently coerced (no bools as numbers, no overflow to inf)."""
+    """A JSON `data` field (flat or nested, or RawData still to parse) as an array of `shape`;
+    every value is type- and range-checked, so nothing is silently coerced (no bools as
+    numbers, no overflow to inf)."""
     where = f"input '{name}'"
+    if isinstance(data, RawData):
+        data = data.parse()
     flat = _flatten(where, data) if isinstance(data, list) else [data]
     count = math.prod(shape)
     if len(flat) != count:

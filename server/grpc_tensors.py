@@ -17,6 +17,7 @@ from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse
 from engine.validate import scheduling
 from server.binary import tensor_buffer, tensor_from_buffer
+from server.codec import InputCheck
 from server.proto import grpc_service_pb2 as pb
 
 __all__ = ["decode_request", "encode_response", "parameters"]
@@ -103,19 +104,20 @@ def _typed(tensor: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     return array.reshape(shape)
 
 
-def decode_request(request: Any) -> InferRequest:
-    """The engine's request for a ModelInferRequest; InvalidInput names what is malformed."""
+def decode_request(request: Any, check: InputCheck | None = None) -> InferRequest:
+    """The engine's request for a ModelInferRequest; InvalidInput names what is malformed.
+    `check` sees every input's declared shape and datatype before any array is built."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise InvalidInput(
             f"request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents "
             "entries; send raw contents for every input or for none"
         )
-    inputs: dict[str, np.ndarray] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     datatypes: dict[str, str] = {}
-    for index, tensor in enumerate(request.inputs):
+    for tensor in request.inputs:  # the metadata first: no array for a request that is refused
         name, datatype = tensor.name, tensor.datatype
-        if name in inputs:
+        if name in shapes:
             raise InvalidInput(f"input '{name}' is given twice")
         try:
             numpy_dtype(datatype)
@@ -124,14 +126,18 @@ def decode_request(request: Any) -> InferRequest:
         input_params = parameters(tensor.parameters)
         if "shared_memory_region" in input_params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
-        shape = _shape(tensor)
+        shapes[name], datatypes[name] = _shape(tensor), datatype
+        if raw and tensor.HasField("contents"):
+            raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
+    if check is not None:
+        check(shapes, datatypes)
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(request.inputs):
+        name, datatype, shape = tensor.name, tensor.datatype, shapes[tensor.name]
         if raw:
-            if tensor.HasField("contents"):
-                raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
             inputs[name] = tensor_from_buffer(memoryview(raw[index]), datatype, shape, name)
         else:
             inputs[name] = _typed(tensor, datatype, shape)
-        datatypes[name] = datatype
     outputs = []
     for output in request.outputs:
         output_params = parameters(output.parameters)

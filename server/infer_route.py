@@ -8,6 +8,7 @@ answers it directly and hands every other request to the FastAPI app behind it."
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
@@ -21,6 +22,7 @@ from engine.engine import Engine
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
 from engine.settings import Settings
 from engine.types import InferRequest
+from engine.validate import check_inputs
 from server import binary, codec
 from server.errors import error_headers, http_status
 from server.logs import choose_request_id, request_id
@@ -119,6 +121,13 @@ class InferRoute:
         if self.engine.draining:  # refuse before reading and decoding the body
             raise ShuttingDown()
         tenant = authenticate_headers(self.engine.authenticator, headers, name).tenant
+        model = self.engine.registry.resolve(name, version)
+        check = functools.partial(
+            check_inputs,
+            inputs=model.backend.inputs,
+            max_batch_size=model.max_batch_size,
+            label=model.label,
+        )
         body = await self.read_body(headers, receive)
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")
@@ -131,7 +140,7 @@ class InferRoute:
         def decode() -> tuple[InferRequest, binary.BinaryRequest]:
             full = binary.decompress(body, encoding, self.limit) if plain is None else plain
             assert full is not None
-            split = binary.split_request(full, headers)
+            split = binary.split_request(full, headers, lambda h: codec.check_header(h, check))
             return codec.decode_request(split.header, name, version, split.arrays), split
 
         size = binary.OFFLOAD_BYTES + 1 if plain is None else len(plain)

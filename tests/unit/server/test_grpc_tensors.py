@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import pytest
 
 from engine.errors import InvalidInput
@@ -27,3 +30,18 @@ def test_zero_sized_shapes_too_large_for_numpy_are_invalid_input(
     with pytest.raises(InvalidInput) as caught:
         grpc_tensors.decode_request(request([0, 2**61], datatype, raw))
     assert caught.value.message.startswith("input 'x': shape [0, 2305843009213693952] ")
+
+
+def test_the_check_sees_declared_shapes_before_any_array_is_built() -> None:
+    seen: list[tuple[dict[str, Any], dict[str, str]]] = []
+
+    def refuse(shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> None:
+        seen.append((dict(shapes), dict(datatypes)))
+        raise InvalidInput("refused")
+
+    # contents that do not match the shape: decoding would fail, so the check ran first
+    message = request([1_250_000, 16], "FP32")
+    message.inputs[0].contents.fp32_contents.extend([1.0])
+    with pytest.raises(InvalidInput, match="refused"):
+        grpc_tensors.decode_request(message, refuse)
+    assert seen == [({"x": (1_250_000, 16)}, {"x": "FP32"})]

@@ -1,0 +1,147 @@
+"""A JSON inference request read header first: tensor `data` is parsed only when it is needed.
+
+orjson turns a whole body into Python objects at once, so a 40 MB tensor costs hundreds of MB of
+lists and numbers before any check sees that its shape is refused. `loads` finds the `data`
+value of each `inputs` entry of a large body without parsing it (regular expressions, at C
+speed), parses the rest (names, datatypes, shapes, parameters: the header) with orjson, and
+hands back each input's data as `RawData`, parsed once the header is known to fit the model.
+
+The result is exactly `orjson.loads(body)` with those values deferred: the cut is checked, not
+trusted. Each cut value is replaced by a per-request marker; the header must parse with every
+marker where its data was found, or the whole body is parsed as before.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from engine.errors import InvalidInput
+
+LAZY_BYTES = 64 * 1024
+"""Smaller bodies are parsed whole: their objects are small and the scan would cost more."""
+
+# One JSON token after optional whitespace: a string, a structural character, or a scalar.
+_TOKEN = re.compile(rb'[ \t\n\r]*+(?:("(?:[^"\\]++|\\.)*+")|([\[\]{}:,])|[^ \t\n\r"\[\]{}:,]++)')
+# The text of a value that holds no object: scalars, strings that are not keys, and brackets. In
+# a valid body it ends with the value, its trailing comma and whitespace, at the next key or `}`.
+_VALUE_TEXT = re.compile(rb'(?:[^"{}:]++|"(?:[^"\\]++|\\.)*+"(?![ \t\n\r]*+:))*+')
+_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
+_CHUNK_BYTES = 4 * 1024 * 1024  # each regex call holds the GIL; this bounds how long
+_MAX_TOKENS = 20_000  # a header with more is unusual: parse the body whole instead
+_INPUTS, _DATA = b'"inputs"', b'"data"'
+
+
+@dataclass(frozen=True, slots=True)
+class RawData:
+    """An input's `data` value as it appears in the body, not yet parsed."""
+
+    body: bytes | memoryview
+    start: int
+    end: int
+
+    def parse(self) -> Any:
+        """The value, or InvalidInput with orjson's message placed in the whole body."""
+        try:
+            return orjson.loads(memoryview(self.body)[self.start : self.end])
+        except orjson.JSONDecodeError as exc:
+            pos = self.start + exc.pos
+            line = bytes(self.body[:pos]).count(b"\n") + 1 if pos < 1 << 20 else None
+            where = f"line {line}, " if line is not None else ""
+            raise InvalidInput(
+                f"request body is not valid JSON: {exc.msg}: {where}char {pos}"
+            ) from None
+
+
+def loads(body: bytes | memoryview) -> Any:
+    """`orjson.loads(body)`, except that in a body of LAZY_BYTES or more each `inputs[i].data`
+    value is a RawData. Raises orjson.JSONDecodeError for a malformed body, as orjson does."""
+    if len(body) < LAZY_BYTES:
+        return orjson.loads(body)
+    text = bytes(body) if isinstance(body, memoryview) else body
+    cuts = _data_values(text)
+    if not cuts:
+        return orjson.loads(body)
+    marker = secrets.token_hex(8)
+    pieces, start = [], 0
+    for number, (_, begin, end) in enumerate(cuts):
+        pieces += (text[start:begin], f'"{marker}:{number}"'.encode())
+        start = end
+    pieces.append(text[start:])
+    try:
+        header = orjson.loads(b"".join(pieces))
+        inputs = header["inputs"]
+        for number, (index, begin, end) in enumerate(cuts):
+            if inputs[index]["data"] != f"{marker}:{number}":
+                return orjson.loads(body)
+            inputs[index]["data"] = RawData(text, begin, end)
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return orjson.loads(body)  # the cut was wrong, or the body is: orjson says which
+    return header
+
+
+def _data_values(text: bytes) -> list[tuple[int, int, int]]:
+    """(input index, start, end) of each `data` value of the top-level `inputs` array, found by
+    walking the structure token by token and jumping over data values; [] when unsure."""
+    cuts: list[tuple[int, int, int]] = []
+    stack: list[tuple[bytes, bytes | None]] = []  # open containers: kind and the key they are at
+    key: bytes | None = None
+    after_colon = False
+    index = -1
+    pos = 0
+    for _ in range(_MAX_TOKENS):
+        match = _TOKEN.match(text, pos)
+        if match is None:
+            return []
+        pos = match.end()
+        string, punct = match.group(1), match.group(2)
+        in_inputs = len(stack) == 2 and stack[1] == (b"[", _INPUTS)
+        if punct in (b"{", b"["):
+            index += in_inputs
+            stack.append((punct, key if after_colon else None))
+            key, after_colon = None, False
+        elif punct in (b"}", b"]"):
+            if not stack:
+                return []
+            stack.pop()
+            key, after_colon = None, False
+            if not stack:
+                return cuts
+        elif punct == b",":
+            key, after_colon = None, False
+        elif punct == b":":
+            after_colon = True
+            if key == _DATA and len(stack) == 3 and stack[1] == (b"[", _INPUTS):
+                begin, end = _value_span(text, pos)
+                if begin == end:
+                    return []
+                cuts.append((index, begin, end))
+                pos, key, after_colon = end, None, False
+        elif string is not None and stack and stack[-1][0] == b"{" and not after_colon:
+            key = string
+        else:  # a scalar or string value
+            index += in_inputs
+            after_colon = False
+    return []
+
+
+def _value_span(text: bytes, pos: int) -> tuple[int, int]:
+    """Start and end of the object-free value at `pos` (empty when it is not one)."""
+    while pos < len(text) and text[pos] in b" \t\n\r":
+        pos += 1
+    end = pos
+    while end < len(text):
+        found = _VALUE_TEXT.match(text, end, min(end + _CHUNK_BYTES, len(text))).end()
+        if found == end:  # a stop: a key, `{`, `}` or `:`, or a string longer than the chunk
+            string = _STRING.match(text, end)
+            if string is None or re.match(rb"[ \t\n\r]*+:", text[string.end() : string.end() + 64]):
+                break
+            found = string.end()
+        end = found
+    while end > pos and text[end - 1] in b" \t\n\r,":
+        end -= 1
+    return pos, end

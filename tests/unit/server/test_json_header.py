@@ -1,0 +1,91 @@
+"""json_header.loads: the same document as orjson.loads, with large bodies' input data deferred."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.errors import InvalidInput
+from server.json_header import LAZY_BYTES, RawData, loads
+
+PAD = " " * LAZY_BYTES  # whitespace makes any body large enough to be read lazily
+
+
+def resolved(value: Any) -> Any:
+    """`value` with every RawData parsed."""
+    if isinstance(value, RawData):
+        return value.parse()
+    if isinstance(value, dict):
+        return {k: resolved(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolved(v) for v in value]
+    return value
+
+
+def body_of(document: Any, spaced: bool) -> bytes:
+    raw = orjson.dumps(document, option=orjson.OPT_INDENT_2 if spaced else 0)
+    return raw[:1] + PAD.encode() + raw[1:] if raw.startswith(b"{") else raw
+
+
+def test_data_of_a_large_body_is_deferred() -> None:
+    data = [[1.5, 2], [3, 4]]
+    document = {"inputs": [{"name": "x", "data": data, "shape": [2, 2]},
+                           {"data": ["a\"b]", "c:"], "name": "s"}], "id": "r"}  # fmt: skip
+    parsed = loads(body_of(document, spaced=True))
+    assert all(isinstance(item["data"], RawData) for item in parsed["inputs"])
+    assert resolved(parsed) == document
+
+
+def test_small_bodies_are_parsed_whole() -> None:
+    document = {"inputs": [{"name": "x", "data": [1, 2]}]}
+    assert loads(orjson.dumps(document)) == document
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"inputs": [{"data": [1, 2,]}]}',
+        b'{"inputs": [{"data": [1, 2]}]} trailing',
+        b'{"inputs": [{"data": [1, 2}]}',
+        b'{"inputs": [{"data": "\xff"}]}',
+    ],
+)
+def test_malformed_bodies_fail_like_orjson_or_when_their_data_is_read(raw: bytes) -> None:
+    raw = raw[:1] + PAD.encode() + raw[1:]
+    with pytest.raises((orjson.JSONDecodeError, InvalidInput)):
+        resolved(loads(raw))
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(raw)
+
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(alphabet=st.sampled_from('ab"\\:{}[], \n\u00e9'), max_size=6)
+)
+values = st.recursive(
+    scalars,
+    lambda c: (
+        st.lists(c, max_size=4)
+        | st.dictionaries(st.sampled_from(["data", "name", "inputs", "a:b", 'q"']), c, max_size=3)
+    ),
+    max_leaves=12,
+)
+inputs = st.lists(st.dictionaries(st.sampled_from(["name", "data", "shape", "parameters"]), values,
+                                  max_size=4) | values, max_size=4)  # fmt: skip
+documents = st.fixed_dictionaries(
+    {"inputs": inputs}, optional={"parameters": values, "outputs": values, "id": scalars}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(documents, st.booleans())
+def test_the_same_document_as_orjson(document: dict[str, Any], spaced: bool) -> None:
+    raw = body_of(document, spaced)
+    assert resolved(loads(raw)) == orjson.loads(raw)
