@@ -4,7 +4,7 @@ and the converted model alike. torch and scikit-learn are imported only when use
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,8 +23,19 @@ class Runner(Protocol):
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]: ...
 
 
+def serving_providers() -> tuple[str, ...]:
+    """The ONNX Runtime providers a converted model is validated on: CUDA first where this
+    onnxruntime has it (so fp16 is checked on the numerics that will serve it), then CPU."""
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return ("CUDAExecutionProvider", "CPUExecutionProvider")
+    return ("CPUExecutionProvider",)
+
+
 class OnnxRunner:
-    """An ONNX Runtime CPU session; float inputs are cast to the dtype the model declares."""
+    """An ONNX Runtime session (CPU unless told); float inputs are cast to the dtype the model
+    declares."""
 
     def __init__(
         self,
@@ -32,6 +43,7 @@ class OnnxRunner:
         threads: int = 1,
         optimization: str = "all",
         save_to: Path | None = None,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
     ) -> None:
         import onnxruntime as ort
 
@@ -44,10 +56,11 @@ class OnnxRunner:
             options.optimized_model_filepath = str(save_to)
         source = str(model) if isinstance(model, Path) else model
         try:
-            self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(source, options, providers=list(providers))
         except Exception as exc:
             raise ConversionError(f"ONNX Runtime cannot load the model: {exc}") from exc
         self.output_names = [output.name for output in self.session.get_outputs()]
+        self.provider = f"ONNX Runtime {self.session.get_providers()[0]}"
         self.input_types = {
             node.name: _onnx_numpy_type(node.type) for node in self.session.get_inputs()
         }

@@ -16,7 +16,7 @@ from converters.export import sklearn_to_onnx, torch_to_onnx
 from converters.optimize import ort_optimize, quantize_int8, simplify, to_fp16
 from converters.options import ConvertOptions
 from converters.report import Steps
-from converters.runners import OnnxRunner, Runner, SklearnRunner, TorchRunner
+from converters.runners import OnnxRunner, Runner, SklearnRunner, TorchRunner, serving_providers
 from converters.signature import opset_of
 from converters.sources import Source
 from converters.spec import EXPORT_BATCH, InputSpec, random_feeds
@@ -40,15 +40,19 @@ def optimize(
             if options.precision == "int8":
                 model = _quantize(model, specs, max_batch, options, steps, workdir)
             with steps.step("build TensorRT engine") as step:
-                plan = tensorrt.build_engine(
+                build = tensorrt.build_engine(
                     model.SerializeToString(),
                     specs,
                     max_batch,
                     options.preferred_batch_sizes,
                     options.precision,
                 )
-                step.detail = f"{len(plan)} bytes"
-            return tensorrt.TensorRTRunner(plan), plan, model
+                steps.report.tensorrt = build.record
+                cached = " (from the engine cache)" if build.record["cached"] else ""
+                step.detail = f"{len(build.plan)} bytes{cached}"
+            built = build.record
+            steps.report.validated_on = f"TensorRT {built['version']} on {built['gpu']}"
+            return tensorrt.TensorRTRunner(build.plan), build.plan, model
         level = options.optimization_level
         if options.precision == "fp16":
             # Saving a model through ONNX Runtime bakes in what its CPU provider needs, and for
@@ -64,7 +68,9 @@ def optimize(
                 model = _quantize(model, specs, max_batch, options, steps, workdir)
             model = _ort_optimize(model, level, steps, workdir)
     payload = model.SerializeToString()
-    return OnnxRunner(payload, options.threads), payload, model
+    converted = OnnxRunner(payload, options.threads, providers=serving_providers())
+    steps.report.validated_on = converted.provider
+    return converted, payload, model
 
 
 def _ort_optimize(model: Any, level: str, steps: Steps, workdir: Path) -> Any:

@@ -1,54 +1,55 @@
-"""TensorRT engine builds (`--target tensorrt`), import-guarded: without a CUDA GPU and the
-`tensorrt` package every entry point raises MissingDependency naming what is absent.
+"""TensorRT engine builds (`--target tensorrt`), import-guarded: without a CUDA GPU, the
+`tensorrt` package and cuda-python every entry point raises MissingDependency naming what is
+absent.
 
 fp16 engines are built from the fp32 ONNX model with TensorRT's FP16 flag. int8 engines use
 explicit quantization: the ONNX model is first quantized to symmetric QDQ with the calibration
 data (TensorRT's recommended path since its implicit calibrators were deprecated), then built
 with the INT8 flag. One optimization profile covers batch 1 to max_batch_size, tuned for the
-largest preferred batch size; other dynamic axes range from 1 to their example size."""
+largest preferred batch size; other dynamic axes range from 1 to their example size.
+
+An engine runs only on the TensorRT version and GPU architecture that built it, so each build
+records both (with precision, profiles and workspace) for `conversion.json`, where the server
+checks them before loading. Builds are cached by (ONNX hash, TensorRT version, compute
+capability, precision, profiles, workspace) under `$SLUICE_TENSORRT_CACHE` (default
+`~/.cache/sluice/tensorrt`), so converting the same model again on the same machine reuses
+the engine. Validation runs the engine through the serving backend's own code."""
 
 from __future__ import annotations
 
-import ctypes
+import hashlib
 import importlib.util
+import json
+import os
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from converters.errors import ConversionError, MissingDependency
 from converters.spec import InputSpec
+from engine.backends.cuda import Cuda, load_runtime
 
 WORKSPACE_BYTES = 1 << 30
+INSTALL = "pip install 'sluice[gpu]' --extra-index-url https://pypi.nvidia.com"
 
 
 def missing_requirements() -> list[str]:
     """What this machine lacks for TensorRT builds; empty when everything is there."""
     missing = []
     if importlib.util.find_spec("tensorrt") is None:
-        missing.append(
-            "the tensorrt package is not installed (pip install 'sluice[gpu]' "
-            "--extra-index-url https://pypi.nvidia.com)"
-        )
-    count, why = cuda_devices()
-    if count == 0:
-        missing.append(f"no CUDA GPU: {why}")
-    return missing
-
-
-def cuda_devices() -> tuple[int, str]:
-    """The number of CUDA GPUs the driver sees, and why there are none when so."""
+        missing.append(f"the tensorrt package is not installed ({INSTALL})")
     try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return 0, "the NVIDIA driver library libcuda.so.1 is not installed"
-    status = driver.cuInit(0)
-    if status != 0:
-        return 0, f"the CUDA driver failed to initialise (cuInit returned {status})"
-    count = ctypes.c_int(0)
-    if driver.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-        return 0, "the CUDA driver reports no devices"
-    return count.value, ""
+        cuda = Cuda(load_runtime())
+    except ImportError:
+        missing.append(f"the cuda-python package is not installed ({INSTALL})")
+    else:
+        if cuda.device_count() == 0:
+            missing.append("no CUDA GPU: the CUDA runtime reports no devices")
+    return missing
 
 
 def require_tensorrt() -> None:
@@ -56,6 +57,23 @@ def require_tensorrt() -> None:
     missing = missing_requirements()
     if missing:
         raise MissingDependency("--target tensorrt", missing)
+
+
+def cache_dir() -> Path:
+    """Where built engines are kept: $SLUICE_TENSORRT_CACHE, else ~/.cache/sluice/tensorrt."""
+    configured = os.environ.get("SLUICE_TENSORRT_CACHE")
+    if configured:
+        return Path(configured)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "sluice" / "tensorrt"
+
+
+@dataclass
+class Build:
+    """A serialized engine and what it was built for (`conversion.json`'s `tensorrt`)."""
+
+    plan: bytes
+    record: dict[str, Any]
 
 
 def profile_shapes(
@@ -84,11 +102,48 @@ def build_engine(
     max_batch_size: int,
     preferred: list[int],
     precision: str,
-) -> bytes:
-    """A serialized TensorRT engine (`model.plan`) for this GPU and TensorRT version."""
+    workspace_bytes: int = WORKSPACE_BYTES,
+    cache: Path | None = None,
+) -> Build:
+    """A serialized TensorRT engine (`model.plan`) for this GPU and TensorRT version, from the
+    cache when the same model was built here with the same settings."""
     require_tensorrt()
     import tensorrt as trt
 
+    cuda = Cuda(load_runtime())
+    gpu, capability = cuda.properties(int(cuda.call("cudaGetDevice")))
+    shapes = {spec.name: profile_shapes(spec, max_batch_size, preferred) for spec in specs}
+    record: dict[str, Any] = {
+        "version": trt.__version__,
+        "gpu": gpu,
+        "compute_capability": capability,
+        "precision": precision,
+        "profiles": [
+            {name: {"min": list(low), "opt": list(opt), "max": list(high)}
+             for name, (low, opt, high) in shapes.items()}
+        ],
+        "workspace_bytes": workspace_bytes,
+    }  # fmt: skip
+    key = hashlib.sha256(onnx_model).hexdigest()
+    identity = {k: record[k] for k in record if k != "gpu"}  # the architecture, not the name
+    key = hashlib.sha256((key + json.dumps(identity, sort_keys=True)).encode()).hexdigest()[:32]
+    record["cache_key"] = key
+    folder = cache if cache is not None else cache_dir()
+    cached = folder / f"{key}.plan"
+    if cached.is_file():
+        return Build(cached.read_bytes(), {**record, "cached": True})
+    plan = _build(trt, onnx_model, shapes, precision, workspace_bytes)
+    _store(cached, plan)
+    return Build(plan, {**record, "cached": False})
+
+
+def _build(
+    trt: Any,
+    onnx_model: bytes,
+    shapes: Mapping[str, tuple[tuple[int, ...], ...]],
+    precision: str,
+    workspace_bytes: int,
+) -> bytes:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)
@@ -97,14 +152,14 @@ def build_engine(
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ConversionError(f"TensorRT cannot parse the ONNX model: {errors}")
     config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, WORKSPACE_BYTES)
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if precision in ("fp16", "int8"):
         config.set_flag(trt.BuilderFlag.FP16)
     if precision == "int8":
         config.set_flag(trt.BuilderFlag.INT8)
     profile = builder.create_optimization_profile()
-    for spec in specs:
-        profile.set_shape(spec.name, *profile_shapes(spec, max_batch_size, preferred))
+    for name, (low, opt, high) in shapes.items():
+        profile.set_shape(name, low, opt, high)
     config.add_optimization_profile(profile)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
@@ -112,46 +167,42 @@ def build_engine(
     return bytes(plan)
 
 
+def _store(path: Path, plan: bytes) -> None:
+    # Written beside its final name and renamed, so a crash never leaves half an engine that
+    # a later conversion would take for a finished one. A cache that cannot be written is
+    # no reason to fail the conversion.
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".tmp") as out:
+            out.write(plan)
+        os.replace(out.name, path)
+    except OSError:
+        pass
+
+
 class TensorRTRunner:
-    """Runs a serialized engine on the GPU (buffers are torch CUDA tensors)."""
+    """Runs a serialized engine through the serving backend (its buffers, stream and shape
+    checks), so validation exercises the code that will serve the engine."""
 
     def __init__(self, plan: bytes) -> None:
         require_tensorrt()
-        import tensorrt as trt
-        import torch
+        from engine.backends.tensorrt import TensorRTBackend
+        from engine.errors import EngineError
+        from engine.model_config import TensorRTOptions
 
-        if not torch.cuda.is_available():
-            raise MissingDependency(
-                "running a TensorRT engine", ["the installed torch has no CUDA support"]
-            )
-        self._trt: Any = trt
-        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
-        if self.engine is None:
-            raise ConversionError("TensorRT cannot load the engine it built")
-        self.context = self.engine.create_execution_context()
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        output = trt.TensorIOMode.OUTPUT
-        self.output_names = [n for n in names if self.engine.get_tensor_mode(n) == output]
+        with tempfile.TemporaryDirectory(prefix="sluice-trt-") as folder:
+            path = Path(folder) / "model.plan"
+            path.write_bytes(plan)
+            try:
+                self.backend = TensorRTBackend(path, TensorRTOptions(), "the built engine")
+            except EngineError as exc:
+                raise ConversionError(f"TensorRT cannot load the engine it built: {exc}") from exc
+        self._errors = EngineError
+        self.output_names = [spec.name for spec in self.backend.outputs]
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        import torch
-
-        kept = []
-        for name, value in feeds.items():
-            dtype = self._trt.nptype(self.engine.get_tensor_dtype(name))
-            tensor = torch.from_numpy(np.ascontiguousarray(value.astype(dtype))).cuda()
-            self.context.set_input_shape(name, tuple(tensor.shape))
-            self.context.set_tensor_address(name, tensor.data_ptr())
-            kept.append(tensor)
-        results = []
-        for name in self.output_names:
-            dtype = self._trt.nptype(self.engine.get_tensor_dtype(name))
-            shape = tuple(self.context.get_tensor_shape(name))
-            tensor = torch.from_numpy(np.empty(shape, dtype=dtype)).cuda()
-            self.context.set_tensor_address(name, tensor.data_ptr())
-            results.append(tensor)
-        stream = torch.cuda.current_stream()
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise ConversionError("TensorRT failed to run the engine")
-        stream.synchronize()
-        return [tensor.cpu().numpy() for tensor in results]
+        try:
+            outputs = self.backend.run(dict(feeds))
+        except self._errors as exc:
+            raise ConversionError(f"the TensorRT engine failed: {exc}") from exc
+        return [outputs[name] for name in self.output_names]
