@@ -5,22 +5,38 @@ front-ends read the key with `api_key_from_headers` (HTTP headers or gRPC metada
 into a `Principal` with `Authenticator.authenticate`; the principal then answers "may this tenant
 use this model" (`check_model`) and "may it call this admin endpoint group" (`require_admin`).
 
+Keys come from `auth.keys` and from `auth.keys_file` (engine/keys_file.py), which
+`reload_file` swaps in without a restart: the key table is one tuple, replaced whole, so a request
+sees the old table or the new one. A key past its `expires_at` is refused with a message saying so.
+
 With no keys configured the server is open: every caller is the `anonymous` tenant with the
 `admin` role, because there is nobody to tell apart and a local developer must be able to
-load and unload models. `ensure_safe_bind` keeps such a server on loopback unless told otherwise.
+load and unload models. `ensure_safe_bind` keeps such a server on loopback unless told otherwise,
+and `warn_plaintext_bind` warns when a server reachable from elsewhere speaks plain text.
+
+Admin actions (load, unload, key changes) are logged by `log_admin_action` on the `sluice.audit`
+logger with the key's name and tenant.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Iterable, Mapping
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
 
 from engine.errors import Forbidden, Unauthenticated
-from engine.settings import AuthSettings, SettingsError
+from engine.keys_file import read_keys
+from engine.settings import ApiKey, AuthSettings, SettingsError, TlsSettings
+
+log = logging.getLogger("sluice.auth")
+audit = logging.getLogger("sluice.audit")
 
 ANONYMOUS_TENANT = "anonymous"
 """The tenant of every caller when no API keys are configured."""
@@ -47,6 +63,8 @@ class Principal:
     """The only models this caller may use; None allows all."""
     admin_endpoints: frozenset[str] = field(default_factory=lambda: frozenset({"repository"}))
     """Endpoint groups that need the `admin` role (from `auth.admin_endpoints`)."""
+    key_name: str | None = None
+    """The key's `name`, or the start of its digest when it has none; None when anonymous."""
 
     @property
     def is_admin(self) -> bool:
@@ -72,37 +90,118 @@ class Principal:
                 "admin key"
             )
 
+    def require_admin_role(self, what: str) -> None:
+        """Raise Forbidden unless this caller is an admin; `what` names the endpoint."""
+        if not self.is_admin:
+            raise Forbidden(
+                f"tenant '{self.tenant}' has role '{self.role}'; {what} needs an admin key"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    digest: bytes
+    principal: Principal
+    expires_at: float | None  # Unix time: expiry is a date on the calendar, not a duration
+    source: str  # "auth.keys" or "auth.keys_file"
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def log_admin_action(principal: Principal, action: str, **fields: Any) -> None:
+    """One audit line for an admin action, naming the key and tenant that did it."""
+    audit.info(
+        "admin action %s by key %s (tenant %s)",
+        action,
+        principal.key_name,
+        principal.tenant,
+        extra={"action": action, "key": principal.key_name, "tenant": principal.tenant, **fields},
+    )
+
+
+@contextlib.contextmanager
+def admin_action(principal: Principal, action: str, **fields: Any) -> Iterator[None]:
+    """Log the admin action done inside the block once it ends, with its outcome: `ok`, or
+    `failed` and the error (which still propagates)."""
+    try:
+        yield
+    except Exception as exc:
+        log_admin_action(principal, action, outcome="failed", error=str(exc), **fields)
+        raise
+    log_admin_action(principal, action, outcome="ok", **fields)
+
 
 class Authenticator:
     """Maps API keys to principals, comparing digests in constant time."""
 
     def __init__(self, settings: AuthSettings) -> None:
-        admin_endpoints = frozenset(settings.admin_endpoints)
-        self._entries: list[tuple[bytes, Principal]] = [
-            (
-                bytes.fromhex(key.digest.removeprefix(_DIGEST_PREFIX)),
-                Principal(
-                    tenant=key.tenant,
-                    role=key.role,
-                    models=tuple(key.models) if key.models is not None else None,
-                    admin_endpoints=admin_endpoints,
-                ),
-            )
-            for key in settings.keys
-        ]
-        self._anonymous = Principal(ANONYMOUS_TENANT, "admin", None, admin_endpoints)
+        self._admin_endpoints = frozenset(settings.admin_endpoints)
+        self._static = tuple(self._entry(key, "auth.keys") for key in settings.keys)
+        self._entries: tuple[_Entry, ...] = self._static
+        self.keys_file = settings.keys_file
+        # A keys_file means "keys are configured", even while it lists none: never open up.
+        self._open = not settings.keys and settings.keys_file is None
+        self._anonymous = Principal(ANONYMOUS_TENANT, "admin", None, self._admin_endpoints)
+        if settings.keys_file is not None:
+            self.reload_file(read_keys(settings.keys_file), quiet=True)
+
+    def _entry(self, key: ApiKey, source: str) -> _Entry:
+        hex_digest = key.digest.removeprefix(_DIGEST_PREFIX)
+        principal = Principal(
+            tenant=key.tenant,
+            role=key.role,
+            models=tuple(key.models) if key.models is not None else None,
+            admin_endpoints=self._admin_endpoints,
+            key_name=key.name or f"{_DIGEST_PREFIX}{hex_digest[:12]}",
+        )
+        expires = _utc(key.expires_at).timestamp() if key.expires_at is not None else None
+        return _Entry(bytes.fromhex(hex_digest), principal, expires, source)
+
+    def reload_file(self, keys: Sequence[ApiKey], quiet: bool = False) -> None:
+        """Serve `keys` (the key file's) beside `auth.keys` from now on. SettingsError, with the
+        table unchanged, when a digest is also in `auth.keys`. Logs each added and removed key
+        unless `quiet` (the first read, at start)."""
+        static = {entry.digest: entry for entry in self._static}
+        for key in keys:
+            clash = static.get(bytes.fromhex(key.digest.removeprefix(_DIGEST_PREFIX)))
+            if clash is not None:
+                raise SettingsError(
+                    f"auth.keys_file {self.keys_file}: key '{key.name}' has the digest of "
+                    f"auth.keys entry {clash.principal.key_name} (tenant "
+                    f"'{clash.principal.tenant}'); each key must map to one entry"
+                )
+        before = {e.principal.key_name: e for e in self._entries if e.source == "auth.keys_file"}
+        entries = tuple(self._entry(key, "auth.keys_file") for key in keys)
+        self._entries = self._static + entries  # one assignment: requests see old or new
+        if quiet:
+            return
+        after = {entry.principal.key_name: entry for entry in entries}
+        for name, entry in after.items():
+            if before.get(name) != entry:
+                action = "key_added" if name not in before else "key_changed"
+                log_admin_action(entry.principal, action, path=str(self.keys_file))
+        for name, entry in before.items():
+            if name not in after:
+                log_admin_action(entry.principal, "key_revoked", path=str(self.keys_file))
+        log.info(
+            "auth.keys_file reloaded: %d keys",
+            len(entries),
+            extra={"action": "keys_reload", "path": str(self.keys_file), "keys": len(entries)},
+        )
 
     @property
     def open(self) -> bool:
         """True when no keys are configured and every caller is the anonymous admin."""
-        return not self._entries
+        return self._open
 
     @property
     def tenants(self) -> frozenset[str]:
-        """Every tenant a caller can authenticate as."""
+        """Every tenant a caller can authenticate as now."""
         if self.open:
             return frozenset({ANONYMOUS_TENANT})
-        return frozenset(principal.tenant for _, principal in self._entries)
+        return frozenset(entry.principal.tenant for entry in self._entries)
 
     def authenticate(self, api_key: str | None) -> Principal:
         """The principal for `api_key`; Unauthenticated if it is missing or unknown.
@@ -122,16 +221,22 @@ class Authenticator:
                 "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
             )
         presented = hashlib.sha256(api_key.encode()).digest()
-        found: Principal | None = None
-        for digest, principal in self._entries:
-            if hmac.compare_digest(presented, digest):
-                found = principal
+        found: _Entry | None = None
+        for entry in self._entries:  # one read of the table: a reload cannot split the loop
+            if hmac.compare_digest(presented, entry.digest):
+                found = entry
         if found is None:
             raise Unauthenticated(
                 f"unknown API key (digest {_DIGEST_PREFIX}{presented.hex()[:12]}...): it is not "
                 "configured on this server"
             )
-        return found
+        if found.expires_at is not None and time.time() >= found.expires_at:
+            expired = datetime.fromtimestamp(found.expires_at, UTC).isoformat()
+            raise Unauthenticated(
+                f"API key '{found.principal.key_name}' (tenant '{found.principal.tenant}') "
+                f"expired at {expired}"
+            )
+        return found.principal
 
 
 def authenticate_headers(
@@ -196,10 +301,24 @@ def is_loopback(host: str) -> bool:
 
 def ensure_safe_bind(host: str, settings: AuthSettings, allow_unauthenticated: bool) -> None:
     """Raise SettingsError when `host` is not loopback, no keys are set and nobody said it's OK."""
-    if settings.keys or allow_unauthenticated or is_loopback(host):
+    if settings.keys or settings.keys_file or allow_unauthenticated or is_loopback(host):
         return
     raise SettingsError(
         f"refusing to bind {host} with no API keys configured: anyone who can reach it could "
         "run every model and load or unload models. Add auth.keys (create one with "
         "`sluice keys create --tenant NAME`), bind 127.0.0.1, or pass --allow-unauthenticated"
     )
+
+
+def warn_plaintext_bind(host: str, tls: TlsSettings) -> bool:
+    """Log a warning (and return True) when `host` is reachable from other machines and TLS is
+    off: API keys and tensors would cross the network in plain text."""
+    if tls.enabled or is_loopback(host):
+        return False
+    log.warning(
+        "binding %s without TLS: API keys and request data travel in plain text. Set "
+        "tls.cert_file and tls.key_file, or terminate TLS in front of sluice on a trusted network",
+        host,
+        extra={"host": host},
+    )
+    return True

@@ -6,11 +6,20 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -65,6 +74,11 @@ class ApiKey(Section):
     """`admin` may also load/unload models and read configs and statistics."""
     models: list[str] | None = None
     """If set, the only models this key may use."""
+    name: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@-]+$")
+    """A label for logs (admin actions name the key) and `sluice keys revoke`; required in
+    `auth.keys_file`, optional here."""
+    expires_at: datetime | None = None
+    """When the key stops working (ISO 8601; a time without a zone is UTC); unset never."""
 
 
 class AuthSettings(Section):
@@ -75,6 +89,13 @@ class AuthSettings(Section):
         default=["repository"]
     )
     """Endpoint groups that need an `admin` key when keys are configured."""
+    keys_file: Path | None = None
+    """A YAML file of more keys (`keys:` entries with a `name`), managed by `sluice keys
+    create|revoke --file`. Read at start (an unreadable file fails the start), re-read on SIGHUP
+    and when it changes; a broken file keeps the keys read before. Setting it means keys are
+    configured even while the file lists none."""
+    keys_file_poll_interval_s: float = Field(0.5, gt=0, le=60)
+    """How often `keys_file` is checked for changes (revocation takes at most this long)."""
 
     @field_validator("keys")
     @classmethod
@@ -152,6 +173,41 @@ class MetricsSettings(Section):
     """Serve Prometheus metrics at /metrics on the HTTP port."""
     port: int | None = Field(None, gt=0, lt=65536)
     """Also serve them on this port of their own."""
+    require_key: bool = False
+    """With keys configured, /metrics on the HTTP port needs an admin key (the metrics name
+    tenants and models). The `port` listener never asks for one: keep that port private."""
+
+
+class TlsSettings(Section):
+    cert_file: Path | None = None
+    """PEM certificate chain of this server; with `key_file`, turns on HTTPS and gRPC TLS."""
+    key_file: Path | None = None
+    """PEM private key of `cert_file`."""
+    client_ca_file: Path | None = None
+    """PEM CA bundle that client certificates are verified against (mTLS)."""
+    require_client_cert: bool = False
+    """Refuse clients without a certificate signed by `client_ca_file`. Without it, a client
+    certificate is verified only when one is sent."""
+
+    @model_validator(mode="after")
+    def _complete(self) -> TlsSettings:
+        if (self.cert_file is None) != (self.key_file is None):
+            given, missing = ("cert_file", "key_file")[:: 1 if self.key_file is None else -1]
+            raise ValueError(f"tls.{given} is set but tls.{missing} is not; TLS needs both")
+        if self.cert_file is None and (self.client_ca_file or self.require_client_cert):
+            raise ValueError(
+                "tls.client_ca_file and tls.require_client_cert need tls.cert_file and key_file"
+            )
+        if self.require_client_cert and self.client_ca_file is None:
+            raise ValueError(
+                "tls.require_client_cert needs tls.client_ca_file (the CA that signs client "
+                "certificates)"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.cert_file is not None
 
 
 class TracingSettings(Section):
@@ -224,6 +280,9 @@ class Settings(BaseSettings):
     """Per-tenant rate limits and quotas."""
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     """Prometheus metrics."""
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    """HTTPS and gRPC TLS (and mTLS); off unless `tls.cert_file` and `tls.key_file` are set.
+    Certificates are re-read on SIGHUP."""
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     """OpenTelemetry tracing (off unless an OTLP endpoint is set)."""
 

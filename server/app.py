@@ -1,5 +1,10 @@
 """The HTTP/REST front-end: the Open Inference Protocol (KServe v2). Inference is served by
-server/infer_route.py; everything else by FastAPI."""
+server/infer_route.py; everything else by FastAPI.
+
+Exposed surfaces: `/openapi.json` answers any valid key once keys are configured (it lists every
+route); the `/docs` and `/redoc` pages are not served at all (they would load scripts from a
+CDN, which air-gapped sites cannot reach and nobody should have to trust). `/metrics` names
+tenants and models: with `metrics.require_key` it needs an admin key."""
 
 from __future__ import annotations
 
@@ -57,7 +62,7 @@ def create_app(settings: Settings, engine: Engine) -> ASGIApp:
 
 def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
     """Every endpoint but inference: health, metadata, usage, metrics, Triton extensions."""
-    app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None)
+    app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(EngineError)
@@ -117,10 +122,18 @@ def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
         is_ready = engine.model_ready(name, version)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
 
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi(request: Request) -> Response:
+        principal(request)  # any valid key: the schema is no secret, but not for strangers
+        return json_response(app.openapi())
+
     if settings.metrics.enabled:
+        require_key = settings.metrics.require_key
 
         @app.get("/metrics")
-        async def metrics() -> Response:
+        async def metrics(request: Request) -> Response:
+            if require_key:
+                principal(request).require_admin_role("/metrics (metrics.require_key)")
             return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
     return app

@@ -125,12 +125,31 @@ def main() -> None:
     default=None,
     help="Allow a non-loopback bind with no API keys configured.",
 )
+@click.option(
+    "--tls-cert-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="PEM certificate chain: HTTPS and gRPC TLS (with --tls-key-file).",
+)
+@click.option(
+    "--tls-key-file", type=click.Path(path_type=Path, dir_okay=False), help="PEM private key."
+)
+@click.option(
+    "--tls-client-ca-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="PEM CA bundle for client certificates (mTLS; see tls.require_client_cert).",
+)
 def serve(config_file: Path | None, **flags: Any) -> None:
     """Serve models over HTTP and gRPC (KServe v2 / Triton protocols)."""
     from server.logs import configure_logging
     from server.server import Server
 
     flags["load_models"] = list(flags["load_models"]) or None
+    tls = {
+        name: value
+        for name in ("cert_file", "key_file", "client_ca_file")
+        if (value := flags.pop(f"tls_{name}")) is not None
+    }
+    flags["tls"] = tls or None  # merged with the tls section of the file and environment
     try:
         settings = load_settings(config_file, **flags)
     except SettingsError as exc:

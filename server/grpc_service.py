@@ -27,7 +27,7 @@ import grpc
 from google.protobuf import json_format
 from grpc.aio import ServicerContext as Context
 
-from engine.auth import Principal, authenticate_headers
+from engine.auth import Principal, admin_action, authenticate_headers
 from engine.engine import Engine
 from engine.errors import BackendError, DeadlineExceeded, EngineError
 from engine.settings import Settings, SettingsError
@@ -372,7 +372,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         principal = self._principal(context)
         principal.require_admin("repository")
         principal.check_model(request.model_name)
-        await self._engine.load_model(request.model_name, list(request.parameters))
+        with admin_action(principal, "load", model=request.model_name, protocol="grpc"):
+            await self._engine.load_model(request.model_name, list(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
     @_guarded
@@ -382,7 +383,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         principal = self._principal(context)
         principal.require_admin("repository")
         principal.check_model(request.model_name)
-        await self._engine.unload_model(request.model_name, list(request.parameters))
+        with admin_action(principal, "unload", model=request.model_name, protocol="grpc"):
+            await self._engine.unload_model(request.model_name, list(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
 
@@ -422,16 +424,23 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
     ]
 
 
-def build_grpc_server(settings: Settings, engine: Engine) -> tuple[grpc.aio.Server, int]:
+def build_grpc_server(
+    settings: Settings, engine: Engine, credentials: grpc.ServerCredentials | None = None
+) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving `engine` on settings.host:grpc_port, and the
-    port it bound (the picked one when grpc_port is 0). Start and stop it in the running loop."""
+    port it bound (the picked one when grpc_port is 0). Start and stop it in the running loop.
+    With `credentials` (server/tls.py) the port speaks TLS only."""
     server = grpc.aio.server(options=server_options(settings))
     servicer = GrpcService(engine, settings.grpc_stream_max_pending)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"
     try:
-        port: int = server.add_insecure_port(address)
+        port: int = (
+            server.add_secure_port(address, credentials)
+            if credentials is not None
+            else server.add_insecure_port(address)
+        )
     except RuntimeError as exc:
         raise SettingsError(f"cannot listen on {address} for gRPC: {exc}") from exc
     if port == 0:

@@ -2,7 +2,10 @@
 
 Shutdown order on SIGTERM/SIGINT: readiness turns 503 and new requests get 503 -> queued and
 running requests finish (bounded by drain_timeout_s; what is left is answered 503) -> listeners
-close and open connections finish -> backends close. A second signal exits at once."""
+close and open connections finish -> backends close. A second signal exits at once.
+
+SIGHUP re-reads the TLS certificates (server/tls.py) and `auth.keys_file` (engine/keys_file.py)
+without dropping a connection; what cannot be read is logged and the old stays in force."""
 
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ from typing import Any
 
 import uvicorn
 
-from engine.auth import ensure_safe_bind
+from engine.auth import ensure_safe_bind, warn_plaintext_bind
 from engine.engine import Engine
+from engine.keys_file import KeyFileWatcher
 from engine.settings import Settings, SettingsError
 from server.app import create_app
 from server.logs import effective_settings
+from server.tls import ServerTls
 
 log = logging.getLogger("sluice.server")
 
@@ -60,6 +65,19 @@ class Server:
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_http: _Uvicorn | None = None
+        # Certificates and keys files are read here, so a bad one fails the start at once.
+        self.tls = ServerTls(settings.tls) if settings.tls.enabled else None
+        keys_file = settings.auth.keys_file
+        self.keys_watcher = (
+            KeyFileWatcher(
+                keys_file,
+                settings.auth.keys_file_poll_interval_s,
+                self.engine.authenticator.reload_file,
+            )
+            if keys_file is not None
+            else None
+        )
+        self._reloads: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         """Begin a graceful shutdown; a second call exits the process at once."""
@@ -69,21 +87,43 @@ class Server:
             os._exit(1)
         self._stop.set()
 
+    def reload(self) -> None:
+        """SIGHUP: re-read the TLS certificates and `auth.keys_file` (off the event loop)."""
+        task = asyncio.create_task(self._reload(), name="reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
+
+    async def _reload(self) -> None:
+        log.info("SIGHUP: reloading TLS certificates and auth.keys_file")
+        if self.tls is not None:
+            await asyncio.to_thread(self.tls.reload)
+        if self.keys_watcher is not None:
+            await self.keys_watcher.reload(reason="sighup")
+
     async def serve(self) -> None:
         ensure_safe_bind(
             self.settings.host, self.settings.auth, self.settings.allow_unauthenticated
         )
+        warn_plaintext_bind(self.settings.host, self.settings.tls)
         log.info("starting sluice", extra={"settings": effective_settings(self.settings)})
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
+        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        watch = (
+            asyncio.create_task(self.keys_watcher.run(), name="keys-file")
+            if self.keys_watcher is not None
+            else None
+        )
         try:
             await self.engine.start()
             tune_gc()
             await self._serve()
         finally:
+            if watch is not None:
+                watch.cancel()
             await self.engine.close()
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
 
     async def _serve(self) -> None:
@@ -102,6 +142,9 @@ class Server:
             backlog=2048,
             proxy_headers=False,
         )
+        if self.tls is not None:
+            config.load()  # uvicorn keeps a loaded config's `ssl`: the reloadable context
+            config.ssl = self.tls.ssl_context
         self.http = _Uvicorn(config)
         http_task = asyncio.create_task(self.http.serve(sockets=[http_socket]), name="http")
         if settings.grpc_enabled:
@@ -147,7 +190,8 @@ class Server:
         except ImportError:
             log.warning("gRPC front-end not available in this build")
             return
-        self.grpc, self.grpc_port = build_grpc_server(self.settings, self.engine)
+        credentials = self.tls.grpc_credentials() if self.tls is not None else None
+        self.grpc, self.grpc_port = build_grpc_server(self.settings, self.engine, credentials)
         await self.grpc.start()
 
 

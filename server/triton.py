@@ -21,7 +21,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from engine.auth import Principal, authenticate_headers
+from engine.auth import Principal, admin_action, authenticate_headers
 from engine.engine import Engine
 from engine.errors import InvalidInput
 from server import codec
@@ -90,7 +90,8 @@ def triton_router(engine: Engine) -> APIRouter:
         caller = principal(request)
         caller.require_admin("repository")
         caller.check_model(name)
-        await engine.load_model(name, list(_parameters(await _body(request))))
+        with admin_action(caller, "load", model=name, protocol="http"):
+            await engine.load_model(name, list(_parameters(await _body(request))))
         return Response(status_code=200)
 
     @router.post("/v2/repository/models/{name}/unload")
@@ -98,7 +99,8 @@ def triton_router(engine: Engine) -> APIRouter:
         caller = principal(request)
         caller.require_admin("repository")
         caller.check_model(name)
-        await engine.unload_model(name, list(_parameters(await _body(request))))
+        with admin_action(caller, "unload", model=name, protocol="http"):
+            await engine.unload_model(name, list(_parameters(await _body(request))))
         return Response(status_code=200)
 
     return router

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
 
 from engine.auth import Authenticator, digest_key
+from engine.keys_file import read_keys
 from engine.settings import AuthSettings
 from server.keys import KEY_PREFIX, keys
 
@@ -76,3 +79,72 @@ def test_digest_without_a_key_is_a_usage_error() -> None:
     result = CliRunner().invoke(keys, ["digest"], input="")
     assert result.exit_code == 2
     assert "no key given" in result.output
+
+
+def test_create_revoke_and_list_a_keys_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    runner = CliRunner()
+    made = runner.invoke(
+        keys, ["create", "--file", str(path), "--tenant", "acme", "--name", "ci", "--json"]
+    )
+    assert made.exit_code == 0, made.output
+    key = json.loads(made.output)["key"]
+    second = runner.invoke(keys, ["create", "--file", str(path), "--tenant", "beta"])
+    assert second.exit_code == 0, second.output
+    found = read_keys(path)
+    assert [k.tenant for k in found] == ["acme", "beta"]
+    assert found[0].name == "ci"
+    assert found[0].digest == digest_key(key)
+    generated = found[1].name
+    assert generated is not None
+    assert re.fullmatch(r"beta-[0-9a-f]{8}", generated)
+    assert f"as '{generated}'" in second.output
+
+    listed = runner.invoke(keys, ["list", "--file", str(path)])
+    assert listed.exit_code == 0, listed.output
+    assert [line.split("\t")[:2] for line in listed.output.splitlines()] == [
+        ["ci", "tenant=acme"],
+        [generated, "tenant=beta"],
+    ]
+    assert key not in listed.output
+
+    revoked = runner.invoke(keys, ["revoke", "--file", str(path), "ci"])
+    assert revoked.exit_code == 0, revoked.output
+    assert [k.name for k in read_keys(path)] == [generated]
+    again = runner.invoke(keys, ["revoke", "--file", str(path), "ci"])
+    assert again.exit_code == 1
+    assert f"has no key named 'ci' (it has: {generated})" in again.output
+
+
+def test_create_refuses_a_taken_name_and_keeps_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    runner = CliRunner()
+    args = ["create", "--file", str(path), "--tenant", "acme", "--name", "ci"]
+    assert runner.invoke(keys, args).exit_code == 0
+    before = path.read_text()
+    taken = runner.invoke(keys, args)
+    assert taken.exit_code == 1
+    assert "already has a key named 'ci'" in taken.output
+    assert path.read_text() == before
+
+
+def test_expiry_is_stored_in_utc_and_listed_as_expired(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    runner = CliRunner()
+    args = ["create", "--file", str(path), "--tenant", "acme", "--name", "old"]
+    assert runner.invoke(keys, [*args, "--expires-at", "2020-01-01T00:00:00"]).exit_code == 0
+    rows = runner.invoke(keys, ["list", "--file", str(path), "--json"]).output.splitlines()
+    row = json.loads(rows[0])
+    assert (row["expires_at"], row["expired"]) == ("2020-01-01T00:00:00+00:00", True)
+    bad = runner.invoke(keys, [*args, "--expires-at", "next week"])
+    assert bad.exit_code == 2
+    assert "'next week' is not an ISO 8601 time" in bad.output
+
+
+def test_a_broken_keys_file_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys: [ {broken")
+    result = CliRunner().invoke(keys, ["create", "--file", str(path), "--tenant", "acme"])
+    assert result.exit_code == 1
+    assert "not YAML" in result.output
+    assert path.read_text() == "keys: [ {broken"

@@ -129,11 +129,13 @@ def test_effective_settings_mask_secrets() -> None:
         "tenant": "acme",
         "role": "user",
         "models": None,
+        "name": None,
+        "expires_at": None,
     }
     # Everything else is the effective value, defaults included.
     assert shown["http_port"] == 8000
     assert shown["tracing"]["otlp_endpoint"] is None
-    assert shown["metrics"] == {"enabled": True, "port": None}
+    assert shown["metrics"] == {"enabled": True, "port": None, "require_key": False}
 
 
 @pytest.mark.parametrize(
