@@ -1,0 +1,305 @@
+"""A bad-input corpus against one real `sluice serve` (HTTP and gRPC), issue 12 "staying fixed":
+Hypothesis-generated JSON, binary-extension and gRPC requests, plus the explicit cases of the
+issue. No answer may be a 5xx (or INTERNAL / UNKNOWN over gRPC), the server must answer its
+health check after every example, and it must still be running at the end. The counts (inputs
+tried, status histogram) are printed at the end of the module (`pytest -s` shows them)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.demo import write_demo_repository
+from server.binary import HEADER_LENGTH
+from server.proto import grpc_service_pb2 as pb
+from server.proto import grpc_service_pb2_grpc as pb_grpc
+from tests.models import DATATYPES, identity_model, model_name, write_datatype_models, write_model
+from tests.servers import ServerProcess
+
+SEEN: Counter[str] = Counter()
+MODELS = ["demo", "cached", model_name("BYTES"), model_name("INT8"), model_name("BOOL"),
+          model_name("FP16"), "nope"]  # fmt: skip
+CORPUS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("corpus")
+    repo = root / "repo"
+    write_demo_repository(repo)
+    write_datatype_models(repo)
+    write_model(repo, "cached", identity_model("FP32"), "cache:\n  enabled: true\n")
+    process = ServerProcess("--model-repository", str(repo), log_path=root / "server.log")
+    process.start()
+    yield process
+    alive = process.process is not None and process.process.poll() is None
+    tried = sum(count for key, count in SEEN.items() if not key.startswith("health"))
+    print(f"\nbad-input corpus: {tried} inputs tried; statuses: {dict(sorted(SEEN.items()))}")
+    assert "Exception in ASGI application" not in (root / "server.log").read_text()
+    process.stop()
+    assert alive, "the server died during the corpus"
+
+
+@pytest.fixture(scope="module")
+def http(server: ServerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def stub(server: ServerProcess) -> Iterator[Any]:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def healthy(http: httpx.Client) -> None:
+    response = http.get("/v2/health/live", timeout=2.0)
+    SEEN[f"health {response.status_code}"] += 1
+    assert response.status_code == 200
+
+
+def post(http: httpx.Client, model: str, body: bytes, headers: Any = None) -> httpx.Response:
+    response = http.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+    SEEN[f"http {response.status_code}"] += 1
+    assert response.status_code < 500, response.text
+    assert "error" in response.json() if response.status_code >= 400 else True
+    healthy(http)
+    return response
+
+
+# -- strategies -------------------------------------------------------------------------------
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+dims = st.one_of(
+    st.integers(0, 70), st.sampled_from([2**31, 2**32, 2**60, 2**61, 2**62, 2**63 - 1]),
+    st.integers(-5, -1),
+)  # fmt: skip
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=8),
+    st.floats(allow_nan=True, allow_infinity=True),
+)  # fmt: skip
+json_values = st.recursive(
+    scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=5), inner,
+                                                                          max_size=4), max_leaves=20
+)  # fmt: skip
+shapes = st.one_of(st.lists(dims, max_size=4), st.lists(st.integers(1, 2), min_size=60,
+                                                        max_size=70), json_values)  # fmt: skip
+datatypes = st.one_of(
+    st.sampled_from(DATATYPES), st.sampled_from(["FLOAT", "", "fp32"]), json_values
+)
+parameters = st.one_of(
+    st.dictionaries(
+        st.sampled_from(["shared_memory_region", "binary_data_size", "binary_data", "priority",
+                         "timeout", "cache", "classification", "tag", "binary_data_output"]),
+        json_values, max_size=3,
+    ),
+    json_values,
+)  # fmt: skip
+data = st.one_of(
+    st.lists(st.floats(-1e3, 1e3) | st.integers(-300, 300), max_size=40),
+    st.lists(st.lists(st.integers(0, 1), min_size=4, max_size=4), max_size=10),
+    st.lists(st.text(max_size=4), max_size=10), json_values,
+)  # fmt: skip
+names = st.sampled_from(["x", "INPUT0", "y", ""]) | st.text(max_size=4)
+
+
+@st.composite
+def tensors(draw: st.DrawFn) -> dict[str, Any]:
+    fields = {"name": names, "datatype": datatypes, "shape": shapes, "data": data,
+              "parameters": parameters}  # fmt: skip
+    chosen = draw(st.sets(st.sampled_from(sorted(fields)), min_size=2))
+    return {key: draw(fields[key]) for key in sorted(chosen)}
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": draw(st.lists(tensors(), max_size=3) | json_values)}
+    if draw(st.booleans()):
+        body["parameters"] = draw(parameters)
+    if draw(st.booleans()):
+        body["outputs"] = draw(st.lists(st.fixed_dictionaries({"name": names},
+                                                              optional={"parameters": parameters}))
+                               | json_values)  # fmt: skip
+    if draw(st.booleans()):
+        body["id"] = draw(scalars)
+    return body
+
+
+def dumps(value: Any) -> bytes:
+    return json.dumps(value).encode()  # NaN, Infinity and big ints: all a server must refuse
+
+
+# -- HTTP JSON --------------------------------------------------------------------------------
+
+
+@CORPUS
+@given(model=st.sampled_from(MODELS), body=requests(), cut=st.none() | st.integers(0, 400))
+def test_json_requests(
+    http: httpx.Client, model: str, body: dict[str, Any], cut: int | None
+) -> None:
+    raw = dumps(body)
+    post(http, model, raw if cut is None else raw[:cut])
+
+
+@CORPUS
+@given(model=st.sampled_from(MODELS), raw=st.binary(max_size=200) | json_values.map(dumps))
+def test_arbitrary_bodies(http: httpx.Client, model: str, raw: bytes) -> None:
+    post(http, model, raw)
+
+
+# -- HTTP binary extension --------------------------------------------------------------------
+
+
+@CORPUS
+@given(
+    model=st.sampled_from(MODELS),
+    body=requests(),
+    sizes=st.lists(st.integers(-2, 80) | st.sampled_from([2**40, 2**63]) | json_values, max_size=3),
+    tail=st.binary(max_size=120),
+    length=st.none() | st.integers(-3, 300).map(str) | st.sampled_from(["+5", "1_0", "x", ""]),
+)
+def test_binary_requests(
+    http: httpx.Client, model: str, body: dict[str, Any], sizes: list[Any], tail: bytes,
+    length: str | None,
+) -> None:  # fmt: skip
+    inputs = body["inputs"] if isinstance(body["inputs"], list) else []
+    for tensor, size in zip([t for t in inputs if isinstance(t, dict)], sizes, strict=False):
+        tensor.pop("data", None)
+        tensor["parameters"] = {"binary_data_size": size}
+    header = dumps(body)
+    headers = {HEADER_LENGTH: str(len(header)) if length is None else length}
+    post(http, model, header + tail, headers)
+
+
+# -- gRPC -------------------------------------------------------------------------------------
+
+GRPC_BAD = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
+contents = {
+    "bool_contents": st.lists(st.booleans(), max_size=20),
+    "int_contents": st.lists(st.integers(-(2**31), 2**31 - 1), max_size=20),
+    "int64_contents": st.lists(INT64, max_size=20),
+    "uint_contents": st.lists(st.integers(0, 2**32 - 1), max_size=20),
+    "fp32_contents": st.lists(st.floats(width=32), max_size=20),
+    "fp64_contents": st.lists(st.floats(), max_size=20),
+    "bytes_contents": st.lists(st.binary(max_size=6), max_size=20),
+}
+
+
+@st.composite
+def grpc_requests(draw: st.DrawFn) -> Any:
+    message = pb.ModelInferRequest(model_name=draw(st.sampled_from(MODELS)),
+                                   id=draw(st.text(max_size=4)))  # fmt: skip
+    raw = draw(st.booleans())
+    for _ in range(draw(st.integers(0, 3))):
+        tensor = message.inputs.add(
+            name=draw(names), datatype=draw(st.sampled_from([*DATATYPES, "FLOAT", ""])),
+            shape=draw(st.lists(dims | st.integers(-(2**63), -1), max_size=4)),
+        )  # fmt: skip
+        for key in draw(st.lists(st.sampled_from(["shared_memory_region", "priority", "x"]),
+                                 max_size=2)):  # fmt: skip
+            tensor.parameters[key].int64_param = draw(INT64)
+        if raw:
+            message.raw_input_contents.append(draw(st.binary(max_size=80)))
+        else:
+            field = draw(st.sampled_from(sorted(contents)))
+            getattr(tensor.contents, field).extend(draw(contents[field]))
+    if draw(st.booleans()):
+        message.raw_input_contents.append(draw(st.binary(max_size=16)))
+    for key in draw(st.lists(st.sampled_from(["priority", "timeout", "cache", "tag"]), max_size=3)):
+        choice = draw(st.sampled_from(["bool_param", "int64_param", "string_param",
+                                       "double_param", "uint64_param"]))  # fmt: skip
+        value = {"bool_param": st.booleans(), "int64_param": INT64,
+                 "string_param": st.text(max_size=4), "double_param": st.floats(),
+                 "uint64_param": st.integers(0, 2**64 - 1)}[choice]  # fmt: skip
+        setattr(message.parameters[key], choice, draw(value))
+    for name in draw(st.lists(names, max_size=2)):
+        message.outputs.add(name=name)
+    return message
+
+
+@CORPUS
+@given(message=grpc_requests())
+def test_grpc_requests(http: httpx.Client, stub: Any, message: Any) -> None:
+    code, details = grpc.StatusCode.OK, ""
+    try:
+        stub.ModelInfer(message, timeout=30)
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details()
+    SEEN[f"grpc {code.name}"] += 1
+    assert code not in GRPC_BAD, details
+    healthy(http)
+
+
+# -- the explicit cases of issue 12 -----------------------------------------------------------
+
+
+def x_tensor(**fields: Any) -> dict[str, Any]:
+    return {"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [0.5] * 16, **fields}
+
+
+def test_explicit_http_cases(http: httpx.Client) -> None:
+    deep: Any = 1
+    for _ in range(600):
+        deep = [deep]
+    cases: list[tuple[bytes, dict[str, str], int]] = [
+        (dumps({"inputs": [x_tensor(shape=[0, 2**61], data=[])]}), {}, 400),
+        (dumps({"inputs": [x_tensor()], "parameters": {"tag": deep}}), {}, 400),
+        (dumps({"inputs": [x_tensor(parameters={"shared_memory_region": "r"})]}), {}, 400),
+        (gzip.compress(dumps({"inputs": [x_tensor()]})) + b"junk", {"content-encoding": "gzip"},
+         400),
+        (dumps({"inputs": [x_tensor()]}), {HEADER_LENGTH: "+1"}, 400),
+        (gzip.compress(b" " * (81 * 1024 * 1024)), {"content-encoding": "gzip"}, 413),
+    ]  # fmt: skip
+    for raw, headers, status in cases:
+        assert post(http, "demo", raw, headers).status_code == status
+    binary_header = dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [0, 2**61],
+                                       "parameters": {"binary_data_size": 0}}]})  # fmt: skip
+    response = post(http, "demo", binary_header, {HEADER_LENGTH: str(len(binary_header))})
+    assert response.status_code == 400
+    twice = [("x-api-key", "a"), ("x-api-key", "b")]
+    assert post(http, "demo", dumps({"inputs": [x_tensor()]}), twice).status_code == 400
+    big = dumps({"inputs": [x_tensor(shape=[200_000, 16], data=[0] * 3_200_000)]})
+    response = post(http, "demo", big)
+    assert response.json()["error"] == (
+        "batch size 200000 exceeds the maximum of 64 for model 'demo' version 1"
+    )
+    assert (
+        post(
+            http,
+            "cached",
+            dumps(
+                {
+                    "inputs": [
+                        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1] * 4}
+                    ],
+                    "parameters": {"t": [[[1]]]},
+                }
+            ),
+        ).status_code
+        == 200
+    )
+
+
+def test_explicit_grpc_cases(http: httpx.Client, stub: Any) -> None:
+    for raw in (False, True):
+        message = pb.ModelInferRequest(model_name="demo")
+        message.inputs.add(name="x", datatype="FP32", shape=[0, 2**61])
+        if raw:
+            message.raw_input_contents.append(b"")
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(message, timeout=30)
+        SEEN[f"grpc {caught.value.code().name}"] += 1
+        assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "shape [0, 2305843009213693952]" in caught.value.details()
+        healthy(http)
