@@ -206,12 +206,23 @@ def queue_wait_distribution(result: LoadTestResult, path: Path) -> None:
     _save(figure, path)
 
 
+def cache_note(result: LoadTestResult) -> str | None:
+    """What the cache plot shows instead of bars, when there is nothing to draw."""
+    servers = [step.server for step in result.steps if step.server is not None]
+    if any(server.cache_hit_ratio is not None for server in servers):
+        return None
+    if any(server.cache_hits is not None and server.cache_misses is not None for server in servers):
+        return "no cache lookups (is the model's result cache enabled?)"
+    return "cache counters not exported by the server"
+
+
 def cache_hit_ratio(result: LoadTestResult, path: Path) -> None:
     figure = Figure(figsize=SIZE_IN)
     axes = figure.subplots()
     ratios = [s.server.cache_hit_ratio if s.server else None for s in result.steps]
-    if all(r is None for r in ratios):
-        _placeholder(axes, "cache counters not exported by the server")
+    note = cache_note(result)
+    if note is not None:
+        _placeholder(axes, note)
     else:
         labels = [f"{s.users} users" for s in result.steps]
         axes.bar(labels, [r if r is not None else 0.0 for r in ratios], color="tab:purple")

@@ -2,8 +2,9 @@
 
 A snapshot is a flat map from (sample name, sorted labels) to value. Deltas sum every label set
 that matches the model (metrics without a `model` label match any model); a metric the server
-does not export is None, and the report says "not exported". A counter that went down means the
-server restarted in between: its value after the restart is the delta.
+does not export is None, and the report says "not exported"; one it declares (`# TYPE`) with no
+sample yet, as a labelled counter before its first increment, is exported and zero. A counter that
+went down means the server restarted in between: its value after the restart is the delta.
 """
 
 from __future__ import annotations
@@ -32,15 +33,28 @@ class Snapshot:
 
     samples: dict[SampleKey, float] = field(default_factory=dict)
     error: str | None = None
+    families: set[str] = field(default_factory=set)
+    """Metric families the page declares, samples or not (counters without `_total`)."""
+
+    @classmethod
+    def from_text(cls, text: str) -> Snapshot:
+        """Parse a Prometheus text exposition; ValueError if it is not one."""
+        snapshot = cls()
+        for family in text_string_to_metric_families(text):
+            snapshot.families.add(family.name)
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                snapshot.samples[key] = float(sample.value)
+        return snapshot
+
+    def declares(self, name: str) -> bool:
+        """Whether the family of sample `name` is on the page (a counter's `_total` dropped)."""
+        return name.removesuffix("_total") in self.families
 
 
 def parse(text: str) -> dict[SampleKey, float]:
     """Every sample of a Prometheus text exposition, keyed by name and labels."""
-    samples: dict[SampleKey, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = float(sample.value)
-    return samples
+    return Snapshot.from_text(text).samples
 
 
 def scrape(url: str, headers: Mapping[str, str], timeout_s: float = 5.0) -> Snapshot:
@@ -52,7 +66,7 @@ def scrape(url: str, headers: Mapping[str, str], timeout_s: float = 5.0) -> Snap
     if response.status_code != 200:
         return Snapshot(error=f"{url} answered {response.status_code}")
     try:
-        return Snapshot(samples=parse(response.text))
+        return Snapshot.from_text(response.text)
     except ValueError as exc:
         return Snapshot(error=f"{url} is not Prometheus text: {exc}")
 
@@ -83,7 +97,7 @@ def counter_delta(before: Snapshot, after: Snapshot, name: str, model: str) -> f
     """How much the counter grew (all matching label sets summed), or None if not exported."""
     now = _select(after, name, model)
     if not now:
-        return None
+        return 0.0 if after.declares(name) else None
     return _delta(now[()], _select(before, name, model).get((), 0.0))
 
 
@@ -94,7 +108,7 @@ def counter_delta_by(
     tenant/reason); None if not exported."""
     now = _select(after, name, model, keep=labels)
     if not now:
-        return None
+        return {} if after.declares(name) else None
     then = _select(before, name, model, keep=labels)
     grown = {
         "/".join(dict(key).get(label, "") for label in labels): _delta(v, then.get(key, 0.0))
@@ -107,7 +121,7 @@ def histogram_delta(before: Snapshot, after: Snapshot, name: str, model: str) ->
     """The histogram's observations between the scrapes, or None if not exported."""
     now = _select(after, name + "_bucket", model, keep=("le",))
     if not now:
-        return None
+        return Histogram(bounds=[], counts=[0.0], sum=0.0) if after.declares(name) else None
     then = _select(before, name + "_bucket", model, keep=("le",))
     grown = {dict(key)["le"]: _delta(v, then.get(key, 0.0)) for key, v in now.items()}
     ordered = sorted(grown.items(), key=lambda item: float(item[0]))

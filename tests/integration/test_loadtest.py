@@ -68,6 +68,10 @@ def test_http_ramp_meets_a_loose_slo(demo_server: ServerProcess, tmp_path: Path)
         assert answered <= served <= answered + 200
         assert step["server"]["batch_size"]["counts"][-1] > 0
         assert step["server"]["queue_wait_s"]["counts"][-1] > 0
+        # sluice exports these; with the demo's cache off and no limits they are just zero.
+        assert (step["server"]["cache_hits"], step["server"]["cache_misses"]) == (0, 0)
+        assert step["server"]["rejections"] == {}
+    assert "not exported" not in (tmp_path / "report.md").read_text()
 
 
 def test_grpc_through_a_master_and_a_worker(demo_server: ServerProcess, tmp_path: Path) -> None:

@@ -156,3 +156,29 @@ def test_scrape_failures_are_reported_not_raised(metrics_url: str) -> None:
     closed = scrape("http://127.0.0.1:9/metrics", {}, timeout_s=1.0)
     assert closed.error is not None
     assert closed.error.startswith("cannot read http://127.0.0.1:9")
+
+
+# What sluice itself exports before any cache lookup or rejection: the cache counters at 0, and
+# the rejections family declared with no label set yet.
+QUIET_SLUICE = """\
+# HELP sluice_cache_hits_total Result cache hits.
+# TYPE sluice_cache_hits_total counter
+sluice_cache_hits_total 0.0
+# HELP sluice_cache_misses_total Result cache misses.
+# TYPE sluice_cache_misses_total counter
+sluice_cache_misses_total 0.0
+# HELP sluice_admission_rejections_total Requests refused by admission control.
+# TYPE sluice_admission_rejections_total counter
+# HELP sluice_batch_size Rows per execution.
+# TYPE sluice_batch_size histogram
+"""
+
+
+def test_counters_that_are_zero_or_have_no_label_set_yet_are_exported() -> None:
+    quiet = Snapshot.from_text(QUIET_SLUICE)
+    metrics = server_metrics(quiet, quiet, "demo")
+    assert (metrics.cache_hits, metrics.cache_misses) == (0.0, 0.0)
+    assert metrics.rejections == {}
+    assert metrics.batch_size is not None
+    assert metrics.batch_size.count == 0
+    assert counter_delta(quiet, quiet, "sluice_cache_errors_total", "demo") is None
