@@ -54,6 +54,7 @@ class Plan:
     checks: tuple[Check, ...]
     caps: tuple[Cap, ...]
     priority: int
+    """The tenant's batching level as in Triton (1 is the highest; 0: each model's default)."""
     max_queue_share: float
 
     @property
