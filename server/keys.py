@@ -89,14 +89,21 @@ def _edit(path: Path) -> Iterator[list[ApiKey]]:
     """The keys of `path` (none if it does not exist yet), written back when the block ends.
     A lock file beside it keeps two `sluice keys` commands from losing each other's change."""
     lock_path = path.with_name(f".{path.name}.lock")
-    with open(lock_path, "a") as lock:
+    try:
+        lock = open(lock_path, "a")  # noqa: SIM115 - closed below, after the write
+    except OSError as exc:
+        raise click.ClickException(f"cannot write beside {path}: {exc.strerror}") from exc
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             found = read_keys(path) if path.exists() else []
         except SettingsError as exc:
             raise click.ClickException(str(exc)) from exc
         yield found
-        write_keys(path, found)
+        try:
+            write_keys(path, found)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {path}: {exc.strerror}") from exc
 
 
 _FILE = click.option(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.auth import Authenticator, digest_key
+from engine.auth import Authenticator, digest_key, ensure_safe_bind
 from engine.errors import Unauthenticated
 from engine.keys_file import KeyFileWatcher, parse_keys, read_keys, write_keys
 from engine.settings import ApiKey, AuthSettings, SettingsError
@@ -167,3 +167,11 @@ async def test_watcher_applies_changes_and_keeps_old_keys_on_a_broken_file(
         assert accepts("key-b")
     finally:
         task.cancel()
+
+
+def test_a_keys_file_counts_as_keys_for_a_public_bind(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text("")
+    ensure_safe_bind("0.0.0.0", file_settings(path), allow_unauthenticated=False)
+    with pytest.raises(SettingsError, match=r"refusing to bind 0\.0\.0\.0"):
+        ensure_safe_bind("0.0.0.0", AuthSettings(), allow_unauthenticated=False)

@@ -148,3 +148,10 @@ def test_a_broken_keys_file_is_not_overwritten(tmp_path: Path) -> None:
     assert result.exit_code == 1
     assert "not YAML" in result.output
     assert path.read_text() == "keys: [ {broken"
+
+
+def test_a_keys_file_in_a_missing_folder_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent" / "keys.yaml"
+    result = CliRunner().invoke(keys, ["create", "--file", str(path), "--tenant", "acme"])
+    assert result.exit_code == 1
+    assert f"cannot write beside {path}: No such file or directory" in result.output
