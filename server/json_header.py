@@ -67,7 +67,8 @@ def loads(body: bytes | memoryview) -> Any:
     if not cuts:
         return orjson.loads(body)
     marker = secrets.token_hex(8)
-    pieces, start = [], 0
+    pieces: list[bytes] = []
+    start = 0
     for number, (_, begin, end) in enumerate(cuts):
         pieces += (text[start:begin], f'"{marker}:{number}"'.encode())
         start = end
@@ -135,7 +136,8 @@ def _value_span(text: bytes, pos: int) -> tuple[int, int]:
         pos += 1
     end = pos
     while end < len(text):
-        found = _VALUE_TEXT.match(text, end, min(end + _CHUNK_BYTES, len(text))).end()
+        run = _VALUE_TEXT.match(text, end, min(end + _CHUNK_BYTES, len(text)))
+        found = end if run is None else run.end()  # it matches the empty string: never None
         if found == end:  # a stop: a key, `{`, `}` or `:`, or a string longer than the chunk
             string = _STRING.match(text, end)
             if string is None or re.match(rb"[ \t\n\r]*+:", text[string.end() : string.end() + 64]):
