@@ -268,6 +268,13 @@ class Settings(BaseSettings):
     (one that failed to load keeps it unready). False: ready once started; a model that failed
     is unready on its own (/v2/models/<name>/ready). A failed reload that keeps the old version
     serving never drops readiness either way."""
+    http_header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    """A request's line and headers must arrive within this long of their first byte (or of the
+    connection opening); else 408 and the connection closes (slow-client defence)."""
+    http_body_timeout_s: float = Field(60.0, gt=0, le=3600)
+    """A request's whole body must arrive within this long of its headers; else 408 and close."""
+    http_max_connections: int = Field(4096, gt=0)
+    """Open HTTP connections at most; a connection past it is answered 503 and closed."""
     allow_unauthenticated: bool = False
     """Allow binding a non-loopback address with no API keys configured."""
     batching: BatchingDefaults = Field(default_factory=BatchingDefaults)

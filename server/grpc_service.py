@@ -424,13 +424,35 @@ def server_options(settings: Settings) -> list[tuple[str, Any]]:
     ]
 
 
+class CallClock(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """When the last call arrived. grpc cancels (CANCELLED, which clients do not retry) every
+    call that arrives after its server's stop begins, or is still waiting for a handler then,
+    so the drain stops the server only once calls have stopped coming (server/server.py)."""
+
+    def __init__(self) -> None:
+        self.last_call_at = time.monotonic()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        self.last_call_at = time.monotonic()
+        return await continuation(handler_call_details)
+
+
 def build_grpc_server(
-    settings: Settings, engine: Engine, credentials: grpc.ServerCredentials | None = None
+    settings: Settings,
+    engine: Engine,
+    credentials: grpc.ServerCredentials | None = None,
+    clock: CallClock | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server (not started) serving `engine` on settings.host:grpc_port, and the
     port it bound (the picked one when grpc_port is 0). Start and stop it in the running loop.
-    With `credentials` (server/tls.py) the port speaks TLS only."""
-    server = grpc.aio.server(options=server_options(settings))
+    With `credentials` (server/tls.py) the port speaks TLS only; `clock` sees every call."""
+    server = grpc.aio.server(
+        options=server_options(settings), interceptors=[clock] if clock is not None else None
+    )
     servicer = GrpcService(engine, settings.grpc_stream_max_pending)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host

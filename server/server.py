@@ -1,8 +1,14 @@
 """The process lifecycle: HTTP (uvicorn) and gRPC (grpc.aio) in one event loop, owning signals.
 
-Shutdown order on SIGTERM/SIGINT: readiness turns 503 and new requests get 503 -> queued and
-running requests finish (bounded by drain_timeout_s; what is left is answered 503) -> listeners
-close and open connections finish -> backends close. A second signal exits at once.
+Shutdown order on SIGTERM/SIGINT, losing no request that a client has written:
+1. readiness turns 503 and new requests are answered 503 / UNAVAILABLE with Retry-After;
+2. the HTTP listener closes (the connections the kernel had queued on it are accepted and
+   served, not reset); open connections stay: each request on them is answered, with
+   `Connection: close`, and an idle one closes once no request is on its way (server/connection.py);
+3. queued and running requests finish, bounded by drain_timeout_s (what is left is answered 503);
+4. gRPC stops once calls have stopped coming (grpc cancels, as CANCELLED, any call that arrives
+   after its stop begins), at the latest at drain_timeout_s after the signal;
+5. connections finish, then backends close. A second signal exits at once.
 
 SIGHUP re-reads the TLS certificates (server/tls.py) and `auth.keys_file` (engine/keys_file.py)
 without dropping a connection; what cannot be read is logged and the old stays in force."""
@@ -17,7 +23,9 @@ import math
 import os
 import signal
 import socket
+import time
 from collections.abc import Generator
+from functools import partial
 from typing import Any
 
 import uvicorn
@@ -27,10 +35,15 @@ from engine.engine import Engine
 from engine.keys_file import KeyFileWatcher
 from engine.settings import Settings, SettingsError
 from server.app import create_app
+from server.connection import ConnectionPolicy, HttpProtocol, accept_pending
 from server.logs import effective_settings
 from server.tls import ServerTls
 
 log = logging.getLogger("sluice.server")
+
+GRPC_QUIET_S = 0.25
+"""The drain stops gRPC once no call has arrived for this long: less than the 1 s Retry-After
+of the UNAVAILABLE answers, so clients that honour it have stopped sending."""
 
 
 def tune_gc() -> None:
@@ -51,6 +64,27 @@ class _Uvicorn(uvicorn.Server):
     def capture_signals(self) -> Generator[None, None, None]:
         yield
 
+    def stop_listening(self, spare: socket.socket) -> None:
+        """Close the listener without resetting the connections queued on it: a client may have
+        written its request on one. `spare` (a duplicate of the listening socket) keeps it open
+        while the queue is taken; the connections taken are served like the others."""
+        for server in getattr(self, "servers", []):
+            server.close()
+        queued = accept_pending(spare)
+        spare.close()
+        loop = asyncio.get_running_loop()
+        config = self.config
+        protocol = partial(
+            config.http_protocol_class,
+            config=config,
+            server_state=self.server_state,
+            app_state=self.lifespan.state,
+        )
+        for sock in queued:
+            task = loop.create_task(loop.connect_accepted_socket(protocol, sock, ssl=config.ssl))
+            self.server_state.tasks.add(task)  # awaited by uvicorn's shutdown like a request
+            task.add_done_callback(self.server_state.tasks.discard)
+
 
 class Server:
     """Runs the engine and both front-ends until a signal (or `stop()`)."""
@@ -65,6 +99,7 @@ class Server:
         self.http_port: int | None = None
         self.grpc_port: int | None = None
         self.metrics_http: _Uvicorn | None = None
+        self.grpc_clock: Any = None
         # Certificates and keys files are read here, so a bad one fails the start at once.
         self.tls = ServerTls(settings.tls) if settings.tls.enabled else None
         keys_file = settings.auth.keys_file
@@ -131,9 +166,14 @@ class Server:
         http_socket = _bind(settings.host, settings.http_port)
         self.http_port = http_socket.getsockname()[1]
         metrics_task = self._start_metrics() if settings.metrics.port is not None else None
+        policy = ConnectionPolicy(
+            settings.http_header_timeout_s,
+            settings.http_body_timeout_s,
+            settings.http_max_connections,
+        )
         config = uvicorn.Config(
             create_app(settings, self.engine),
-            http="httptools",
+            http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]
             lifespan="off",
             log_config=None,
             access_log=False,
@@ -146,6 +186,7 @@ class Server:
             config.load()  # uvicorn keeps a loaded config's `ssl`: the reloadable context
             config.ssl = self.tls.ssl_context
         self.http = _Uvicorn(config)
+        spare = http_socket.dup()  # uvicorn closes its socket at shutdown; see stop_listening
         http_task = asyncio.create_task(self.http.serve(sockets=[http_socket]), name="http")
         if settings.grpc_enabled:
             await self._start_grpc()
@@ -158,15 +199,31 @@ class Server:
         stop_task = asyncio.create_task(self._stop.wait())
         await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         log.info("shutting down: draining requests (at most %.1f s)", settings.drain_timeout_s)
-        await self.engine.drain()
-        self.http.should_exit = True
-        if self.grpc is not None:
-            await self.grpc.stop(grace=1.0)
+        await self._drain(policy, spare)
         await http_task
         if self.metrics_http is not None and metrics_task is not None:
             self.metrics_http.should_exit = True  # last: scrapers can watch the drain
             await metrics_task
         stop_task.cancel()
+
+    async def _drain(self, policy: ConnectionPolicy, spare: socket.socket) -> None:
+        """Steps 1-4 of the shutdown order (module docstring)."""
+        assert self.http is not None
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        self.engine.stop_accepting()
+        policy.draining = True
+        self.http.stop_listening(spare)
+        for connection in list(self.http.server_state.connections):
+            connection.shutdown()
+        await self.engine.drain()
+        self.http.should_exit = True
+        if self.grpc is not None:
+            while True:  # until no call came for GRPC_QUIET_S, or the deadline
+                wake = min(self.grpc_clock.last_call_at + GRPC_QUIET_S, deadline)
+                if wake <= time.monotonic():
+                    break
+                await asyncio.sleep(wake - time.monotonic())
+            await self.grpc.stop(grace=1.0)
 
     def _start_metrics(self) -> asyncio.Task[None]:
         """Serve /metrics on `metrics.port` too (bound before this returns: a taken port fails
@@ -186,12 +243,15 @@ class Server:
 
     async def _start_grpc(self) -> None:
         try:
-            from server.grpc_service import build_grpc_server
+            from server.grpc_service import CallClock, build_grpc_server
         except ImportError:
             log.warning("gRPC front-end not available in this build")
             return
         credentials = self.tls.grpc_credentials() if self.tls is not None else None
-        self.grpc, self.grpc_port = build_grpc_server(self.settings, self.engine, credentials)
+        self.grpc_clock = CallClock()
+        self.grpc, self.grpc_port = build_grpc_server(
+            self.settings, self.engine, credentials, clock=self.grpc_clock
+        )
         await self.grpc.start()
 
 

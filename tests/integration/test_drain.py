@@ -1,17 +1,14 @@
-"""Graceful shutdown of a real `sluice serve` under load: SIGTERM turns readiness 503, new
-requests get 503, every accepted request is answered, and the process exits 0 in time; a tiny
-drain_timeout_s answers what is left 503; a second signal exits at once.
+"""Graceful shutdown of a real `sluice serve` under load: SIGTERM turns readiness 503 and closes
+the listener, requests on open connections get 503 with `Connection: close`, every accepted
+request is answered, and the process exits 0 in time; a tiny drain_timeout_s answers what is left
+503; a second signal exits at once.
 
-Every request goes over a fresh connection, so the client can tell "could not connect" (the
-listener is closed: never accepted) from "sent, and no answer came" (unanswered). One case stays
-ambiguous from the outside: when the listener closes, a connection the server accepted but whose
-request it had not read yet is closed unanswered. That can only happen once the drain is over, so
-an unanswered request is allowed only if it was sent after the last queued request was answered
-and only right before connections are refused; the load clients, whose requests are the accepted
-ones, must never see it. (On kept-alive connections the window is wider: the server closes idle
-connections at shutdown under requests the clients are writing; see the report.) A 503 body
-says which door refused it: "server is shutting down" is the front door (the request never
-entered a queue); anything else is an accepted request that was not served."""
+The load goes over fresh connections, so the client can tell "could not connect" (the listener
+is closed: never accepted) from "sent, and no answer came" (unanswered); the readiness watcher
+and the prober keep one connection alive across the signal. No client may see an unanswered
+request (test_sigterm.py counts them under heavier keep-alive load). A 503 body says which door
+refused it: "server is shutting down" is the front door (the request never entered a queue);
+anything else is an accepted request that was not served."""
 
 from __future__ import annotations
 
@@ -42,7 +39,6 @@ StartServer = Callable[..., ServerProcess]
 NO_GRPC = {"SLUICE_GRPC_ENABLED": "false"}
 DOOR = "server is shutting down"  # engine.errors.ShuttingDown's default: refused at the door
 EXIT_MARGIN_S = 3.0  # process teardown after the drain: uvicorn's 0.1 s ticks, interpreter exit
-CLOSE_SLACK_S = 0.05  # the last queued answer may reach the client a little after the drain ends
 
 
 @dataclass(slots=True)
@@ -144,6 +140,7 @@ async def test_sigterm_under_load_answers_every_accepted_request(
         return outcomes
 
     async def watch_readiness(client: httpx.AsyncClient) -> None:
+        """On a kept-alive connection: 200, then 503 once draining, then refused."""
         while not ready or ready[-1].kind != "refused":
             ready.append(await attempt(client.get(f"{server.url}/v2/health/ready")))
             if signalled.is_set() and ready[-1].status != 200:
@@ -151,19 +148,21 @@ async def test_sigterm_under_load_answers_every_accepted_request(
             await asyncio.sleep(0.005)  # pacing, not synchronization
 
     async def probe(client: httpx.AsyncClient) -> list[Outcome]:
-        """New requests once the server is seen draining, until connections are refused."""
+        """New requests once the server is seen draining, on a connection kept alive from
+        before the signal: 503 at the door (with Connection: close), then refused."""
+        outcomes = [await attempt(client.get(f"{server.url}/v2/health/live"))]
         await shut.wait()
-        outcomes: list[Outcome] = []
         while not outcomes or outcomes[-1].kind != "refused":
             array = cnn_rows(1, 99_000 + len(outcomes))
             outcomes.append(await attempt(post_cnn(client, server.url, "cnn", array)))
             await asyncio.sleep(0.01)  # pacing, not synchronization
         return outcomes
 
-    async with fresh_connections() as client, httpx.AsyncClient(timeout=10) as metrics:
+    fresh, kept = fresh_connections(), httpx.AsyncClient(timeout=60)
+    async with fresh as client, kept, httpx.AsyncClient(timeout=10) as metrics:
         clients = [asyncio.create_task(load_client(client, i)) for i in range(32)]
-        watcher = asyncio.create_task(watch_readiness(client))
-        prober = asyncio.create_task(probe(client))
+        watcher = asyncio.create_task(watch_readiness(kept))
+        prober = asyncio.create_task(probe(kept))
         before = await scrape(metrics, server.url, "cnn")
 
         async def steady() -> bool:
@@ -191,8 +190,8 @@ async def test_sigterm_under_load_answers_every_accepted_request(
     timing = f"signal {signal_at:.3f}, drained {drained_at:.3f}, exit {exited_at:.3f}"
     for index, outcomes in enumerate(results):
         check_sequence(outcomes, math.inf, f"load client {index}, {timing}")
-    check_sequence(probes, drained_at - CLOSE_SLACK_S, f"probe, {timing}")
-    check_sequence(ready, drained_at - CLOSE_SLACK_S, f"readiness, {timing}")
+    check_sequence(probes, math.inf, f"probe, {timing}")
+    check_sequence(ready, math.inf, f"readiness, {timing}")
     answered = [o for o in load + probes if o.kind == "answered"]
     assert {o.status for o in answered} <= {200, 503}, {(o.status, o.error) for o in answered}
     assert {o.error for o in answered if o.status == 503} <= {DOOR}
@@ -200,8 +199,9 @@ async def test_sigterm_under_load_answers_every_accepted_request(
     # Requests queued when the signal came were finished by the drain, not refused.
     drained = [o for o in load if o.sent_at < signal_at < o.done_at and o.status == 200]
     assert len(drained) >= CNN_BATCH, f"only {len(drained)} queued requests finished after SIGTERM"
-    # New requests during the drain were refused at the door, then the listener closed.
-    assert any(o.status == 503 for o in probes), probes
+    # New requests on an open connection during the drain were refused at the door, then the
+    # listener was found closed.
+    assert any(o.status == 503 and o.error == DOOR for o in probes), probes
     assert probes[-1].kind == "refused"
     # Readiness: 200 before the signal, 503 while draining, then the listener closed.
     assert [o.status for o in ready if o.done_at < signal_at][-1:] == [200]
@@ -253,9 +253,9 @@ async def test_second_signal_exits_at_once(serve: Callable[[float], ServerProces
         sent = await send_backlog(client, server, batches=12)
         server.terminate()
 
-        async def draining() -> bool:
+        async def draining() -> bool:  # the listener closes as the drain begins
             outcome = await attempt(client.get(f"{server.url}/v2/health/ready"))
-            return outcome.status == 503
+            return outcome.status == 503 or outcome.kind == "refused"
 
         await poll(draining, 10, "readiness to turn 503")
         second_at = time.monotonic()

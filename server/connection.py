@@ -1,0 +1,181 @@
+"""HTTP connections: read timeouts, a connection cap, and a shutdown that loses no request.
+
+uvicorn's httptools protocol with three additions:
+
+- Read timeouts. A request head (request line and headers) must arrive whole within
+  `http_header_timeout_s` of its first byte (or of the connection opening), and its body within
+  `http_body_timeout_s` of the head; otherwise the client gets 408 and the connection closes.
+  uvicorn has neither, so a client sending a byte every few seconds held a connection forever.
+- A connection cap: past `http_max_connections` open connections, a new one is answered 503
+  (Retry-After) and closed at once.
+- Drain. uvicorn's shutdown closes every idle keep-alive connection at once, under requests the
+  clients have already written (they get EOF or a reset, no answer). Here a draining connection
+  is never closed under a request: one in progress is answered with `Connection: close`; an idle
+  one stays open `DRAIN_IDLE_S` for a request already on its way (answered, 503 while the engine
+  drains, with `Connection: close`) and is closed only while no request is on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("sluice.http")
+
+DRAIN_IDLE_S = 1.0
+"""How long a draining keep-alive connection with no request on it stays open: a client that is
+writing its next request gets it answered, one that is not writing is closed like any idle one."""
+
+
+def _canned(status: bytes, extra: bytes = b"") -> bytes:
+    body = b'{"error":"' + status.split(b" ", 1)[1].lower() + b'"}'
+    return b"".join([
+        b"HTTP/1.1 ", status, b"\r\ncontent-type: application/json\r\nconnection: close\r\n",
+        extra, b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body,
+    ])  # fmt: skip
+
+
+REQUEST_TIMEOUT = _canned(b"408 Request Timeout")
+TOO_MANY_CONNECTIONS = _canned(b"503 Too many connections", b"retry-after: 1\r\n")
+
+
+@dataclass(slots=True)
+class ConnectionPolicy:
+    """What every connection of one HTTP server obeys; `draining` is flipped at shutdown."""
+
+    header_timeout_s: float
+    body_timeout_s: float
+    max_connections: int
+    draining: bool = False
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """One HTTP/1.1 connection (see the module docstring)."""
+
+    def __init__(self, *args: Any, policy: ConnectionPolicy, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = policy
+        self._read_timer: asyncio.TimerHandle | None = None
+        self._drain_timer: asyncio.TimerHandle | None = None
+        self._in_message = False  # a request's bytes have begun and its last byte is not in
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.policy.max_connections:
+            log.warning("connection refused: %d open connections", len(self.connections) - 1)
+            self._close_with(TOO_MANY_CONNECTIONS)
+            return
+        self._arm_read(self.policy.header_timeout_s)  # the first request head
+        if self.policy.draining:
+            self.shutdown()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    # -- read timeouts ---------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_message = True
+        if self._read_timer is None:  # keep the clock of a head that began on connection_made
+            self._arm_read(self.policy.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm_read(self.policy.body_timeout_s)
+        if self.policy.draining and self.cycle is not None:
+            self.cycle.keep_alive = False  # the answer says Connection: close
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_message = False
+        self._cancel_read()
+
+    def _arm_read(self, timeout_s: float) -> None:
+        self._cancel_read()
+        self._read_timer = self.loop.call_later(timeout_s, self._read_timed_out)
+
+    def _cancel_read(self) -> None:
+        if self._read_timer is not None:
+            self._read_timer.cancel()
+            self._read_timer = None
+
+    def _read_timed_out(self) -> None:
+        self._read_timer = None
+        cycle = self.cycle
+        answer = REQUEST_TIMEOUT
+        if cycle is not None and not cycle.response_complete:  # the app waits on the body
+            cycle.disconnected = True  # its receive() now says http.disconnect; sends are dropped
+            cycle.message_event.set()
+            if cycle.response_started:
+                answer = b""
+        log.info("closing connection from %s: request not received in time", self.client)
+        self._close_with(answer)
+
+    def _close_with(self, answer: bytes) -> None:
+        if not self.transport.is_closing():
+            if answer:
+                self.transport.write(answer)
+            self.transport.close()
+
+    # -- drain -----------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Called by uvicorn (and for connections opened while draining): finish the request in
+        progress with `Connection: close`, or close once no request is on its way."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # A response already started keeps its keep-alive promise: the client may write its
+            # next request, which on_response_complete then waits for (DRAIN_IDLE_S).
+            if not cycle.response_started:
+                cycle.keep_alive = False
+        else:
+            self._arm_drain()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.policy.draining and not self.transport.is_closing():
+            self._unset_keepalive_if_required()  # the drain's idle bound replaces keep-alive's
+            self._arm_drain()
+
+    def _arm_drain(self) -> None:
+        if self._drain_timer is None and not self.transport.is_closing():
+            self._drain_timer = self.loop.call_later(DRAIN_IDLE_S, self._drain_idle)
+
+    def _drain_idle(self) -> None:
+        self._drain_timer = None
+        busy = self.cycle is not None and not self.cycle.response_complete
+        if not busy and not self._in_message and not self.pipeline:
+            self._close_with(b"")
+        # Otherwise the request on it is answered with Connection: close, which closes it (and a
+        # head that never completes is closed by the header timeout).
+
+    def _cancel_timers(self) -> None:
+        self._cancel_read()
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
+            self._drain_timer = None
+
+
+def accept_pending(listener: socket.socket) -> list[socket.socket]:
+    """Accept every connection the kernel has queued on `listener` (non-blocking). Closing a
+    listening socket resets the connections still queued on it, and a client may already have
+    written its request on one: they are accepted and answered instead."""
+    listener.setblocking(False)
+    accepted = []
+    while True:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return accepted
+        except OSError as exc:  # e.g. EMFILE: the rest cannot be taken
+            log.warning("could not accept queued connections at shutdown: %s", exc)
+            return accepted
+        sock.setblocking(False)
+        accepted.append(sock)
