@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import itertools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,7 +124,7 @@ class FakeCudaRuntime:
     def __init__(self, devices: list[cudaDeviceProp] | None = None) -> None:
         self.__name__ = "cuda.bindings.runtime"
         self.devices = [cudaDeviceProp()] if devices is None else devices
-        self.current_device = 0
+        self._thread = threading.local()  # the current device is per host thread, as in CUDA
         self._device: dict[int, _Allocation] = {}
         self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._streams: dict[int, _Stream] = {}
@@ -139,6 +140,14 @@ class FakeCudaRuntime:
         self.default_stream_uses = 0
         self._default_stream = _Stream(0)
         self.calls: list[str] = []
+
+    @property
+    def current_device(self) -> int:
+        return getattr(self._thread, "device", 0)
+
+    @current_device.setter
+    def current_device(self, device: int) -> None:
+        self._thread.device = device
 
     # -- test controls -------------------------------------------------------------------------
 

@@ -5,8 +5,10 @@ real modules: this is the seam, not a patch of the code's internals."""
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -42,3 +44,18 @@ def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt)
     monkeypatch.setattr(fake_tensorrt, "__version__", fake_tensorrt.__version__)
     return fake_tensorrt
+
+
+def real_cuda() -> tuple[Any, str]:
+    """(the real cuda.bindings.runtime, "") where cuda-python and a GPU are present, else
+    (None, why not): for the `gpu`-marked tests that run the real thing."""
+    if importlib.util.find_spec("cuda") is None:
+        return None, "cuda-python is not installed"
+    try:
+        from cuda.bindings import runtime
+    except ImportError as exc:
+        return None, f"cuda.bindings.runtime does not import: {exc}"
+    err, count = runtime.cudaGetDeviceCount()
+    if err != runtime.cudaError_t.cudaSuccess or count == 0:
+        return None, f"no CUDA GPU (cudaGetDeviceCount: {err!r})"
+    return runtime, ""

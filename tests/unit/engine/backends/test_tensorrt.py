@@ -4,17 +4,19 @@ the real contracts (tests/fakes): buffers, streams, shapes, errors and engine co
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 
+from engine.backends.cuda import Cuda
 from engine.backends.tensorrt import TensorRTBackend
 from engine.errors import BackendError, InvalidInput
 from engine.model_config import InstanceGroup, TensorRTOptions
 from tests.fakes.cuda_runtime import FakeCudaRuntime, cudaDeviceProp, cudaError_t
-from tests.fakes.install import install_cuda, install_tensorrt
+from tests.fakes.install import install_cuda, install_tensorrt, real_cuda
 
 TENSORS = [
     {"name": "x", "mode": "input", "dtype": "FLOAT", "shape": [-1, 4]},
@@ -262,3 +264,44 @@ def test_missing_cuda_python_is_named_with_the_fix(
         TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
     assert "the 'cuda-python' package" in str(caught.value)
     assert "pip install 'sluice[gpu]'" in str(caught.value)
+
+
+def concurrent_batches(backend: TensorRTBackend, count: int) -> None:
+    feeds = [batch(1 + seed % 8, 1 + seed % 32, seed) for seed in range(count)]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(backend.run, feeds))
+    for feed, out in zip(feeds, results, strict=True):
+        np.testing.assert_array_equal(out["y"], feed["x"])
+        np.testing.assert_array_equal(out["ids_out"], feed["ids"])
+
+
+def test_concurrent_batches_never_share_an_instance(tmp_path: Path, trt: ModuleType) -> None:
+    groups = [InstanceGroup(count=2, kind="gpu", gpus=[0, 1])]
+    backend = open_backend(write_plan(tmp_path, trt), groups)
+    try:
+        concurrent_batches(backend, 40)
+    finally:
+        backend.close()
+
+
+REAL, WHY_NOT_REAL = real_cuda()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(REAL is None, reason=WHY_NOT_REAL)
+def test_real_cuda_buffers_and_streams_under_a_fake_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real cuda-python: device and pinned buffers, streams, async copies and syncs; the fake
+    engine's kernels are device-to-device copies on the instance's real stream."""
+    fake_trt = install_tensorrt(monkeypatch)
+    _, capability = Cuda(REAL).properties(0)
+    major, minor = (int(part) for part in capability.split("."))
+    backend = open_backend(
+        write_plan(tmp_path, fake_trt, compute_capability=(major, minor)),
+        [InstanceGroup(count=2, kind="gpu")],
+    )
+    try:
+        concurrent_batches(backend, 200)
+    finally:
+        backend.close()
