@@ -141,4 +141,10 @@ class KeyFileWatcher:
                     extra={"action": "keys_reload", "reason": reason, "path": str(self.path)},
                 )
                 return False
+            except Exception:  # a bug: log it, but never stop watching (revocations need it)
+                log.exception(
+                    "auth.keys_file not reloaded, the keys read before stay in force",
+                    extra={"action": "keys_reload", "reason": reason, "path": str(self.path)},
+                )
+                return False
             return True

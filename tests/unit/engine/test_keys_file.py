@@ -175,3 +175,32 @@ def test_a_keys_file_counts_as_keys_for_a_public_bind(tmp_path: Path) -> None:
     ensure_safe_bind("0.0.0.0", file_settings(path), allow_unauthenticated=False)
     with pytest.raises(SettingsError, match=r"refusing to bind 0\.0\.0\.0"):
         ensure_safe_bind("0.0.0.0", AuthSettings(), allow_unauthenticated=False)
+
+
+async def test_the_watcher_survives_a_failing_apply(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text(keys_yaml(entry("a", "key-a")))
+    applied: list[list[ApiKey]] = []
+
+    def apply(keys: list[ApiKey]) -> None:
+        if not applied:
+            applied.append([])
+            raise RuntimeError("a bug in apply")
+        applied.append(keys)
+
+    watcher = KeyFileWatcher(path, 0.01, apply)
+    task = asyncio.create_task(watcher.run())
+    try:
+        path.write_text(keys_yaml(entry("b", "key-b")))
+        deadline = time.monotonic() + 5
+        while len(applied) < 1:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        write_keys(path, parse_keys(keys_yaml(entry("c", "key-c")), "f"))
+        while len(applied) < 2:
+            assert time.monotonic() < deadline
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        assert [key.name for key in applied[1]] == ["c"]
+    finally:
+        task.cancel()
