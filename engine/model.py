@@ -221,6 +221,10 @@ async def load_model(
         generation = await asyncio.to_thread(fingerprint, path, config)
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
         padding = padding_plan(config.dynamic_batching.pad, backend.inputs, backend.outputs)
+        for padded, pad in padding.items():  # which outputs are cut is not visible elsewhere
+            cut = ", ".join(f"{out} axes {list(axes)}" for out, axes in pad.outputs.items())
+            cut = cut or "no output (all split on the batch axis only)"
+            log.info("%s pads input '%s' on axis %d; cut back: %s", label, padded, pad.axis, cut)
         warmed = time.monotonic()
         if config.warmup.enabled:
             await asyncio.to_thread(warm_up, backend, config.warmup.batch_sizes, max_batch)
