@@ -120,6 +120,11 @@ def main() -> None:
 )
 @click.option("--drain-timeout-s", type=float, help="Seconds to finish requests on SIGTERM.")
 @click.option(
+    "--strict-readiness/--no-strict-readiness",
+    default=None,
+    help="Ready only while every model asked for serves (default); or once started.",
+)
+@click.option(
     "--allow-unauthenticated",
     is_flag=True,
     default=None,

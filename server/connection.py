@@ -168,7 +168,7 @@ def accept_pending(listener: socket.socket) -> list[socket.socket]:
     listening socket resets the connections still queued on it, and a client may already have
     written its request on one: they are accepted and answered instead."""
     listener.setblocking(False)
-    accepted = []
+    accepted: list[socket.socket] = []
     while True:
         try:
             sock, _ = listener.accept()

@@ -60,6 +60,10 @@ def tune_gc() -> None:
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handling: sluice's Server decides the shutdown order."""
 
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._adopting: set[asyncio.Task[Any]] = set()  # queued connections being taken over
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
@@ -74,16 +78,17 @@ class _Uvicorn(uvicorn.Server):
         spare.close()
         loop = asyncio.get_running_loop()
         config = self.config
+        protocol_class: Any = config.http_protocol_class  # uvicorn types it as a bare Protocol
         protocol = partial(
-            config.http_protocol_class,
+            protocol_class,
             config=config,
             server_state=self.server_state,
             app_state=self.lifespan.state,
         )
         for sock in queued:
             task = loop.create_task(loop.connect_accepted_socket(protocol, sock, ssl=config.ssl))
-            self.server_state.tasks.add(task)  # awaited by uvicorn's shutdown like a request
-            task.add_done_callback(self.server_state.tasks.discard)
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
 
 
 class Server:

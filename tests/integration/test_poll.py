@@ -117,15 +117,26 @@ async def test_poll_mode_follows_the_repository_and_readiness_never_drops(
     assert not_ready == [], f"readiness dropped {len(not_ready)} times: {set(not_ready)}"
 
 
-@pytest.mark.parametrize(("strict", "expected"), [("true", 503), ("false", 200)])
+@pytest.mark.parametrize(
+    ("flags", "env", "expected"),
+    [
+        ((), {}, 503),  # strict by default
+        ((), {"SLUICE_STRICT_READINESS": "false"}, 200),
+        (("--no-strict-readiness",), {"SLUICE_STRICT_READINESS": "true"}, 200),  # the flag wins
+    ],
+    ids=["default", "env-false", "flag-false"],
+)
 async def test_strict_readiness_with_a_model_that_failed_at_start(
-    tmp_path: Path, start_server: Callable[..., ServerProcess], strict: str, expected: int
+    tmp_path: Path,
+    start_server: Callable[..., ServerProcess],
+    flags: tuple[str, ...],
+    env: dict[str, str],
+    expected: int,
 ) -> None:
     repo = tmp_path / "models"
     write_model(repo, "good", identity_model("FP32"), CONFIG)
     write_model(repo, "bad", identity_model("FP32"), CONFIG).write_bytes(b"not onnx")
-    env = {"SLUICE_STRICT_READINESS": strict}
-    server = start_server("--model-repository", str(repo), env=env, ready=False)
+    server = start_server("--model-repository", str(repo), *flags, env=env, ready=False)
     async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
         assert (await client.get("/v2/health/ready")).status_code == expected
         assert (await client.get("/v2/models/good/ready")).status_code == 200
