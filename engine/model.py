@@ -27,6 +27,10 @@ log = logging.getLogger("sluice.model")
 
 def open_backend(config: ModelConfig, path: Path, label: str) -> Backend:
     """Load the model file with the configured runtime (blocking: call from a thread)."""
+    if config.backend == "tokenizer":
+        from engine.backends.tokenizer import TokenizerBackend
+
+        return TokenizerBackend(path, config.tokenizer, label)
     if config.backend == "tensorrt":
         from engine.backends.tensorrt import TensorRTBackend
 

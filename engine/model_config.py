@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from engine.settings import BatchingDefaults, SettingsError, describe, read_yaml
+from engine.step_config import PipelineOptions, PythonOptions, TokenizerOptions
 
 
 class Section(BaseModel):
@@ -236,8 +237,9 @@ class ModelCache(Section):
 
 
 class ModelConfig(Section):
-    backend: Literal["onnxruntime", "tensorrt"] = "onnxruntime"
-    """Runtime that executes the model (`model.onnx` or `model.plan`)."""
+    backend: Literal["onnxruntime", "tensorrt", "tokenizer", "python", "pipeline"] = "onnxruntime"
+    """Runtime that executes the model: `model.onnx`, `model.plan`, `tokenizer.json`, `model.py`
+    (needs allow_python_models), or the `pipeline` steps (implied by a `pipeline:` section)."""
     max_batch_size: int | None = Field(None, ge=0)
     """Largest batch in rows; 0 runs the model unbatched. Default: derived from the model."""
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
@@ -255,6 +257,30 @@ class ModelConfig(Section):
     """Warm-up at load."""
     cache: ModelCache = Field(default_factory=ModelCache)
     """Result cache for this model."""
+    tokenizer: TokenizerOptions = Field(default_factory=TokenizerOptions)
+    """Tokenizer options (backend tokenizer)."""
+    python: PythonOptions | None = None
+    """The Python step's class, inputs and outputs (backend python)."""
+    pipeline: PipelineOptions | None = None
+    """Steps run in place of a model file (backend pipeline)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pipeline_backend(cls, data: Any) -> Any:
+        # A `pipeline:` section is the model: no backend key is needed beside it.
+        if isinstance(data, dict) and data.get("pipeline") is not None:
+            return {"backend": "pipeline", **data}
+        return data
+
+    @model_validator(mode="after")
+    def _step_sections(self) -> ModelConfig:
+        for backend, section in (("python", self.python), ("pipeline", self.pipeline)):
+            if (self.backend == backend) != (section is not None):
+                raise ValueError(
+                    f"backend {backend} and a `{backend}:` section go together; got backend "
+                    f"{self.backend}{' with' if section is not None else ' without'} one"
+                )
+        return self
 
     @field_validator("instances")
     @classmethod

@@ -10,7 +10,12 @@ from engine.errors import InvalidInput
 from engine.model_config import ModelConfig, load_model_config
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-MODEL_FILES = {"onnxruntime": "model.onnx", "tensorrt": "model.plan"}
+MODEL_FILES = {
+    "onnxruntime": "model.onnx",
+    "tensorrt": "model.plan",
+    "tokenizer": "tokenizer.json",
+    "python": "model.py",
+}
 
 
 def check_name(kind: str, value: str) -> str:
@@ -52,14 +57,17 @@ class Repository:
         if not path.is_dir():
             return None
         config = load_model_config(path)
+        if config.backend == "pipeline":
+            # No model file: the config is the model. Version folders are optional (Triton's
+            # ensembles need an empty one); without any, the pipeline is version 1.
+            numbered = [int(c.name) for c in path.iterdir() if c.is_dir() and _is_version(c.name)]
+            served = config.version_policy.select(numbered or [1])
+            return ModelEntry(name, path, config, {v: path / "config.yaml" for v in served})
         filename = MODEL_FILES[config.backend]
         found = {
             int(child.name): child / filename
             for child in path.iterdir()
-            if child.is_dir()
-            and child.name.isascii()  # '²'.isdigit() is true, int('²') fails
-            and child.name.isdigit()
-            and (child / filename).is_file()
+            if child.is_dir() and _is_version(child.name) and (child / filename).is_file()
         }
         served = config.version_policy.select(list(found))
         return ModelEntry(name, path, config, {v: found[v] for v in served})
@@ -71,3 +79,7 @@ class Repository:
             if entry is not None and entry.versions:
                 entries[name] = entry
         return entries
+
+
+def _is_version(name: str) -> bool:
+    return name.isascii() and name.isdigit()  # '²'.isdigit() is true, int('²') fails
