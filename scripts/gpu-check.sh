@@ -1,0 +1,184 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2329  # the check functions are invoked by name, through `check`
+# The GPU checks of sluice in one command, for a machine with an NVIDIA GPU:
+#
+#     bash scripts/gpu-check.sh            # PYTHON=/path/to/python to choose the interpreter
+#
+# Runs what CPU-only CI cannot: cuda-python's real runtime under the native TensorRT backend's
+# buffer and stream code (even where TensorRT itself is absent: a fake engine then drives real
+# device buffers and streams), TensorRT builds and serving, ONNX Runtime's CUDA provider, NVML.
+# Every step has a timeout and the whole run stays under 10 minutes. It prints one line per
+# check (PASS, SKIP with the reason, FAIL) and every gpu-marked test's outcome, then a summary;
+# the exit status is 1 when anything failed, else 0. Logs: $GPU_CHECK_LOGS (default a temp dir).
+set -u -o pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+if [[ -n "${PYTHON:-}" ]]; then
+    python=$PYTHON
+elif [[ -x .venv/bin/python ]]; then
+    python=.venv/bin/python
+else
+    python=python3
+fi
+logs=${GPU_CHECK_LOGS:-$(mktemp -d -t sluice-gpu-check.XXXXXX)}
+mkdir -p "$logs"
+budget_s=${GPU_CHECK_BUDGET_S:-540}
+started=$SECONDS
+summary=()
+failed=0
+
+left() { echo $((budget_s - (SECONDS - started))); }
+
+# check NAME TIMEOUT_S COMMAND...: exit 0 is PASS, 77 is SKIP (the last output line says why),
+# anything else FAIL. The command's output goes to $logs/NAME.log; its last line is shown.
+check() {
+    local name=$1 limit=$2 status detail rc
+    shift 2
+    if (($(left) < 20)); then
+        summary+=("SKIP  $name: the 10-minute budget is spent")
+        return
+    fi
+    ((limit > $(left))) && limit=$(left)
+    # A function cannot be exec'd by timeout: it runs in a child bash (the functions and
+    # $python are exported below).
+    timeout --kill-after=10 "$limit" bash -c "$*" >"$logs/$name.log" 2>&1
+    rc=$?
+    detail=$(grep -v '^[[:space:]]*$' "$logs/$name.log" | tail -n 1)
+    case $rc in
+        0) status=PASS ;;
+        77) status=SKIP ;;
+        124 | 137) status=FAIL detail="timed out after ${limit}s" ;;
+        *) status=FAIL ;;
+    esac
+    [[ $status == FAIL ]] && failed=1
+    summary+=("$(printf '%-5s %s: %s' "$status" "$name" "$detail")")
+    printf '%-5s %s: %s\n' "$status" "$name" "$detail"
+}
+
+driver() {
+    if ! command -v nvidia-smi >/dev/null; then
+        echo "nvidia-smi is not installed (no NVIDIA driver)"
+        return 77
+    fi
+    nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader ||
+        return 77
+}
+
+python_deps() {
+    "$python" - <<'EOF'
+import importlib.util, sys
+missing = [m for m in ("numpy", "pytest", "pydantic", "pydantic_settings", "yaml", "onnx",
+                       "onnxruntime", "prometheus_client") if importlib.util.find_spec(m) is None]
+print(sys.version.split()[0], sys.executable)
+if missing:
+    print("missing Python packages (pip install -e '.[dev,gpu]'):", ", ".join(missing))
+    sys.exit(77)
+print("sluice's Python dependencies import")
+EOF
+}
+
+# The real cuda-python under engine/backends/cuda.py, without pytest or sluice's other
+# dependencies: a 64 MiB round trip through pinned memory on a non-blocking stream.
+cuda_smoke() {
+    PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$python" - <<'EOF'
+import importlib.util, sys, time
+if importlib.util.find_spec("numpy") is None:
+    print("numpy is not installed"); sys.exit(77)
+if importlib.util.find_spec("cuda") is None:
+    print("cuda-python is not installed (pip install 'cuda-python>=12.6.1,<13')"); sys.exit(77)
+import numpy as np
+from engine.backends.cuda import Cuda, DeviceBuffer, PinnedBuffer, Stream, load_runtime
+from engine.errors import BackendError
+try:
+    cuda = Cuda(load_runtime())
+except ImportError as exc:
+    print(f"cuda.bindings.runtime does not import: {exc}"); sys.exit(77)
+count = cuda.device_count()
+if count == 0:
+    print("cuda-python sees no CUDA device"); sys.exit(77)
+cuda.call("cudaSetDevice", 0)
+name, capability = cuda.properties(0)
+size = 64 << 20
+data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+device, host_in, host_out = DeviceBuffer(cuda, size), PinnedBuffer(cuda, size), PinnedBuffer(cuda, size)
+stream = Stream(cuda)
+host_in.bytes[:] = data
+start = time.perf_counter()
+for _ in range(10):
+    stream.copy_in(device, host_in, size)
+    stream.copy_out(host_out, device, size)
+stream.synchronize()
+seconds = time.perf_counter() - start
+assert np.array_equal(host_out.bytes, data), "device round trip corrupted the data"
+try:
+    cuda.call("cudaSetDevice", count + 7)
+    raise AssertionError("cudaSetDevice on a missing device succeeded")
+except BackendError as exc:
+    assert "cudaSetDevice" in str(exc) and "cudaErrorInvalidDevice" in str(exc), str(exc)
+try:
+    cuda.rt.cudaMemcpyAsync(device.ptr, host_in.ptr, 16, 1, stream.handle)
+    raise AssertionError("cudaMemcpyAsync took an int for its kind")
+except TypeError:
+    pass
+for owned in (stream, device, host_in, host_out):
+    owned.close()
+print(f"{count} GPU(s); GPU 0 {name} (compute capability {capability}); "
+      f"pinned H2D+D2H {20 * size / seconds / 1e9:.1f} GB/s on one non-blocking stream")
+EOF
+}
+
+gpu_tests() {
+    if ! "$python" -c "import pytest, pydantic_settings" 2>/dev/null; then
+        echo "pytest or sluice's dependencies are missing (pip install -e '.[dev,gpu]')"
+        return 77
+    fi
+    # -rA lists every test's outcome and each skip's reason. Plugins this machine may lack
+    # (pytest-asyncio, pytest-timeout) only add config keys, whose warnings are ignored here.
+    local rc
+    "$python" -m pytest -q -p no:cacheprovider -m gpu -rA \
+        -W "ignore::pytest.PytestConfigWarning" \
+        tests/unit/engine/backends tests/unit/converters/test_tensorrt.py \
+        tests/unit/converters/test_serving_provider.py tests/unit/engine/test_gpu_metrics.py
+    rc=$?
+    ((rc == 5)) && { echo "no gpu-marked tests were collected"; return 77; }
+    ((rc != 0)) && return "$rc"
+    if ! grep -q '^PASSED ' "$logs/gpu-tests.log"; then
+        echo "every gpu-marked test skipped (reasons above)"
+        return 77
+    fi
+    echo "$(grep -c '^PASSED ' "$logs/gpu-tests.log") gpu-marked test(s) passed"
+}
+
+nvml() {
+    "$python" - <<'EOF'
+import importlib.util, sys
+if importlib.util.find_spec("pynvml") is None:
+    print("nvidia-ml-py (pynvml) is not installed"); sys.exit(77)
+import pynvml
+pynvml.nvmlInit()
+for i in range(pynvml.nvmlDeviceGetCount()):
+    h = pynvml.nvmlDeviceGetHandleByIndex(i)
+    memory = pynvml.nvmlDeviceGetMemoryInfo(h)
+    util = pynvml.nvmlDeviceGetUtilizationRates(h)
+    print(f"GPU {i} {pynvml.nvmlDeviceGetName(h)}: {util.gpu}% busy, "
+          f"{memory.used >> 20} of {memory.total >> 20} MiB used")
+EOF
+}
+
+export python logs
+export -f driver python_deps cuda_smoke gpu_tests nvml
+echo "sluice GPU check: python $python, logs in $logs"
+check driver 30 driver
+check python-deps 60 python_deps
+check cuda-python 120 cuda_smoke
+check nvml 30 nvml
+check gpu-tests 420 gpu_tests
+
+echo
+echo "== gpu-marked tests (from $logs/gpu-tests.log) =="
+grep -E '^(PASSED|SKIPPED|FAILED|ERROR) ' "$logs/gpu-tests.log" 2>/dev/null ||
+    echo "(none ran)"
+echo
+echo "== summary ($((SECONDS - started)) s) =="
+printf '%s\n' "${summary[@]}"
+exit $failed

@@ -1,0 +1,83 @@
+"""scripts/gpu-check.sh on this CPU-only machine: every GPU check skips and says why; and with
+cuda-python and pynvml stood in by the fakes (a shim on PYTHONPATH, the way a real install
+would be found) the same script runs its CUDA checks and the gpu-marked tests, and passes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[4]
+SCRIPT = ROOT / "scripts" / "gpu-check.sh"
+
+
+def run_script(tmp_path: Path, pythonpath: Path | None = None) -> tuple[int, str]:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "PYTHON": sys.executable,
+        "GPU_CHECK_LOGS": str(tmp_path / "logs"),
+    }
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    result = subprocess.run(
+        ["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    return result.returncode, result.stdout + result.stderr
+
+
+def summary(output: str) -> list[str]:
+    return output.split("== summary")[1].splitlines()[1:]
+
+
+def test_without_cuda_every_check_skips_with_its_reason(tmp_path: Path) -> None:
+    rc, output = run_script(tmp_path)
+    assert rc == 0, output
+    lines = summary(output)
+    assert (
+        "SKIP  cuda-python: cuda-python is not installed (pip install 'cuda-python>=12.6.1,<13')"
+        in lines
+    )
+    assert "SKIP  nvml: nvidia-ml-py (pynvml) is not installed" in lines
+    assert "SKIP  gpu-tests: every gpu-marked test skipped (reasons above)" in lines
+    assert "PASS  python-deps: sluice's Python dependencies import" in lines
+    skipped = [line for line in output.splitlines() if line.startswith("SKIPPED [1] ")]
+    assert any(
+        "test_cuda.py" in line and "cuda-python is not installed" in line for line in skipped
+    )
+
+
+def shim(folder: Path) -> Path:
+    """`cuda.bindings.runtime` and `pynvml` that are the fakes, importable like real ones."""
+    package = folder / "cuda" / "bindings"
+    package.mkdir(parents=True)
+    (folder / "cuda" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "runtime.py").write_text(
+        "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
+        "sys.modules[__name__] = FakeCudaRuntime()\n"
+    )
+    (folder / "pynvml.py").write_text(
+        "import sys\nfrom tests.fakes import pynvml as fake\n"
+        "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
+        "sys.modules[__name__] = fake\n"
+    )
+    return folder
+
+
+def test_with_cuda_python_present_the_cuda_checks_run(tmp_path: Path) -> None:
+    rc, output = run_script(tmp_path, pythonpath=shim(tmp_path / "site"))
+    assert rc == 0, output
+    lines = summary(output)
+    cuda = next(line for line in lines if "cuda-python:" in line)
+    assert cuda.startswith(
+        "PASS  cuda-python: 1 GPU(s); GPU 0 NVIDIA Fake GPU (compute capability 9.0)"
+    )
+    assert "PASS  nvml: GPU 0 NVIDIA Fake GPU: 40% busy, 1024 of 81920 MiB used" in lines
+    assert any(line.startswith("PASS  gpu-tests: ") for line in lines), output
+    passed = [line for line in output.splitlines() if line.startswith("PASSED ")]
+    assert any("test_real_cuda_buffers_and_streams_under_a_fake_engine" in line for line in passed)
+    assert sum("test_cuda.py" in line and "[real]" in line for line in passed) == 7
