@@ -21,7 +21,7 @@ import struct
 import zlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import orjson
@@ -322,6 +322,12 @@ def _chosen_encoding(accept_encoding: str | None) -> str | None:
     return None
 
 
+@overload
+def decompress(body: bytes, content_encoding: str | None, limit_bytes: int) -> bytes: ...
+@overload
+def decompress(
+    body: bytes, content_encoding: str | None, limit_bytes: int, budget_bytes: int
+) -> bytes | None: ...
 def decompress(
     body: bytes, content_encoding: str | None, limit_bytes: int, budget_bytes: int | None = None
 ) -> bytes | None:

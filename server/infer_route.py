@@ -139,7 +139,6 @@ class InferRoute:
 
         def decode() -> tuple[InferRequest, binary.BinaryRequest]:
             full = binary.decompress(body, encoding, self.limit) if plain is None else plain
-            assert full is not None
             split = binary.split_request(full, headers, lambda h: codec.check_header(h, check))
             return codec.decode_request(split.header, name, version, split.arrays), split
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -22,14 +23,21 @@ from engine.demo import write_demo_repository
 from server.binary import HEADER_LENGTH
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
-from tests.models import DATATYPES, identity_model, model_name, write_datatype_models, write_model
+from tests.models import (
+    DATATYPES,
+    NUMPY_TYPES,
+    identity_model,
+    model_name,
+    write_datatype_models,
+    write_model,
+)
 from tests.servers import ServerProcess
 
 SEEN: Counter[str] = Counter()
 MODELS = ["demo", "cached", model_name("BYTES"), model_name("INT8"), model_name("BOOL"),
           model_name("FP16"), "nope"]  # fmt: skip
 CORPUS = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 
@@ -140,7 +148,60 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value).encode()  # NaN, Infinity and big ints: all a server must refuse
 
 
+# Requests one mistake (or none) away from valid, so the corpus reaches decoding, the engine,
+# the cache and the encoders too: each model's input name, datatype and row width.
+MODEL_INPUTS = {"demo": ("x", "FP32", 16), "cached": ("INPUT0", "FP32", 4)} | {
+    model_name(t): ("INPUT0", t, 4) for t in ("BYTES", "INT8", "BOOL", "FP16")
+}
+VALUES = {
+    # Mostly values that fit; sometimes one that does not (overflow, a bool, the wrong kind).
+    "FP32": st.floats(-1e6, 1e6) | st.floats(-1e39, 1e39) | st.integers(-(2**64), 2**64),
+    "FP16": st.floats(-6e4, 6e4, width=16) | st.floats(-7e4, 7e4) | st.integers(-(2**17), 2**17),
+    "INT8": st.integers(-128, 127) | st.integers(-200, 200) | st.booleans(),
+    "BOOL": st.booleans() | st.booleans() | st.integers(0, 1),
+    "BYTES": st.text(max_size=5) | st.text(max_size=5) | st.integers(0, 9),
+}
+
+
+@st.composite
+def near_valid(draw: st.DrawFn) -> tuple[str, dict[str, Any], str, tuple[int, ...]]:
+    model = draw(st.sampled_from(sorted(MODEL_INPUTS)))
+    name, datatype, width = MODEL_INPUTS[model]
+    if draw(st.integers(0, 9)) == 0:
+        datatype = draw(st.sampled_from(DATATYPES))
+    rows = draw(st.integers(1, 3) | st.integers(1, 3) | st.integers(0, 70))
+    shape = (rows, width + draw(st.sampled_from([0] * 8 + [1, -1])))
+    count = max(0, math.prod(shape) + draw(st.sampled_from([0] * 8 + [1, -1])))
+    values = VALUES.get(datatype, VALUES["FP32"])
+    tensor = {"name": name, "datatype": datatype, "shape": list(shape),
+              "data": draw(st.lists(values, min_size=count, max_size=count))}  # fmt: skip
+    body: dict[str, Any] = {"inputs": [tensor]}
+    if draw(st.booleans()):
+        keys = st.sampled_from(["priority", "timeout", "cache", "tag", "binary_data_output"])
+        body["parameters"] = draw(st.dictionaries(keys, scalars, max_size=2))
+    return model, body, datatype, shape
+
+
+def raw_tensor(datatype: str, shape: tuple[int, ...], seed: bytes) -> bytes:
+    """Tensor bytes in the binary layout, from arbitrary bytes (BOOL kept to 0 and 1)."""
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        return b"".join(len(seed[:i]).to_bytes(4, "little") + seed[:i] for i in range(count))
+    size = count * max(1, {"BOOL": 1}.get(datatype, NUMPY_TYPES[datatype]().itemsize))
+    data = (seed * (size // max(len(seed), 1) + 1))[:size] if seed else bytes(size)
+    return bytes(b & 1 for b in data) if datatype == "BOOL" else data
+
+
 # -- HTTP JSON --------------------------------------------------------------------------------
+
+
+@CORPUS
+@given(case=near_valid())
+def test_near_valid_json_requests(
+    http: httpx.Client, case: tuple[str, dict[str, Any], str, tuple[int, ...]]
+) -> None:
+    model, body, _, _ = case
+    post(http, model, dumps(body))
 
 
 @CORPUS
@@ -180,6 +241,24 @@ def test_binary_requests(
     header = dumps(body)
     headers = {HEADER_LENGTH: str(len(header)) if length is None else length}
     post(http, model, header + tail, headers)
+
+
+@CORPUS
+@given(case=near_valid(), seed=st.binary(max_size=24), extra=st.sampled_from([0, 0, 1, -1]),
+       binary_out=st.booleans())  # fmt: skip
+def test_near_valid_binary_requests(
+    http: httpx.Client, case: tuple[str, dict[str, Any], str, tuple[int, ...]], seed: bytes,
+    extra: int, binary_out: bool,
+) -> None:  # fmt: skip
+    model, body, datatype, shape = case
+    tensor = body["inputs"][0]
+    data = raw_tensor(datatype, shape, seed)
+    data = data[:extra] if extra < 0 else data + bytes(extra)
+    del tensor["data"]
+    tensor["parameters"] = {"binary_data_size": len(data)}
+    body["parameters"] = {"binary_data_output": binary_out}
+    header = dumps(body)
+    post(http, model, header + data, {HEADER_LENGTH: str(len(header))})
 
 
 # -- gRPC -------------------------------------------------------------------------------------
@@ -231,6 +310,28 @@ def grpc_requests(draw: st.DrawFn) -> Any:
 @CORPUS
 @given(message=grpc_requests())
 def test_grpc_requests(http: httpx.Client, stub: Any, message: Any) -> None:
+    code, details = grpc.StatusCode.OK, ""
+    try:
+        stub.ModelInfer(message, timeout=30)
+    except grpc.RpcError as exc:
+        code, details = exc.code(), exc.details()
+    SEEN[f"grpc {code.name}"] += 1
+    assert code not in GRPC_BAD, details
+    healthy(http)
+
+
+@CORPUS
+@given(case=near_valid(), seed=st.binary(max_size=24), extra=st.sampled_from([0, 0, 1, -1]))
+def test_near_valid_grpc_requests(
+    http: httpx.Client, stub: Any, case: tuple[str, dict[str, Any], str, tuple[int, ...]],
+    seed: bytes, extra: int,
+) -> None:  # fmt: skip
+    model, body, datatype, shape = case
+    tensor = body["inputs"][0]
+    message = pb.ModelInferRequest(model_name=model)
+    message.inputs.add(name=tensor["name"], datatype=datatype, shape=list(shape))
+    data = raw_tensor(datatype, shape, seed)
+    message.raw_input_contents.append(data[:extra] if extra < 0 else data + bytes(extra))
     code, details = grpc.StatusCode.OK, ""
     try:
         stub.ModelInfer(message, timeout=30)

@@ -327,3 +327,21 @@ def test_decompression_within_a_budget_stops_early() -> None:
     with pytest.raises(PayloadTooLarge):  # past the limit itself: no second try is needed
         binary.decompress(bomb, "gzip", limit_bytes=1000, budget_bytes=5000)
     assert binary.decompress(b"abc", None, limit_bytes=10, budget_bytes=1) == b"abc"
+
+
+def test_the_header_is_checked_before_any_tensor_is_decoded() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def refuse(header: dict[str, Any]) -> None:
+        seen.append(header)
+        raise InvalidInput("refused by the model")
+
+    # 2_000_000 BYTES elements of one byte each would be 2 million objects; the data is also
+    # short, so decoding first would fail with another message.
+    tensor = {"name": "s", "datatype": "BYTES", "shape": [2_000_000],
+              "parameters": {"binary_data_size": 10}}  # fmt: skip
+    header = orjson.dumps({"inputs": [tensor]})
+    body = header + bytes(10)
+    with pytest.raises(InvalidInput, match="refused by the model"):
+        binary.split_request(body, {binary.HEADER_LENGTH: str(len(header))}, refuse)
+    assert seen == [{"inputs": [tensor]}]

@@ -40,6 +40,26 @@ def test_data_of_a_large_body_is_deferred() -> None:
     assert resolved(parsed) == document
 
 
+def test_string_data_longer_than_a_scan_chunk() -> None:
+    words = ["a" * 999 + '"', "{x}: [y]", "b" * 3_000_000, *(["c:d"] * 200_000)]
+    document = {"inputs": [{"name": "s", "data": words, "shape": [len(words)]},
+                           {"data": [1, 2], "name": "n"}]}  # fmt: skip
+    raw = orjson.dumps(document)
+    parsed = loads(raw)
+    assert isinstance(parsed["inputs"][0]["data"], RawData)
+    assert resolved(parsed) == document
+
+
+def test_bad_data_is_reported_where_it_is_in_the_body() -> None:
+    raw = b'{"inputs": [{"name": "x",\n "data": [1, 2, oops]}], "pad": "' + PAD.encode() + b'"}'
+    parsed = loads(raw)
+    with pytest.raises(InvalidInput) as caught:
+        parsed["inputs"][0]["data"].parse()
+    pos, newline = raw.index(b"oops"), raw.index(b"\n")
+    assert caught.value.message.startswith("request body is not valid JSON: ")
+    assert caught.value.message.endswith(f": line 2 column {pos - newline} (char {pos})")
+
+
 def test_small_bodies_are_parsed_whole() -> None:
     document = {"inputs": [{"name": "x", "data": [1, 2]}]}
     assert loads(orjson.dumps(document)) == document
