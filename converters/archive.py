@@ -52,6 +52,7 @@ _ARITHMETIC = (
     ast.Expression, ast.Load, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.operator,
     ast.unaryop, ast.cmpop, ast.boolop,
 )  # fmt: skip
+_NAME_PART = re.compile(r"[A-Za-z0-9_]+")
 _SHAPE_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
 
 
@@ -80,8 +81,11 @@ def load_exported_program(path: Path, trust_pickle: bool) -> Any:
 
 
 def _check_program(program: Any, path: Path) -> None:
-    """What `ExportedProgram.module()` turns into code: the guards, and constant string inputs
-    (quoted into a guard)."""
+    """What `ExportedProgram.module()` turns into code: the guards, constant string inputs
+    (quoted into a guard) and the names it writes into the module's Python source."""
+    for name in _source_names(program):
+        if not all(_NAME_PART.fullmatch(part) for part in name.split(".")):
+            raise ConversionError(f"'{path}' names an input or weight {name!r}; {TRUST}")
     for guard in program._guards_code:
         if not _is_shape_check(guard):
             raise ConversionError(
@@ -159,6 +163,31 @@ def _weights_only() -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _source_names(program: Any) -> Iterator[str]:
+    """Names from the archive that torch.fx writes verbatim into generated Python: argument
+    names, keyword-argument names (of the module and of each call in its graphs), and the
+    attribute paths of weights, constants and subgraphs."""
+    from torch import fx
+
+    for entry in program.module_call_graph:
+        if entry.signature is not None:
+            yield from entry.signature.forward_arg_names or ()
+    in_spec = program.call_spec.in_spec
+    if in_spec is not None and in_spec.num_children == 2 and in_spec.child(1).type is dict:
+        yield from in_spec.child(1).context
+    signature = program.graph_signature
+    for spec in (*signature.input_specs, *signature.output_specs):
+        if spec.target is not None:
+            yield spec.target
+    yield from program.state_dict
+    yield from program.constants
+    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, fx.GraphModule)]
+    for node in (node for graph in graphs for node in graph.nodes):
+        yield from node.kwargs
+        if isinstance(node.target, str):  # get_attr and placeholder targets
+            yield node.target
 
 
 def _values(tree: Any, key: str) -> Iterator[Any]:

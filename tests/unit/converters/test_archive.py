@@ -183,6 +183,24 @@ def test_guard_code_never_runs(tmp_path: Path) -> None:
     assert "guard" in output
 
 
+def test_an_argument_name_that_is_code_never_runs(tmp_path: Path) -> None:
+    # torch.fx writes argument names verbatim into the module's source, twice; a triple-quoted
+    # string spans from one copy to the other, so this name is valid Python in both places.
+    marker = tmp_path / "marker"
+    name = f"x='''):\n    pass\nimport os; os.system('touch {marker}')\ndef g(self):\n    q = (([0"
+
+    def change(records: dict[str, bytes]) -> None:
+        def edit(program: Any) -> None:
+            program["graph_module"]["module_call_graph"][0]["signature"]["forward_arg_names"] = [
+                name
+            ]
+
+        _edit_json(records, "models/model.json", edit)
+
+    output = _refused(_tampered(tmp_path, ".pt2", change), tmp_path, marker)
+    assert "names an input or weight" in output
+
+
 def test_a_graph_that_calls_a_python_function_is_refused(tmp_path: Path) -> None:
     # Node targets are looked up as attributes of `torch`; only operators may be called.
     def change(records: dict[str, bytes]) -> None:
