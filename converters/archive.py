@@ -3,15 +3,17 @@
 `torch.export.load` is not safe for a file from elsewhere: when its safe unpickler refuses a
 pickle in the archive it retries with the full one (`weights_only=False`), it plain-unpickles
 "opaque object" constants, it evaluates the archive's symbolic shapes with `sympy.sympify`
-(Python `eval`), and `ExportedProgram.module()` later compiles the archive's guards with `exec`.
+(Python `eval`), and `ExportedProgram.module()` later compiles the archive's guards, and Python
+source that torch.fx writes with the archive's names in it, with `exec`.
 
 So without `--trust-pickle` the archive is read here, piece by piece, from one in-memory copy
 (what is checked is what is loaded): every pickle goes through torch's safe unpickler only
 (`TORCH_FORCE_WEIGHTS_ONLY_LOAD`, torch's documented switch, also covers the calls torch makes
 itself); constants must be tensors; every shape expression and guard must be plain arithmetic on
-shapes. Anything else is refused with a message naming `--trust-pickle`, which hands the file to
-`torch.export.load` unchanged. Operators are checked by torch's own verifier when the program is
-built (only aten operators, higher-order operators and symbolic arithmetic may be called).
+shapes, and every name that reaches generated source a plain word. Anything else is refused with
+a message naming `--trust-pickle`, which hands the file to `torch.export.load` unchanged.
+Operators are checked by torch's own verifier when the program is built (only aten operators,
+higher-order operators and symbolic arithmetic may be called).
 
 This reads torch's archive layout (torch.export.pt2_archive), as torch itself does."""
 
