@@ -31,6 +31,11 @@ def open_backend(config: ModelConfig, path: Path, label: str) -> Backend:
         from engine.backends.tokenizer import TokenizerBackend
 
         return TokenizerBackend(path, config.tokenizer, label)
+    if config.backend == "python":
+        from engine.backends.python_model import PythonBackend
+
+        assert config.python is not None  # the config's validator pairs them
+        return PythonBackend(path, config.python, label)
     if config.backend == "tensorrt":
         from engine.backends.tensorrt import TensorRTBackend
 
@@ -253,7 +258,9 @@ async def load_model(
         config.instance_count, thread_name_prefix=f"infer-{name}-{version}"
     )
     stats = ModelStats()
-    runner = BatchRunner(backend, executor, inline=config.instance_count == 1)
+    # Python steps always run in the pool: user code may block, however fast it was so far.
+    inline = config.instance_count == 1 and config.backend != "python"
+    runner = BatchRunner(backend, executor, inline=inline)
     batcher = Batcher(runner, policy, stats, tenant_share, label)
     load_s = time.monotonic() - started
     log.info(

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from engine.backends.python_model import refuse
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, load_model
 from engine.repository import ModelEntry, Repository, check_name
@@ -174,6 +175,8 @@ class ModelRegistry:
         fresh: dict[str, LoadedModel] = {}
         for version, path in entry.versions.items():
             try:
+                if entry.config.backend == "python" and not self.settings.allow_python_models:
+                    raise refuse(f"model '{entry.name}' version {version}")  # never imported
                 fresh[str(version)] = await load_model(
                     entry.name, version, path, entry.config, self.settings.batching,
                     self._tenant_share,

@@ -277,6 +277,10 @@ class Settings(BaseSettings):
     """Open HTTP connections at most; a connection past it is answered 503 and closed."""
     allow_unauthenticated: bool = False
     """Allow binding a non-loopback address with no API keys configured."""
+    allow_python_models: bool = False
+    """Load Python steps (`backend: python`, a `model.py` in the repository). Such a file is
+    code the server runs, so it is never imported unless this is true; a Python model's load
+    fails naming this setting otherwise."""
     batching: BatchingDefaults = Field(default_factory=BatchingDefaults)
     """Defaults for models whose config does not set dynamic batching."""
     cache: CacheSettings = Field(default_factory=CacheSettings)

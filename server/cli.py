@@ -131,6 +131,12 @@ def main() -> None:
     help="Allow a non-loopback bind with no API keys configured.",
 )
 @click.option(
+    "--allow-python-models",
+    is_flag=True,
+    default=None,
+    help="Load Python steps (model.py files in the repository run as server code).",
+)
+@click.option(
     "--tls-cert-file",
     type=click.Path(path_type=Path, dir_okay=False),
     help="PEM certificate chain: HTTPS and gRPC TLS (with --tls-key-file).",
