@@ -139,7 +139,7 @@ class OnnxRuntimeOptions(Section):
     graph_optimization_level: Literal["disable", "basic", "extended", "all"] = "all"
     """ONNX Runtime graph optimizations applied at load."""
     execution_providers: list[str | ExecutionProvider] = Field(
-        default_factory=lambda: ["CPUExecutionProvider"]
+        default_factory=lambda: list[str | ExecutionProvider](["CPUExecutionProvider"])
     )
     """Providers in order of preference, each a name or {name, options}; unavailable ones are
     skipped and CPU is the fallback."""

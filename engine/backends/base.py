@@ -11,7 +11,11 @@ from engine.types import TensorSpec
 
 class Backend(Protocol):
     """A loaded model. `run` is synchronous and thread-safe: the engine calls it from a thread
-    pool, possibly from several threads at once (one per model instance)."""
+    pool, possibly from several threads at once (one per model instance). A backend built from
+    the config's instance groups may hold state per instance (a session or TensorRT execution
+    context on each GPU); each run then takes a free instance, and since the engine runs at most
+    one batch per instance at a time, one is always free. Load failures and failed runs raise
+    engine errors (BackendError naming what failed, InvalidInput for input the model refuses)."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]

@@ -82,9 +82,8 @@ class PinnedBuffer:
         self._cuda = cuda
         self.nbytes = nbytes
         self.ptr: int = int(cuda.call("cudaMallocHost", nbytes))
-        self.bytes = np.frombuffer(
-            (ctypes.c_char * max(nbytes, 1)).from_address(self.ptr), np.uint8
-        )
+        memory = (ctypes.c_char * max(nbytes, 1)).from_address(self.ptr)
+        self.bytes = np.frombuffer(memoryview(memory).cast("B"), np.uint8)
 
     def close(self) -> None:
         if self.ptr:

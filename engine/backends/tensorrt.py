@@ -16,10 +16,11 @@ real contracts (tests/fakes); `scripts/gpu-check.sh` runs the real thing."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import queue
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,11 @@ REBUILD = "sluice convert SOURCE --target tensorrt --repository REPO"
 
 def import_gpu_modules(label: str) -> tuple[Any, Cuda]:
     """(tensorrt, checked cuda runtime), or a BackendError naming every missing piece."""
-    missing, trt, cuda = [], None, None
+    missing: list[str] = []
+    trt: Any = None
+    cuda: Cuda | None = None
     try:
-        import tensorrt as trt
+        trt = importlib.import_module("tensorrt")
     except ImportError:
         missing.append("the 'tensorrt' package")
     try:
@@ -56,7 +59,8 @@ def import_gpu_modules(label: str) -> tuple[Any, Cuda]:
             f"{label} needs TensorRT, but this machine lacks {' and '.join(missing)}; on a "
             f"machine with an NVIDIA GPU run {INSTALL}, or serve the ONNX model"
         )
-    return trt, cuda  # type: ignore[return-value]
+    assert cuda is not None
+    return trt, cuda
 
 
 class _Tensor:
@@ -169,7 +173,7 @@ class _Instance:
     def close(self) -> None:
         """Free everything, each step even when an earlier one failed (the first error is
         raised at the end)."""
-        steps = [lambda: self.cuda.call("cudaSetDevice", self.device)]
+        steps: list[Callable[[], object]] = [lambda: self.cuda.call("cudaSetDevice", self.device)]
         if self.stream is not None:
             steps.append(self.stream.synchronize)  # nothing in flight uses a freed buffer
         steps += [tensor.close for tensor in self.tensors.values()]
