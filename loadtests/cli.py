@@ -7,6 +7,7 @@ Exit status: 0 done (and the SLO met, if one was given), 1 no step met the SLO, 
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import subprocess
 import sys
@@ -202,6 +203,11 @@ def loadtest(
     report.md, report.html, results.json and PNG plots.
     """
     console = Console(stderr=True)
+    if protocol == "grpc" and importlib.util.find_spec("tritonclient") is None:
+        raise click.UsageError(
+            "--protocol grpc needs tritonclient, which is not installed: "
+            "pip install 'sluice[loadtest]'"
+        )
     if worker_of is not None:
         sys.exit(run_worker(protocol, worker_of, console))
     if users is not None and ramp is not None:

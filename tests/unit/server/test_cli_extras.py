@@ -1,5 +1,6 @@
 """Subcommands that need an optional extra, run where the extra is not installed: each says which
-extra to install and exits 2, whatever arguments it was given. "Not installed" is made real for
+extra to install and exits 2, whatever arguments it was given (and `sluice serve --help` documents
+every option). "Not installed" is made real for
 the child process by blocking the extra's modules (a None entry in sys.modules makes importing
 them fail and importlib.util.find_spec answer None, as for an absent package)."""
 
@@ -51,6 +52,13 @@ def test_a_command_without_its_extra_names_it_and_exits_2(extra: str, args: list
     assert f"pip install 'sluice[{extra}]'" in done.stderr
     assert f"'sluice {extra}' needs the {extra} extra" in done.stderr
     assert "No such option" not in done.stderr
+
+
+def test_grpc_load_without_tritonclient_names_the_extra() -> None:
+    done = sluice_without(("tritonclient",), "loadtest", "--protocol", "grpc", "--users", "1")
+    assert done.returncode == 2, done.stderr
+    assert "--protocol grpc needs tritonclient" in done.stderr
+    assert "pip install 'sluice[loadtest]'" in done.stderr
 
 
 def test_top_level_help_says_what_each_missing_command_needs() -> None:
