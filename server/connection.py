@@ -13,6 +13,10 @@ uvicorn's httptools protocol with three additions:
   is never closed under a request: one in progress is answered with `Connection: close`; an idle
   one stays open `DRAIN_IDLE_S` for a request already on its way (answered, 503 while the engine
   drains, with `Connection: close`) and is closed only while no request is on it.
+- Lingering close. An answer sent before the request's body has all arrived (503 at the door
+  while draining, an early error) is followed by reading and dropping the rest of the body before
+  the connection closes: closing a socket with unread data makes the kernel reset the
+  connection, and the reset can destroy the answer before the client reads it.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._read_timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
         self._in_message = False  # a request's bytes have begun and its last byte is not in
+        self._reading_body = False  # its head is in, its body is not
+        self._close_after_body = False  # answered; close once the body has been read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -88,14 +94,28 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._reading_body = True
         self._arm_read(self.policy.body_timeout_s)
-        if self.policy.draining and self.cycle is not None:
-            self.cycle.keep_alive = False  # the answer says Connection: close
+        if self.cycle is not None and self.cycle.scope is self.scope:  # this request's cycle
+            self.cycle.transport = _LingeringClose(self)  # type: ignore[assignment]
+            if self.policy.draining:
+                self.cycle.keep_alive = False  # the answer says Connection: close
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._in_message = False
+        self._in_message = self._reading_body = False
         self._cancel_read()
+        if self._close_after_body:
+            self.transport.close()
+
+    def close_after_body(self) -> None:
+        """Close now, or, while the request's body is still arriving, once it is read (bounded
+        by the body timeout): see the module docstring."""
+        if self._reading_body and not self.transport.is_closing():
+            self._close_after_body = True
+            self.flow.resume_reading()
+        else:
+            self.transport.close()
 
     def _arm_read(self, timeout_s: float) -> None:
         self._cancel_read()
@@ -110,11 +130,12 @@ class HttpProtocol(HttpToolsProtocol):
         self._read_timer = None
         cycle = self.cycle
         answer = REQUEST_TIMEOUT
-        if cycle is not None and not cycle.response_complete:  # the app waits on the body
-            cycle.disconnected = True  # its receive() now says http.disconnect; sends are dropped
-            cycle.message_event.set()
-            if cycle.response_started:
+        if self._reading_body and cycle is not None:
+            if cycle.response_started:  # answered early (or lingering): no second answer
                 answer = b""
+            if not cycle.response_complete:  # the app may wait on the body
+                cycle.disconnected = True  # its receive() says http.disconnect; sends dropped
+                cycle.message_event.set()
         log.info("closing connection from %s: request not received in time", self.client)
         self._close_with(answer)
 
@@ -140,7 +161,9 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.policy.draining and not self.transport.is_closing():
+        if self._close_after_body:
+            self._unset_keepalive_if_required()
+        elif self.policy.draining and not self.transport.is_closing():
             self._unset_keepalive_if_required()  # the drain's idle bound replaces keep-alive's
             self._arm_drain()
 
@@ -161,6 +184,19 @@ class HttpProtocol(HttpToolsProtocol):
         if self._drain_timer is not None:
             self._drain_timer.cancel()
             self._drain_timer = None
+
+
+class _LingeringClose:
+    """The transport as a request's cycle sees it: its close() waits for the request's body."""
+
+    def __init__(self, protocol: HttpProtocol) -> None:
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._protocol.transport, name)
+
+    def close(self) -> None:
+        self._protocol.close_after_body()
 
 
 def accept_pending(listener: socket.socket) -> list[socket.socket]:

@@ -169,3 +169,39 @@ async def test_sigterm_under_load_loses_no_request(
     # Every run really was mid-load at the signal: requests were answered during the drain too.
     ok = "200" if protocol == "http" else "OK"
     assert all(t.answers[ok] >= WARM_ANSWERS for t in tallies), summary
+
+
+async def test_a_large_request_written_during_the_drain_gets_its_503(tmp_path: Path) -> None:
+    """The server answers a request during the drain before reading its body (503 at the door,
+    Connection: close). Closing the connection with the body still arriving would make the kernel
+    reset it, and a reset can destroy the answer before the client reads it; the server reads
+    the rest of the body first."""
+    server = ServerProcess("--drain-timeout-s", "5", log_path=tmp_path / "server.log", grpc=False)
+    server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+        writer.write(b"GET /v2/health/live HTTP/1.1\r\nhost: sluice\r\n\r\n")
+        await reader.readuntil(b'{"live":true}')
+        async with httpx.AsyncClient(base_url=server.url, timeout=5) as probe:
+            assert (await probe.get("/v2/health/ready")).status_code == 200  # kept alive
+            server.terminate()
+            deadline = time.monotonic() + 5
+            while (await probe.get("/v2/health/ready")).status_code == 200:
+                assert time.monotonic() < deadline, "readiness never turned 503"
+                await asyncio.sleep(0.01)  # polling a condition, bounded above
+        body = b"0" * (8 << 20)
+        writer.write(
+            b"POST /v2/models/demo/infer HTTP/1.1\r\nhost: sluice\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+        )
+        writer.write(body)
+        sending = asyncio.create_task(writer.drain())
+        answer = await asyncio.wait_for(reader.read(), 10)
+        with contextlib.suppress(ConnectionError):
+            await sending
+        writer.close()
+        assert answer.startswith(b"HTTP/1.1 503 "), answer[:200]
+        assert b"connection: close" in answer.lower()
+        assert b"retry-after: 1" in answer.lower()
+    finally:
+        server.stop()
