@@ -236,8 +236,16 @@ class Server:
         port = self.settings.metrics.port
         assert port is not None
         sock = _bind(self.settings.host, port)
+        settings = self.settings
+        # Read timeouts and a cap here too; it never drains: scrapers watch the drain.
+        policy = ConnectionPolicy(
+            settings.http_header_timeout_s,
+            settings.http_body_timeout_s,
+            settings.http_max_connections,
+        )
         config = uvicorn.Config(
             self.engine.metrics.asgi,
+            http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]
             interface="asgi3",  # a bound method: uvicorn's auto-detection would guess ASGI2
             lifespan="off",
             log_config=None,
