@@ -81,10 +81,16 @@ class _Tensor:
             raise BackendError(f"set_tensor_address('{self.name}') returned False")
 
     def close(self) -> None:
-        for buffer in (self.device, self.host):
-            if buffer is not None:
-                buffer.close()
-        self.device = self.host = None
+        buffers, self.device, self.host = (self.device, self.host), None, None
+        failure = None
+        for buffer in buffers:
+            try:
+                if buffer is not None:
+                    buffer.close()
+            except BackendError as exc:  # free the other buffer all the same
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
 
 class _Instance:

@@ -43,6 +43,7 @@ def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """`import tensorrt` gives the fake TensorRT 10 (its version restored after the test)."""
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt)
     monkeypatch.setattr(fake_tensorrt, "__version__", fake_tensorrt.__version__)
+    monkeypatch.setattr(fake_tensorrt, "refuse", set())
     return fake_tensorrt
 
 

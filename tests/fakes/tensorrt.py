@@ -27,6 +27,9 @@ import numpy as np
 
 __version__ = "10.3.0"
 MAGIC = "sluice-fake-tensorrt-plan"
+refuse: set[str] = set()
+"""Test control: the methods named here answer their failure value (False, None) instead of
+working, as TensorRT does when it logs an error."""
 
 
 class DataType(enum.Enum):
@@ -183,7 +186,9 @@ class ICudaEngine:
             raise RuntimeError(f"profile index {profile_index} out of range")
         return [Dims(shape) for shape in self._profiles[profile_index][name]]
 
-    def create_execution_context(self) -> IExecutionContext:
+    def create_execution_context(self) -> IExecutionContext | None:
+        if "create_execution_context" in refuse:
+            return None
         context = IExecutionContext(self)
         self.contexts.append(context)
         return context
@@ -237,7 +242,7 @@ class IExecutionContext:
     def set_tensor_address(self, name: str, memory: int) -> bool:
         if not isinstance(memory, int):
             raise TypeError("set_tensor_address(): incompatible function arguments")
-        if name not in self.engine._tensors:
+        if name not in self.engine._tensors or "set_tensor_address" in refuse:
             return False
         self._addresses[name] = memory
         return True
@@ -248,6 +253,8 @@ class IExecutionContext:
     def execute_async_v3(self, stream_handle: int) -> bool:
         if not isinstance(stream_handle, int):
             raise TypeError("execute_async_v3(): incompatible function arguments")
+        if "execute_async_v3" in refuse:
+            return False
         if self.infer_shapes() or set(self.engine._order) - set(self._addresses):
             return False  # TensorRT logs "not all shapes/addresses are specified"
         cudart = _cudart()

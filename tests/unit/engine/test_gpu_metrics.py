@@ -65,3 +65,13 @@ def test_a_failing_device_skips_the_scrape_without_breaking_it(
 def test_the_engine_metrics_include_the_gpus(nvml: list[fake_nvml.Device]) -> None:
     metrics = Metrics(lambda: {"models": [], "index": [], "in_flight": 0})
     assert 'sluice_gpu_memory_total_bytes{gpu="1"' in generate_latest(metrics.registry).decode()
+
+
+def test_nvml_that_does_not_start_gives_no_gpu_metrics(
+    nvml: list[fake_nvml.Device], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_driver() -> None:
+        raise fake_nvml.NVMLError(9)  # NVML_ERROR_DRIVER_NOT_LOADED
+
+    monkeypatch.setattr(fake_nvml, "nvmlInit", no_driver)
+    assert "sluice_gpu" not in generate_latest(scrape(GpuMetrics())).decode()

@@ -4,6 +4,7 @@ instances and IO binding. On this CPU-only build the session-level checks run fo
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,20 @@ def test_a_required_provider_that_runs_loads(tmp_path: Path) -> None:
 def test_cpu_instances_share_one_session(tmp_path: Path) -> None:
     backend = backend_for(tmp_path, [InstanceGroup(count=4, kind="cpu")])
     assert len(backend._sessions) == 1
+
+
+def test_gpu_instances_get_a_session_each_and_share_none(tmp_path: Path) -> None:
+    if HAS_CUDA:
+        pytest.skip("covered on the GPU by the gpu-marked test")
+    # CUDA is absent, so each per-device session falls back to CPU: the pool logic still runs.
+    groups = [InstanceGroup(count=2, kind="gpu", gpus=[0, 1]), InstanceGroup(count=1)]
+    backend = backend_for(tmp_path, groups, execution_providers=[CUDA, CPU])
+    assert len(backend._sessions) == 5  # 4 gpu instances + 1 shared by the cpu group
+    feeds = [sample("FP32", (1 + i % 7, 16)) for i in range(40)]
+    with ThreadPoolExecutor(5) as pool:
+        results = list(pool.map(lambda x: backend.run({"x": x})["probabilities"], feeds))
+    for x, got in zip(feeds, results, strict=True):
+        assert np.array_equal(got, run_onnx(mlp_model(), {"x": x})["probabilities"])
 
 
 def test_bound_run_equals_a_plain_run(tmp_path: Path) -> None:

@@ -266,6 +266,58 @@ def test_missing_cuda_python_is_named_with_the_fix(
     assert "pip install 'sluice[gpu]'" in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        ("create_execution_context", r"create_execution_context\(\) on GPU 0 returned None"),
+        ("set_tensor_address", r"set_tensor_address\('x'\) returned False"),
+    ],
+)
+def test_tensorrt_refusals_at_load_are_named(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime, call: str, message: str
+) -> None:
+    trt.refuse.add(call)
+    with pytest.raises(BackendError, match=message):
+        open_backend(write_plan(tmp_path, trt))
+    assert (cudart.live_device_allocations, cudart.live_streams) == (0, 0)
+
+
+def test_a_refused_execution_is_a_backend_error(tmp_path: Path, trt: ModuleType) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        trt.refuse.add("execute_async_v3")
+        with pytest.raises(BackendError, match="execute_async_v3 returned False"):
+            backend.run(batch(2, 3))
+        trt.refuse.clear()  # the instance is usable again
+        np.testing.assert_array_equal(backend.run(batch(2, 3))["y"], batch(2, 3)["x"])
+    finally:
+        backend.close()
+
+
+def test_a_data_dependent_output_shape_is_refused_at_load(tmp_path: Path, trt: ModuleType) -> None:
+    path = write_plan(tmp_path, trt)
+    tensors = [*TENSORS[:2], {"name": "nz", "mode": "output", "dtype": "INT64", "shape": [-1, 2]}]
+    path.write_bytes(trt.plan(tensors, [PROFILE_0]))
+    with pytest.raises(BackendError, match=r"output 'nz' has data-dependent shape \[-1, 2\]"):
+        open_backend(path)
+
+
+def test_a_build_record_that_is_not_text_is_ignored(tmp_path: Path, trt: ModuleType) -> None:
+    record = {"version": 10, "gpu": None, "compute_capability": 8.0}
+    backend = open_backend(write_plan(tmp_path, trt, record))  # type: ignore[arg-type]
+    backend.close()
+
+
+def test_close_frees_the_rest_when_one_free_fails(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    cudart.fail_next("cudaFree", cudaError_t.cudaErrorIllegalAddress)
+    backend.close()  # logged, not raised: closing must not stop at the first failure
+    assert cudart.live_device_allocations == 1
+    assert (cudart.live_pinned_allocations, cudart.live_streams) == (0, 0)
+
+
 def concurrent_batches(backend: TensorRTBackend, count: int) -> None:
     feeds = [batch(1 + seed % 8, 1 + seed % 32, seed) for seed in range(count)]
     with ThreadPoolExecutor(4) as pool:
