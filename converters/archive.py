@@ -100,10 +100,18 @@ def _check_program(program: Any, path: Path) -> None:
 
 
 def _deserialize(data: bytes, path: Path) -> Any:
-    from torch._export.serde import schema
-    from torch._export.serde.serialize import ExportedProgramDeserializer, _bytes_to_dataclass
-    from torch.export.pt2_archive import _package as package
-    from torch.export.pt2_archive import constants as layout
+    import torch
+
+    try:
+        from torch._export.serde import schema
+        from torch._export.serde.serialize import ExportedProgramDeserializer, _bytes_to_dataclass
+        from torch.export.pt2_archive import _package as package
+        from torch.export.pt2_archive import constants as layout
+    except ImportError as exc:  # the layout is torch's own and moves between versions
+        raise ConversionError(
+            f"sluice cannot check exported programs with torch {torch.__version__} ({exc}), so "
+            f"'{path}' is not loaded; {TRUST}"
+        ) from exc
 
     with package.PT2ArchiveReader(io.BytesIO(data)) as reader:
         version = reader.read_string(layout.ARCHIVE_VERSION_PATH)
