@@ -137,7 +137,8 @@ gpu_tests() {
     local rc
     "$python" -m pytest -q -p no:cacheprovider -m gpu -rA \
         -W "ignore::pytest.PytestConfigWarning" \
-        tests/unit/engine/backends tests/unit/converters/test_tensorrt.py \
+        tests/unit/engine/backends/test_cuda.py tests/unit/engine/backends/test_tensorrt.py \
+        tests/unit/engine/backends/test_onnxruntime_gpu.py tests/unit/converters/test_tensorrt.py \
         tests/unit/converters/test_serving_provider.py tests/unit/engine/test_gpu_metrics.py
     rc=$?
     ((rc == 5)) && { echo "no gpu-marked tests were collected"; return 77; }

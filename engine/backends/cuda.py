@@ -29,6 +29,12 @@ class Cuda:
     def __init__(self, runtime: Any) -> None:
         self.rt = runtime
         self.ok = runtime.cudaError_t.cudaSuccess
+        try:  # cuda-python >= 12.9.1 deprecates int(stream) in favour of this
+            from cuda.bindings.utils import get_cuda_native_handle
+
+            self._native: Any = get_cuda_native_handle
+        except ImportError:
+            self._native = int
         self.to_device = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
         self.to_host = runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost
 
@@ -48,6 +54,10 @@ class Cuda:
         _, name = self.rt.cudaGetErrorName(err)
         _, text = self.rt.cudaGetErrorString(err)
         return f"{_text(name)} ({_text(text)})"
+
+    def native_handle(self, obj: Any) -> int:
+        """The address behind a CUDA object such as a stream (what TensorRT takes)."""
+        return int(self._native(obj))
 
     def device_count(self) -> int:
         """CUDA devices visible to this process (0 when the driver sees none)."""
@@ -98,10 +108,12 @@ class Stream:
 
     def __init__(self, cuda: Cuda) -> None:
         self._cuda = cuda
-        self.handle: Any = cuda.call("cudaStreamCreateWithFlags", cuda.rt.cudaStreamNonBlocking)
+        # cudaStreamNonBlocking is 0x01 in CUDA's ABI; the module exports it as a constant.
+        flags = getattr(cuda.rt, "cudaStreamNonBlocking", 1)
+        self.handle: Any = cuda.call("cudaStreamCreateWithFlags", flags)
 
     def __int__(self) -> int:
-        return int(self.handle)
+        return self._cuda.native_handle(self.handle)
 
     def copy_in(self, device: DeviceBuffer, host: PinnedBuffer, nbytes: int) -> None:
         self._cuda.call(
@@ -130,7 +142,7 @@ def _show(arg: Any) -> str:
         return hex(arg)
     if isinstance(arg, int):
         return str(arg)
-    return f"stream {int(arg):#x}" if hasattr(arg, "getPtr") else repr(arg)
+    return f"stream {arg.getPtr():#x}" if hasattr(arg, "getPtr") else repr(arg)
 
 
 def _text(value: Any) -> str:

@@ -23,6 +23,7 @@ import ctypes
 import enum
 import itertools
 import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,13 @@ class cudaStream_t:
         self._value = int(init_value)
 
     def __int__(self) -> int:
+        # cuda-bindings >= 12.9.1: "Using int(cuda_obj) to retrieve the underlying address of a
+        # CUDA object is deprecated"; get_cuda_native_handle() is the way.
+        warnings.warn(
+            "int(cuda_obj) is deprecated; use cuda.bindings.utils.get_cuda_native_handle",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self._value
 
     def getPtr(self) -> int:
@@ -400,11 +408,20 @@ class FakeCudaRuntime:
         return self._device_view(address, count)
 
 
+def get_cuda_native_handle(obj: cudaStream_t) -> int:
+    """`cuda.bindings.utils.get_cuda_native_handle`: the address behind a CUDA object."""
+    if not isinstance(obj, cudaStream_t):
+        raise TypeError(f"unsupported type {type(obj).__name__}")
+    return obj.getPtr()
+
+
 def _handle(stream: Any) -> int:
     if stream is None:
         return 0
-    if isinstance(stream, cudaStream_t | int):
-        return int(stream)
+    if isinstance(stream, cudaStream_t):
+        return stream.getPtr()
+    if isinstance(stream, int):
+        return stream
     raise TypeError(f"Argument 'stream' is not instance of type (expected <class 'int'>, or "
                     f"cudaStream_t), got {type(stream).__name__}")  # fmt: skip
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import tensorrt as fake_tensorrt
-from tests.fakes.cuda_runtime import FakeCudaRuntime
+from tests.fakes.cuda_runtime import FakeCudaRuntime, get_cuda_native_handle
 
 
 def _package(name: str) -> types.ModuleType:
@@ -27,13 +27,18 @@ def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> N
     """`import cuda.bindings.runtime` (and the legacy `from cuda import cudart`) give `runtime`."""
     runtime.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.runtime", None)  # type: ignore[attr-defined]
     cuda, bindings = _package("cuda"), _package("cuda.bindings")
+    utils = types.ModuleType("cuda.bindings.utils")
+    utils.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.utils", None)
+    utils.get_cuda_native_handle = get_cuda_native_handle  # type: ignore[attr-defined]
     bindings.runtime = runtime  # type: ignore[attr-defined]
+    bindings.utils = utils  # type: ignore[attr-defined]
     cuda.bindings = bindings  # type: ignore[attr-defined]
     cuda.cudart = runtime  # type: ignore[attr-defined]
     for name, module in {
         "cuda": cuda,
         "cuda.bindings": bindings,
         "cuda.bindings.runtime": runtime,
+        "cuda.bindings.utils": utils,
         "cuda.cudart": runtime,
     }.items():
         monkeypatch.setitem(sys.modules, name, module)

@@ -56,6 +56,9 @@ def shim(folder: Path) -> Path:
     package.mkdir(parents=True)
     (folder / "cuda" / "__init__.py").write_text("")
     (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(
+        "from tests.fakes.cuda_runtime import get_cuda_native_handle  # noqa: F401\n"
+    )
     (package / "runtime.py").write_text(
         "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
         "sys.modules[__name__] = FakeCudaRuntime()\n"
