@@ -252,7 +252,9 @@ class TensorRTBackend:
                 f"tensorrt.profile is optimization profile {options.profile}; the engine has "
                 f"profiles 0 to {profiles - 1}"
             )
-        needed = int(getattr(first, "device_memory_size_v2", first.device_memory_size))
+        # device_memory_size_v2 since TensorRT 10.1; the old name is deprecated.
+        needed = getattr(first, "device_memory_size_v2", None)
+        needed = int(first.device_memory_size if needed is None else needed)
         if options.workspace_bytes is not None and needed > options.workspace_bytes:
             raise BackendError(
                 f"{path} needs {needed} bytes of device memory per execution context; "
@@ -289,9 +291,18 @@ def describe(trt: Any, engine: Any) -> tuple[tuple[TensorSpec, ...], tuple[Tenso
     outputs: list[TensorSpec] = []
     for index in range(engine.num_io_tensors):
         name = engine.get_tensor_name(index)
-        dtype = np.dtype(trt.nptype(engine.get_tensor_dtype(name)))
-        if dtype.name not in _NP_TO_V2:
-            raise BackendError(f"tensor '{name}' has type {dtype.name}, which sluice cannot serve")
+        trt_type = engine.get_tensor_dtype(name)
+        try:
+            dtype = np.dtype(trt.nptype(trt_type))
+        except TypeError:  # bf16, fp8, int4: no numpy type
+            dtype = None
+        if dtype is None or dtype.name not in _NP_TO_V2:
+            raise BackendError(f"tensor '{name}' has type {trt_type}, which sluice cannot serve")
+        if engine.is_shape_inference_io(name):
+            raise BackendError(
+                f"input '{name}' is a shape tensor (read on the host); this backend serves "
+                "engines whose inputs are all device tensors"
+            )
         spec = TensorSpec(name, _NP_TO_V2[dtype.name], tuple(engine.get_tensor_shape(name)))
         is_input = engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT
         (inputs if is_input else outputs).append(spec)

@@ -40,6 +40,7 @@ class DataType(enum.Enum):
     BOOL = 4
     UINT8 = 5
     INT64 = 8
+    BF16 = 7
 
 
 _NP = {
@@ -51,8 +52,10 @@ _NP = {
 
 def nptype(trt_type: DataType) -> type:
     """The numpy type of a TensorRT DataType (TypeError for anything else, as pybind11)."""
-    if not isinstance(trt_type, DataType):
-        raise TypeError(f"nptype(): incompatible function arguments: {trt_type!r}")
+    if not isinstance(trt_type, DataType) or trt_type not in _NP:
+        raise TypeError(
+            f"Could not resolve TensorRT datatype to an equivalent numpy datatype. {trt_type}"
+        )
     return _NP[trt_type]
 
 
@@ -172,6 +175,9 @@ class ICudaEngine:
         if tensor is None:
             return TensorIOMode.NONE
         return TensorIOMode.INPUT if tensor["mode"] == "input" else TensorIOMode.OUTPUT
+
+    def is_shape_inference_io(self, name: str) -> bool:
+        return bool(self._tensors[name].get("shape_tensor", False))
 
     def get_tensor_dtype(self, name: str) -> DataType:
         return DataType[self._tensors[name]["dtype"]]

@@ -4,6 +4,7 @@ the real contracts (tests/fakes): buffers, streams, shapes, errors and engine co
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
@@ -299,6 +300,22 @@ def test_a_data_dependent_output_shape_is_refused_at_load(tmp_path: Path, trt: M
     tensors = [*TENSORS[:2], {"name": "nz", "mode": "output", "dtype": "INT64", "shape": [-1, 2]}]
     path.write_bytes(trt.plan(tensors, [PROFILE_0]))
     with pytest.raises(BackendError, match=r"output 'nz' has data-dependent shape \[-1, 2\]"):
+        open_backend(path)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"dtype": "BF16"}, "tensor 'x' has type DataType.BF16, which sluice cannot serve"),
+        ({"shape_tensor": True}, "input 'x' is a shape tensor"),
+    ],
+)
+def test_tensors_the_backend_cannot_feed_are_refused_at_load(
+    tmp_path: Path, trt: ModuleType, change: dict[str, object], message: str
+) -> None:
+    path = write_plan(tmp_path, trt)
+    path.write_bytes(trt.plan([{**TENSORS[0], **change}, *TENSORS[1:]], [PROFILE_0]))
+    with pytest.raises(BackendError, match=re.escape(message)):
         open_backend(path)
 
 
