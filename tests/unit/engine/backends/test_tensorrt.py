@@ -374,3 +374,16 @@ def test_real_cuda_buffers_and_streams_under_a_fake_engine(
         concurrent_batches(backend, 200)
     finally:
         backend.close()
+
+
+def test_without_tensorrt_or_a_gpu_every_missing_piece_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)
+    install_cuda(monkeypatch, FakeCudaRuntime(devices=[]))
+    with pytest.raises(BackendError) as caught:
+        TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
+    assert str(caught.value).startswith(
+        "model 'm' version 1 needs TensorRT, but this machine lacks the 'tensorrt' package and "
+        "a CUDA GPU; on a machine with an NVIDIA GPU run pip install 'sluice[gpu]'"
+    )
