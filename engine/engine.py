@@ -220,6 +220,7 @@ class Engine:
         deadline = started + timeout_s if timeout_s else None
         names = request.outputs or [spec.name for spec in model.backend.outputs]
         types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
+        parameters: dict[str, Any] = {}
 
         async def compute(deadline: float | None = deadline) -> CachedResult:
             submit = model.batcher.submit(
@@ -231,9 +232,10 @@ class Engine:
             finish = getattr(model.backend, "finish_request", None)  # e.g. a tokenizer's
             if finish is not None:  # padding cut back to this request's own rows
                 outputs = finish(outputs)
+            # A pipeline's answer says e.g. how many rows were truncated (not kept in the cache).
+            parameters.update(getattr(outputs, "parameters", None) or {})
             return CachedResult({name: outputs[name] for name in names}, types)
 
-        parameters: dict[str, Any] = {}
         try:
             if use_cache:
                 result, hit = await self._cached(model, request, rows, compute, deadline)

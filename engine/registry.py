@@ -11,6 +11,7 @@ from collections.abc import Callable
 from engine.backends.python_model import refuse
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, load_model
+from engine.pipeline import load_pipeline
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import Settings, SettingsError
 
@@ -38,7 +39,7 @@ class ModelRegistry:
         names = self.repository.names()
         if mode == "explicit" and "*" not in self.settings.load_models:
             names = [check_name("model", n) for n in self.settings.load_models]
-        for name in names:
+        for name in sorted(names, key=self.repository.is_pipeline):  # steps before pipelines
             await self._load(name)
         if mode == "poll":
             self._poller = asyncio.create_task(self._poll(), name="repository-poll")
@@ -173,10 +174,20 @@ class ModelRegistry:
         self._clear_failed(entry.name)
         current = self._models.get(entry.name, {})
         fresh: dict[str, LoadedModel] = {}
+        pipeline = entry.config.pipeline
+        for step in pipeline.steps if pipeline is not None else ():
+            if not self.has(step.model) and not self.repository.is_pipeline(step.model):
+                await self._load(step.model)  # as Triton loads an ensemble's models
         for version, path in entry.versions.items():
             try:
                 if entry.config.backend == "python" and not self.settings.allow_python_models:
                     raise refuse(f"model '{entry.name}' version {version}")  # never imported
+                if pipeline is not None:
+                    fresh[str(version)] = await load_pipeline(
+                        entry.name, version, path, entry.config, self.settings.batching,
+                        self._tenant_share, self.resolve,
+                    )  # fmt: skip
+                    continue
                 fresh[str(version)] = await load_model(
                     entry.name, version, path, entry.config, self.settings.batching,
                     self._tenant_share,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.errors import InvalidInput
 from engine.model_config import ModelConfig, load_model_config
+from engine.settings import SettingsError
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 MODEL_FILES = {
@@ -71,6 +72,14 @@ class Repository:
         }
         served = config.version_policy.select(list(found))
         return ModelEntry(name, path, config, {v: found[v] for v in served})
+
+    def is_pipeline(self, name: str) -> bool:
+        """Whether the folder's config.yaml is a pipeline's (unreadable or invalid: no, and its
+        load says why)."""
+        try:
+            return load_model_config(self.root / check_name("model", name)).pipeline is not None
+        except (SettingsError, InvalidInput):
+            return False
 
     def scan(self) -> dict[str, ModelEntry]:
         entries = {}

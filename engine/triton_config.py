@@ -16,6 +16,9 @@ _TYPES = {
 }  # fmt: skip
 
 
+_FILES = {"tensorrt": "model.plan", "tokenizer": "tokenizer.json", "python": "model.py"}
+
+
 def _tensor(spec: TensorSpec, batched: bool) -> dict[str, Any]:
     dims = list(spec.shape[1:] if batched else spec.shape)
     return {"name": spec.name, "data_type": _TYPES[spec.datatype], "dims": dims}
@@ -58,10 +61,23 @@ def triton_config(model: LoadedModel) -> dict[str, Any]:
         "input": [_tensor(spec, batched) for spec in model.backend.inputs],
         "output": [_tensor(spec, batched) for spec in model.backend.outputs],
         "instance_group": instance_groups(model),
-        "default_model_filename": "model.plan" if config.backend == "tensorrt" else "model.onnx",
+        "default_model_filename": _FILES.get(config.backend, "model.onnx"),
         "parameters": {},
     }
-    if batched and config.dynamic_batching.enabled:
+    if config.pipeline is not None:  # Triton's ensemble: the steps batch, the pipeline does not
+        result["ensemble_scheduling"] = {
+            "step": [
+                {
+                    "model_name": step.model,
+                    "model_version": int(step.version) if step.version else -1,
+                    "input_map": dict(step.inputs),
+                    "output_map": dict(step.outputs),
+                }
+                for step in config.pipeline.steps
+            ]
+        }
+        del result["default_model_filename"], result["instance_group"]
+    elif batched and config.dynamic_batching.enabled:
         result["dynamic_batching"] = {
             "preferred_batch_size": list(batch_policy.preferred_batch_sizes),
             "max_queue_delay_microseconds": int(batch_policy.max_queue_delay_s * 1e6),
