@@ -134,7 +134,10 @@ def fingerprint(path: Path, config: ModelConfig) -> str:
 
 
 def warm_up(backend: Backend, sizes: list[int], max_batch_size: int) -> None:
-    """Run zeros through the model so the first real request pays no first-run cost."""
+    """Run zeros through the model so the first real request pays no first-run cost. A backend
+    with a session or TensorRT context per instance hands runs to its instances in turn, so
+    each size runs once per instance (`instance_slots`): an ONNX Runtime TensorRT provider
+    builds its engine on a session's first run, which must not be a client's."""
     batches = sorted({min(s, max_batch_size) for s in sizes}) if max_batch_size else [0]
     for batch in batches:
         feed = {}
@@ -148,7 +151,8 @@ def warm_up(backend: Backend, sizes: list[int], max_batch_size: int) -> None:
                 if spec.datatype == "BYTES"
                 else np.zeros(shape, dtype)
             )
-        backend.run(feed)
+        for _ in range(getattr(backend, "instance_slots", 1)):
+            backend.run(feed)
 
 
 class BatchRunner:

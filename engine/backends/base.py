@@ -14,7 +14,9 @@ class Backend(Protocol):
     pool, possibly from several threads at once (one per model instance). A backend built from
     the config's instance groups may hold state per instance (a session or TensorRT execution
     context on each GPU); each run then takes a free instance, and since the engine runs at most
-    one batch per instance at a time, one is always free. Load failures and failed runs raise
+    one batch per instance at a time, one is always free; such a backend sets `instance_slots`
+    to the number of runs that reach every instance once (warm-up uses it). Load failures and
+    failed runs raise
     engine errors (BackendError naming what failed, InvalidInput for input the model refuses)."""
 
     inputs: tuple[TensorSpec, ...]

@@ -80,6 +80,8 @@ class OnnxBackend:
         )
         # One session serves every thread unless there are per-device sessions to hand out.
         self._pool: queue.SimpleQueue[ort.InferenceSession] | None = None
+        # Runs that reach every session once (they are handed out in turn): for warm-up.
+        self.instance_slots = len(slots) if len(self._sessions) > 1 else 1
         if len(self._sessions) > 1:
             self._pool = queue.SimpleQueue()
             for slot in slots:

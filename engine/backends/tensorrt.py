@@ -267,6 +267,8 @@ class TensorRTBackend:
             self._instances.append(instance)
             instance.start(engines[device])
             self._free.put(instance)
+        # Runs that reach every context once (they are handed out in turn): for warm-up.
+        self.instance_slots = len(self._instances)
         log.info("%s: %d TensorRT instance(s) on GPU %s", label, len(devices), sorted(set(devices)))
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -49,6 +49,7 @@ def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt)
     monkeypatch.setattr(fake_tensorrt, "__version__", fake_tensorrt.__version__)
     monkeypatch.setattr(fake_tensorrt, "refuse", set())
+    monkeypatch.setattr(fake_tensorrt, "engines", [])
     return fake_tensorrt
 
 

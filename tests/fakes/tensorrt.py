@@ -28,6 +28,8 @@ import numpy as np
 __version__ = "10.3.0"
 MAGIC = "sluice-fake-tensorrt-plan"
 refuse: set[str] = set()
+engines: list[ICudaEngine] = []
+"""Every engine deserialized, so tests can see what its contexts ran."""
 """Test control: the methods named here answer their failure value (False, None) instead of
 working, as TensorRT does when it logs an error."""
 
@@ -144,7 +146,9 @@ class Runtime:
             self.logger.log(Logger.ERROR, "The engine plan file is generated on an incompatible "
                             "device")  # fmt: skip
             return None
-        return ICudaEngine(data)
+        engine = ICudaEngine(data)
+        engines.append(engine)
+        return engine
 
 
 class ICudaEngine:

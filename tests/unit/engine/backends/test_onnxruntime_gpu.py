@@ -88,6 +88,7 @@ def test_a_required_provider_that_runs_loads(tmp_path: Path) -> None:
 def test_cpu_instances_share_one_session(tmp_path: Path) -> None:
     backend = backend_for(tmp_path, [InstanceGroup(count=4, kind="cpu")])
     assert len(backend._sessions) == 1
+    assert backend.instance_slots == 1  # one warm-up run warms the shared session
 
 
 def test_gpu_instances_get_a_session_each_and_share_none(tmp_path: Path) -> None:
@@ -97,6 +98,7 @@ def test_gpu_instances_get_a_session_each_and_share_none(tmp_path: Path) -> None
     groups = [InstanceGroup(count=2, kind="gpu", gpus=[0, 1]), InstanceGroup(count=1)]
     backend = backend_for(tmp_path, groups, execution_providers=[CUDA, CPU])
     assert len(backend._sessions) == 5  # 4 gpu instances + 1 shared by the cpu group
+    assert backend.instance_slots == 5  # warm-up reaches every session
     feeds = [sample("FP32", (1 + i % 7, 16)) for i in range(40)]
     with ThreadPoolExecutor(5) as pool:
         results = list(pool.map(lambda x: backend.run({"x": x})["probabilities"], feeds))

@@ -15,6 +15,7 @@ import pytest
 from engine.backends.cuda import Cuda
 from engine.backends.tensorrt import TensorRTBackend
 from engine.errors import BackendError, InvalidInput
+from engine.model import warm_up
 from engine.model_config import InstanceGroup, TensorRTOptions
 from tests.fakes.cuda_runtime import FakeCudaRuntime, cudaDeviceProp, cudaError_t
 from tests.fakes.install import install_cuda, install_tensorrt, real_cuda
@@ -333,6 +334,20 @@ def test_close_frees_the_rest_when_one_free_fails(
     backend.close()  # logged, not raised: closing must not stop at the first failure
     assert cudart.live_device_allocations == 1
     assert (cudart.live_pinned_allocations, cudart.live_streams) == (0, 0)
+
+
+def test_warm_up_runs_every_execution_context(tmp_path: Path, trt: ModuleType) -> None:
+    groups = [InstanceGroup(count=3, kind="gpu", gpus=[0, 1])]
+    backend = open_backend(write_plan(tmp_path, trt), groups)
+    try:
+        warm_up(backend, [1, 4], max_batch_size=8)
+        contexts = [context for engine in trt.engines for context in engine.contexts]
+        assert len(contexts) == 6
+        assert [[shapes["x"] for shapes in c.executions] for c in contexts] == [
+            [(1, 4), (4, 4)]
+        ] * 6
+    finally:
+        backend.close()
 
 
 def concurrent_batches(backend: TensorRTBackend, count: int) -> None:
