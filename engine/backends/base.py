@@ -16,8 +16,8 @@ class Backend(Protocol):
     context on each GPU); each run then takes a free instance, and since the engine runs at most
     one batch per instance at a time, one is always free; such a backend sets `instance_slots`
     to the number of runs that reach every instance once (warm-up uses it). Load failures and
-    failed runs raise
-    engine errors (BackendError naming what failed, InvalidInput for input the model refuses)."""
+    failed runs raise engine errors (BackendError naming what failed, InvalidInput for input
+    the model refuses)."""
 
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
