@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import tempfile
@@ -42,7 +43,13 @@ from engine.settings import Settings
 from engine.tracing import build_tracing
 from engine.triton_config import triton_config
 from engine.types import InferRequest, InferResponse, ModelMetadata
-from engine.validate import check_load_parameters, check_request, check_unload_parameters
+from engine.validate import (
+    InputCheck,
+    check_inputs,
+    check_load_parameters,
+    check_request,
+    check_unload_parameters,
+)
 
 log = logging.getLogger("sluice.engine")
 
@@ -315,6 +322,17 @@ class Engine:
             platform=model.backend.platform,
             inputs=model.backend.inputs,
             outputs=model.backend.outputs,
+        )
+
+    def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        """The check front-ends run on the shapes and datatypes a request declares, before
+        decoding any tensor data (the engine checks the decoded arrays again)."""
+        model = self.registry.resolve(name, version)
+        return functools.partial(
+            check_inputs,
+            inputs=model.backend.inputs,
+            max_batch_size=model.max_batch_size,
+            label=model.label,
         )
 
     def model_ready(self, name: str, version: str | None = None) -> bool:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from engine.errors import InvalidInput
 from engine.types import InferRequest, TensorSpec
+
+InputCheck = Callable[[Mapping[str, Sequence[int]], Mapping[str, str]], object]
+"""Checks declared input shapes and datatypes (by name) against a model: `check_inputs` bound
+to one model's inputs (`Engine.input_check`)."""
 
 
 def _fmt(shape: Sequence[int]) -> str:

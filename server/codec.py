@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -12,12 +11,8 @@ import orjson
 from engine import datatypes
 from engine.errors import InvalidInput
 from engine.types import InferRequest
-from engine.validate import check_parameters, scheduling
+from engine.validate import InputCheck, check_parameters, scheduling
 from server.json_header import RawData
-
-InputCheck = Callable[[Mapping[str, Sequence[int]], Mapping[str, str]], object]
-"""Checks declared input shapes and datatypes (by name) against a model: validate.check_inputs
-bound to one model's inputs."""
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
 _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}

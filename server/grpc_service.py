@@ -252,7 +252,8 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _run(self, request: Any, context: Context, principal: Principal) -> InferResponse:
         principal.check_model(request.model_name)
-        decode = functools.partial(grpc_tensors.decode_request, request)
+        check = self._engine.input_check(request.model_name, request.model_version or None)
+        decode = functools.partial(grpc_tensors.decode_request, request, check)
         infer_request: InferRequest = await binary.off_loop(request.ByteSize(), decode)
         infer_request.tenant = principal.tenant
         remaining = context.time_remaining()

@@ -8,7 +8,6 @@ answers it directly and hands every other request to the FastAPI app behind it."
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 import time
@@ -22,7 +21,6 @@ from engine.engine import Engine
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
 from engine.settings import Settings
 from engine.types import InferRequest
-from engine.validate import check_inputs
 from server import binary, codec
 from server.errors import error_headers, http_status
 from server.logs import choose_request_id, request_id
@@ -121,13 +119,7 @@ class InferRoute:
         if self.engine.draining:  # refuse before reading and decoding the body
             raise ShuttingDown()
         tenant = authenticate_headers(self.engine.authenticator, headers, name).tenant
-        model = self.engine.registry.resolve(name, version)
-        check = functools.partial(
-            check_inputs,
-            inputs=model.backend.inputs,
-            max_batch_size=model.max_batch_size,
-            label=model.label,
-        )
+        check = self.engine.input_check(name, version)
         body = await self.read_body(headers, receive)
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")

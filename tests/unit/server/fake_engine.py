@@ -11,6 +11,7 @@ Models:
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Collection
 from typing import Any
 
@@ -24,7 +25,7 @@ from engine.errors import EngineError, InvalidInput, ModelNotFound
 from engine.metrics import Metrics
 from engine.settings import AuthSettings
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
-from engine.validate import check_load_parameters, check_unload_parameters
+from engine.validate import InputCheck, check_inputs, check_load_parameters, check_unload_parameters
 
 
 def _info(name: str, elem: int, shape: list[Any]) -> Any:
@@ -38,6 +39,10 @@ def _model(nodes: list[Any], inputs: list[Any], outputs: list[Any]) -> bytes:
     )
     model.ir_version = 8
     return bytes(model.SerializeToString())
+
+
+MAX_BATCH_SIZE = 1024
+"""Every fake model's batch limit, as its config reports and its input check enforces."""
 
 
 def model_files() -> dict[str, bytes]:
@@ -123,6 +128,12 @@ class FakeEngine:
             self._specs(session.get_outputs()),
         )
 
+    def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        inputs = self.model_metadata(name, version).inputs
+        return functools.partial(
+            check_inputs, inputs=inputs, max_batch_size=MAX_BATCH_SIZE, label=name
+        )
+
     def model_ready(self, name: str, version: str | None = None) -> bool:
         return name in self.loaded and version in (None, "1")
 
@@ -137,7 +148,7 @@ class FakeEngine:
             "name": name,
             "platform": "onnxruntime_onnx",
             "backend": "onnxruntime",
-            "max_batch_size": 8,
+            "max_batch_size": MAX_BATCH_SIZE,
             "input": [tensor(s) for s in meta.inputs],
             "output": [tensor(s) for s in meta.outputs],
             "dynamic_batching": {

@@ -45,3 +45,11 @@ def test_the_check_sees_declared_shapes_before_any_array_is_built() -> None:
     with pytest.raises(InvalidInput, match="refused"):
         grpc_tensors.decode_request(message, refuse)
     assert seen == [({"x": (1_250_000, 16)}, {"x": "FP32"})]
+
+
+def test_typed_contents_out_of_the_datatypes_range_are_invalid_input() -> None:
+    message = request([1, 1], "INT8")
+    message.inputs[0].contents.int_contents.extend([300])
+    with pytest.raises(InvalidInput) as caught:
+        grpc_tensors.decode_request(message)
+    assert caught.value.message == "input 'x': value 300 is out of range for INT8 (-128 to 127)"

@@ -15,7 +15,7 @@ from engine.errors import EngineError
 from engine.settings import ApiKey, AuthSettings
 from server.app import error_response
 from server.triton import triton_router
-from tests.unit.server.fake_engine import FakeEngine
+from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
 
 def make_app(engine: FakeEngine) -> FastAPI:
@@ -51,7 +51,7 @@ async def test_model_config(client: httpx.AsyncClient) -> None:
         assert response.status_code == 200
         config = response.json()
         assert config["name"] == "double"
-        assert config["max_batch_size"] == 8
+        assert config["max_batch_size"] == MAX_BATCH_SIZE
         assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [4]}]
         assert config["dynamic_batching"]["preferred_batch_size"] == [4, 8]
     missing = await client.get("/v2/models/double/versions/9/config")
