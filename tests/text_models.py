@@ -135,12 +135,12 @@ def write_text_repository(root: Path, tokenizer_config: str = "backend: tokenize
     return root
 
 
-def expected_embeddings(root: Path, texts: list[str]) -> np.ndarray:
+def expected_embeddings(root: Path, texts: list[str], max_length: int = 512) -> np.ndarray:
     """What the `embedder` pipeline computes, done in-process with the libraries themselves."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(root / "tok" / "1" / "tokenizer.json"))
-    tokenizer.enable_truncation(max_length=512)
+    tokenizer.enable_truncation(max_length=max_length)
     table = embedding_table(tokenizer.get_vocab_size())
     rows = [table[tokenizer.encode(text).ids].sum(axis=0) for text in texts]
     raw = np.stack(rows).astype(np.float32)
