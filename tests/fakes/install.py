@@ -8,6 +8,7 @@ import importlib.machinery
 import importlib.util
 import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,3 +67,30 @@ def real_cuda() -> tuple[Any, str]:
     if err != runtime.cudaError_t.cudaSuccess or count == 0:
         return None, f"no CUDA GPU (cudaGetDeviceCount: {err!r})"
     return runtime, ""
+
+
+def write_shims(folder: Path, tensorrt: bool = True) -> Path:
+    """A folder that, first on PYTHONPATH, makes `cuda.bindings.runtime`, `pynvml` and (unless
+    told not to) `tensorrt` import as the fakes in a child process (a server, a script), the
+    way real installs are found. One fake GPU, "NVIDIA Fake GPU", compute capability 9.0."""
+    package = folder / "cuda" / "bindings"
+    package.mkdir(parents=True)
+    (folder / "cuda" / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "utils.py").write_text(
+        "from tests.fakes.cuda_runtime import get_cuda_native_handle  # noqa: F401\n"
+    )
+    (package / "runtime.py").write_text(
+        "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
+        "sys.modules[__name__] = FakeCudaRuntime()\n"
+    )
+    if tensorrt:
+        (folder / "tensorrt.py").write_text(
+            "import sys\nfrom tests.fakes import tensorrt\nsys.modules[__name__] = tensorrt\n"
+        )
+    (folder / "pynvml.py").write_text(
+        "import sys\nfrom tests.fakes import pynvml as fake\n"
+        "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
+        "sys.modules[__name__] = fake\n"
+    )
+    return folder

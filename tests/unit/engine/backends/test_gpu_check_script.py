@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.fakes.install import write_shims
+
 ROOT = Path(__file__).resolve().parents[4]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
 
@@ -50,29 +52,8 @@ def test_without_cuda_every_check_skips_with_its_reason(tmp_path: Path) -> None:
     )
 
 
-def shim(folder: Path) -> Path:
-    """`cuda.bindings.runtime` and `pynvml` that are the fakes, importable like real ones."""
-    package = folder / "cuda" / "bindings"
-    package.mkdir(parents=True)
-    (folder / "cuda" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("")
-    (package / "utils.py").write_text(
-        "from tests.fakes.cuda_runtime import get_cuda_native_handle  # noqa: F401\n"
-    )
-    (package / "runtime.py").write_text(
-        "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
-        "sys.modules[__name__] = FakeCudaRuntime()\n"
-    )
-    (folder / "pynvml.py").write_text(
-        "import sys\nfrom tests.fakes import pynvml as fake\n"
-        "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
-        "sys.modules[__name__] = fake\n"
-    )
-    return folder
-
-
 def test_with_cuda_python_present_the_cuda_checks_run(tmp_path: Path) -> None:
-    rc, output = run_script(tmp_path, pythonpath=shim(tmp_path / "site"))
+    rc, output = run_script(tmp_path, pythonpath=write_shims(tmp_path / "site", tensorrt=False))
     assert rc == 0, output
     lines = summary(output)
     cuda = next(line for line in lines if "cuda-python:" in line)
