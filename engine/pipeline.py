@@ -26,7 +26,7 @@ import numpy as np
 
 from batching.batcher import Batcher, BatchPolicy
 from engine.backends.tokenizer import TRUNCATED
-from engine.errors import BackendError, EngineError, ModelNotFound, ModelNotReady
+from engine.errors import BackendError, EngineError, InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, fingerprint
 from engine.model_config import ModelConfig, effective_batching
 from engine.settings import BatchingDefaults
@@ -138,7 +138,15 @@ class PipelineRunner:
                 raise _in_step(exc, where) from exc
             model.stats.request_done(time.monotonic() - started, ok=True)
             if model.backend.platform == "tokenizer" and TRUNCATED in outputs:
-                truncated += int(np.count_nonzero(outputs[TRUNCATED]))
+                cut = np.flatnonzero(outputs[TRUNCATED])
+                if cut.size and not step.truncation:
+                    text = next(iter(step.inputs.values()))
+                    raise InvalidInput(
+                        f"{where}: input '{text}' row {int(cut[0])} is longer than the "
+                        f"{model.config.tokenizer.max_length} tokens model '{step.model}' takes, "
+                        "and this step does not truncate (truncation: false)"
+                    )
+                truncated += int(cut.size)
             for produced, tensor in step.outputs.items():
                 tensors[tensor] = outputs[produced]
         answer = PipelineAnswer({name: tensors[name] for name in self._outputs})

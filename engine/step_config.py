@@ -76,6 +76,9 @@ class PipelineStep(_Section):
     """{step model input: pipeline tensor}, as Triton's ensemble input_map."""
     outputs: dict[TensorName, TensorName] = Field(min_length=1)
     """{step model output: pipeline tensor}, as Triton's ensemble output_map."""
+    truncation: bool = True
+    """For a tokenizer step: rows longer than its max_length are cut (the default, as embeddings
+    want; the response's `truncated_rows` counts them); false: such a row is a 400 naming it."""
 
 
 class PipelineOptions(_Section):

@@ -169,6 +169,30 @@ async def test_too_long_text_without_truncation_is_a_400_naming_step_and_row(
     )
 
 
+async def test_a_step_that_does_not_truncate_refuses_a_long_row(tmp_path: Path) -> None:
+    repo = write_text_repository(
+        tmp_path / "models", "backend: tokenizer\ntokenizer: {max_length: 5}\n"
+    )
+    config = (repo / "embedder" / "config.yaml").read_text()
+    config = config.replace(
+        "outputs: {input_ids: ids, attention_mask: mask}",
+        "outputs: {input_ids: ids, attention_mask: mask}\n      truncation: false",
+    )
+    (repo / "embedder" / "config.yaml").write_text(config)
+    engine = await start(repo)
+    try:
+        short = await engine.infer(ask("dog"))
+        with pytest.raises(InvalidInput) as caught:
+            await engine.infer(ask("dog", "the quick brown fox jumps"))
+    finally:
+        await engine.close()
+    assert short.outputs["EMBEDDING"].shape == (1, DIM)
+    assert caught.value.message == (
+        "pipeline 'embedder' step 1 ('tok'): input 'TEXT' row 1 is longer than the 5 tokens "
+        "model 'tok' takes, and this step does not truncate (truncation: false)"
+    )
+
+
 PICKY_PY = """
 import numpy as np
 
