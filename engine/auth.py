@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from engine.errors import Forbidden, Unauthenticated
+from engine.errors import Forbidden, InvalidInput, Unauthenticated
 from engine.keys_file import read_keys
 from engine.settings import ApiKey, AuthSettings, SettingsError, TlsSettings
 
@@ -260,15 +260,19 @@ def api_key_from_headers(
     Accepts `Authorization: Bearer <key>` and `x-api-key: <key>` with any header-name case.
     `headers` may be a mapping (HTTP) or the (key, value) pairs of gRPC invocation metadata.
     Raises Unauthenticated for an Authorization header of another scheme (when no x-api-key is
-    sent) and for two different keys in the two headers, rather than guessing which one counts.
+    sent) and for two different keys in the two headers, and InvalidInput for either header sent
+    twice, rather than guessing which one counts.
     """
     pairs = headers.items() if isinstance(headers, Mapping) else headers
     bearer: str | None = None
     scheme: str | None = None
     x_api_key: str | None = None
+    sent = {"x-api-key": 0, "authorization": 0}
     for name, raw in pairs:
         value = (raw.decode("latin-1") if isinstance(raw, bytes) else raw).strip()
         lowered = name.lower()
+        if lowered in sent:
+            sent[lowered] += 1
         if lowered == "x-api-key":
             x_api_key = value or None
         elif lowered == "authorization":
@@ -277,6 +281,9 @@ def api_key_from_headers(
                 bearer = credentials.strip() or None
             else:
                 scheme = found_scheme
+    for header, times in sent.items():
+        if times > 1:  # which one counts would depend on the proxy and the client
+            raise InvalidInput(f"header '{header}' is sent {times} times; send it once")
     if bearer is not None and x_api_key is not None and bearer != x_api_key:
         raise Unauthenticated(
             "two different API keys sent (Authorization: Bearer and x-api-key); send one"

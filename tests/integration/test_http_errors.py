@@ -292,6 +292,15 @@ def test_two_api_key_headers_are_400(server: ServerProcess) -> None:
     assert error_of(response, 400) == "header 'x-api-key' is sent 2 times; send it once"
 
 
+@pytest.mark.parametrize(
+    "path", ["/v2/models/demo", "/v2/models/demo/ready", "/v2/tenants/self/usage"]
+)
+def test_two_api_key_headers_are_400_on_every_route(server: ServerProcess, path: str) -> None:
+    headers = [("x-api-key", "a"), ("x-api-key", "b")]
+    response = httpx.get(f"{server.url}{path}", headers=headers)
+    assert error_of(response, 400) == "header 'x-api-key' is sent 2 times; send it once"
+
+
 @pytest.mark.parametrize("length", ["+40", "4_0"])
 def test_header_length_takes_only_digits(server: ServerProcess, length: str) -> None:
     raw = orjson.dumps({"inputs": [x_input()]})

@@ -14,7 +14,7 @@ from engine.auth import (
     ensure_safe_bind,
     is_loopback,
 )
-from engine.errors import Forbidden, Unauthenticated
+from engine.errors import Forbidden, InvalidInput, Unauthenticated
 from engine.settings import AuthSettings, SettingsError
 
 USER_KEY = "sluice_user-key"
@@ -162,6 +162,21 @@ def test_other_authorization_scheme_is_rejected() -> None:
         "Authorization header uses scheme 'Basic'; expected 'Bearer <key>' "
         "(or send the key as 'x-api-key: <key>')"
     )
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("x-api-key", "k1"), ("X-Api-Key", "k1")],
+        [("authorization", "Bearer k1"), ("authorization", b"Bearer k2")],
+    ],
+)
+def test_a_key_header_sent_twice_is_invalid_input(headers: object) -> None:
+    # The last one winning would let a proxy and the server disagree on who is calling.
+    with pytest.raises(InvalidInput) as caught:
+        api_key_from_headers(headers)  # type: ignore[arg-type]
+    name = "x-api-key" if "api" in str(headers) else "authorization"
+    assert caught.value.message == f"header '{name}' is sent 2 times; send it once"
 
 
 def test_two_different_keys_are_rejected() -> None:

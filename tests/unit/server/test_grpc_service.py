@@ -427,6 +427,10 @@ async def test_auth_from_metadata() -> None:
             assert len(stats.model_stats) == 4
             config = await stub.ModelConfig(pb.ModelConfigRequest(name="double"), metadata=user)
             assert config.config.name == "double"  # config is not admin-only here
+            twice = (("x-api-key", "user-key"), ("x-api-key", "admin-key"))
+            error = await _status(stub.ModelInfer(request, metadata=twice))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert error.details() == "header 'x-api-key' is sent 2 times; send it once"
     finally:
         await server.stop(grace=None)
 
