@@ -62,6 +62,7 @@ class OnnxBackend:
         devices = [device for group in groups for device in group.devices]
         shared_slots = sum(group.count for group in groups if group.kind == "cpu")
         self._sessions: list[ort.InferenceSession] = []
+        self._bound: set[int] = set()  # sessions on a GPU provider, run through IO binding
         slots: list[ort.InferenceSession] = []
         if shared_slots or not devices:
             shared = self._open(session_providers(options, available, None))
@@ -71,10 +72,11 @@ class OnnxBackend:
         first = self._session = self._sessions[0]
         self.provider = first.get_providers()[0]
         skipped = [p for p in options.provider_names if p not in available]
+        running = dict.fromkeys(session.get_providers()[0] for session in self._sessions)
         log.info(
             "%s runs on %s%s%s",
             label,
-            self.provider,
+            " and ".join(running),
             f" on GPU {', '.join(map(str, sorted(set(devices))))}" if devices else "",
             f" (unavailable, skipped: {', '.join(skipped)})" if skipped else "",
         )
@@ -104,6 +106,8 @@ class OnnxBackend:
         )
         self._sessions.append(session)
         running = session.get_providers()[0]
+        if running in GPU_PROVIDERS:
+            self._bound.add(id(session))
         wanted = options.provider_names[0] if options.provider_names else CPU
         if options.require_providers and running != wanted:
             raise BackendError(
@@ -138,7 +142,7 @@ class OnnxBackend:
         }
 
     def _run(self, session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> list[Any]:
-        if session.get_providers()[0] in GPU_PROVIDERS:
+        if id(session) in self._bound:
             return run_bound(session, self._output_names, feed)
         return session.run(self._output_names, feed)  # type: ignore[no-any-return]
 
