@@ -303,6 +303,16 @@ class ModelConfig(Section):
                 f"{', '.join(GPU_PROVIDERS)}) in onnxruntime.execution_providers; it lists "
                 f"{', '.join(self.onnxruntime.provider_names)}"
             )
+        pinned = [
+            p.name
+            for p in self.onnxruntime.providers
+            if p.name in GPU_PROVIDERS and "device_id" in p.options
+        ]
+        if "gpu" in kinds and pinned:
+            raise ValueError(
+                f"{pinned[0]} sets device_id, but instances of kind gpu choose their GPUs "
+                "(instances: [{kind: gpu, gpus: [...]}]); drop device_id"
+            )
         return self
 
     @property

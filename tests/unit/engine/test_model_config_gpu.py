@@ -71,6 +71,10 @@ def test_a_bare_count_is_one_group(tmp_path: Path) -> None:
          "{device_id: [0]}}]\n", "device_id"),
         ("onnxruntime:\n  execution_providers: [CPUExecutionProvider, CPUExecutionProvider]\n",
          "lists a provider twice"),
+        ("instances:\n  - {count: 1, kind: gpu, gpus: [1]}\n"
+         "onnxruntime:\n  execution_providers: [{name: CUDAExecutionProvider, "
+         "options: {device_id: 0}}]\n",
+         "CUDAExecutionProvider sets device_id, but instances of kind gpu choose their GPUs"),
         ("tensorrt:\n  workspace: 1\n", "tensorrt.workspace: unknown key"),
         ("tensorrt:\n  workspace_bytes: 0\n",
          "tensorrt.workspace_bytes: Input should be greater than 0"),
