@@ -176,7 +176,7 @@ class _EngineCollector:
             yield from _admission(limiter)
         cache = snap.get("cache")
         if cache is not None:
-            for name in ("hits", "misses", "errors", "evictions"):
+            for name in ("hits", "misses", "errors", "evictions", "rejected"):
                 family = CounterMetricFamily(f"sluice_cache_{name}", f"Result cache {name}.")
                 family.add_metric([], getattr(cache, name))
                 yield family
@@ -206,4 +206,10 @@ def _admission(counters: Any) -> Iterator[Metric]:
         "Admissions decided by the local limiter because Redis did not answer (fail_open).",
     )
     fallbacks.add_metric([], counters.fallback_admissions)
-    yield from (rejections, failures, fallbacks)
+    garbage = CounterMetricFamily(
+        "sluice_admission_garbage_state",
+        "Rate-limit or quota values read from Redis that were not valid (planted or corrupt) "
+        "and were replaced by a fresh bucket or counter.",
+    )
+    garbage.add_metric([], counters.garbage_state)
+    yield from (rejections, failures, fallbacks, garbage)

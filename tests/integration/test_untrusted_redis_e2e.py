@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 import pytest
 import redis
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.cache.codec import Signer, decode, encode
 from engine.cache.contract import CachedResult
@@ -156,13 +157,25 @@ def plant(url: str, key: str, fields: dict[str, str] | None) -> None:
             connection.hset(key, mapping=fields)
 
 
+def counter(url: str, name: str) -> float:
+    """A label-less counter's value on the server's /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{name}_total":
+                return float(sample.value)
+    raise AssertionError(f"{name} is not exported")
+
+
 @pytest.mark.parametrize("case", BUCKETS)
 def test_a_planted_bucket_never_answers_5xx_and_the_limit_holds(
     plain: ServerProcess, redis_server: RedisProcess, case: str
 ) -> None:
     key = BUCKET_KEYS[case]
+    garbage = counter(plain.url, "sluice_admission_garbage_state")
     plant(redis_server.url, f"sluice:rl:{{{key.tenant}}}:*:bucket", BUCKETS[case])
     before = usage(plain.url, key)
+    assert counter(plain.url, "sluice_admission_garbage_state") == garbage + 1
     assert before.status_code == 200, before.text
     assert before.json()["rate"]["available"] == 2.0
     assert before.json()["source"] == "redis"
@@ -252,8 +265,10 @@ def test_a_planted_entry_with_a_valid_crc_is_not_served(
     key = stored_key(redis_server.url, before)
     with client(redis_server.url) as connection:
         connection.set(key, encode(PLANTS[case](as_result(computed))), px=60_000)
+    rejected = counter(plain.url, "sluice_cache_rejected")
     answered = infer(plain.url, body, CACHE_KEY)
     assert cache_hit(answered) is False
+    assert counter(plain.url, "sluice_cache_rejected") == rejected + 1
     assert first_output(answered) == first_output(computed)
     # The server's own result replaced the planted one: the next identical request hits.
     wait_for(
