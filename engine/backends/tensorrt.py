@@ -212,6 +212,8 @@ class TensorRTBackend:
     ) -> None:
         trt, self._cuda = import_gpu_modules(label)
         self._instances: list[_Instance] = []
+        self._runtimes: list[Any] = []
+        self._engines: dict[int, Any] = {}
         self._free: queue.SimpleQueue[_Instance] = queue.SimpleQueue()
         devices = [d for group in groups for d in group.devices] or [0]
         try:
@@ -225,7 +227,9 @@ class TensorRTBackend:
     ) -> None:
         plan = path.read_bytes()
         record = built_for(path.parent / "conversion.json")
-        engines: dict[int, Any] = {}
+        # Runtimes and engines are kept for the backend's life: a context must not outlive
+        # its engine, nor (in some TensorRT releases) an engine its runtime.
+        engines: dict[int, Any] = self._engines
         for device in dict.fromkeys(devices):
             self._cuda.call("cudaSetDevice", device)
             gpu, capability = self._cuda.properties(device)
@@ -236,7 +240,9 @@ class TensorRTBackend:
                     f"capability {record[2]}); this machine has {here}: TensorRT engines run "
                     f"only where they were built, so rebuild it here with `{REBUILD}`"
                 )
-            engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
+            runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            self._runtimes.append(runtime)
+            engine = runtime.deserialize_cuda_engine(plan)
             if engine is None:
                 raise BackendError(
                     f"TensorRT {trt.__version__} cannot deserialize {path} on {gpu} (compute "
@@ -285,6 +291,9 @@ class TensorRTBackend:
                 instance.close()
             except BackendError:
                 log.exception("closing a TensorRT instance failed")
+        # Contexts (closed above) before engines before runtimes, as TensorRT requires.
+        self._engines.clear()
+        self._runtimes.clear()
 
 
 def describe(trt: Any, engine: Any) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
