@@ -86,6 +86,8 @@ def test_stop_timeout_covers_the_drain() -> None:
     assert one(found, "Service.KillSignal") == "SIGTERM"
     assert one(found, "Service.KillMode") == "mixed"
     assert one(found, "Service.Restart") == "on-failure"
+    # reload = SIGHUP, which rotates certificates and keys in place (server.server)
+    assert one(found, "Service.ExecReload") == "/bin/kill -HUP $MAINPID"
 
 
 def test_hardening_and_read_only_paths() -> None:
