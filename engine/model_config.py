@@ -280,6 +280,11 @@ class ModelConfig(Section):
                     f"backend {backend} and a `{backend}:` section go together; got backend "
                     f"{self.backend}{' with' if section is not None else ' without'} one"
                 )
+        if self.pipeline is not None and self.cache.enabled:
+            raise ValueError(
+                "cache.enabled is true on a pipeline: its cache key would not change when a "
+                "step's model is reloaded; enable the cache on its steps instead"
+            )
         return self
 
     @field_validator("instances")

@@ -132,6 +132,7 @@ class PythonBackend:
         close = getattr(self._model, "close", None)
         if callable(close):
             close()
+        sys.modules.pop(type(self._model).__module__, None)  # each load imports its own copy
         del self._model
 
 
@@ -142,13 +143,14 @@ def _import(path: Path, label: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise BackendError(f"{label}: cannot import {path}")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # pickle, get_type_hints and dataclasses look classes up there
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
+        sys.modules.pop(name, None)
         raise BackendError(
             f"{label}: importing model.py failed: {type(exc).__name__}: {exc}"
         ) from exc
-    sys.modules.pop(name, None)  # never imported by name: no entry to leak across reloads
     return module
 
 

@@ -329,3 +329,10 @@ async def test_a_step_mapping_that_does_not_fit_its_model_fails_the_load(tmp_pat
 def test_pipeline_config_errors_name_the_problem(pipeline: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         ModelConfig(pipeline=pipeline)  # type: ignore[arg-type]
+
+
+def test_a_pipeline_refuses_the_result_cache_pointing_at_its_steps() -> None:
+    # Its answers change when a step is reloaded, which its own cache key would not see.
+    steps = [{"model": "a", "inputs": {"x": "X"}, "outputs": {"y": "Y"}}]
+    with pytest.raises(ValidationError, match="enable the cache on its steps instead"):
+        ModelConfig(pipeline={"steps": steps}, cache={"enabled": True})  # type: ignore[arg-type]

@@ -3,6 +3,7 @@ checked against the config (names, datatypes, shapes, rows) with errors naming t
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 
@@ -110,8 +111,34 @@ def test_a_wrong_return_is_a_backend_error_naming_model_and_output(
     assert caught.value.message == message
 
 
+def test_model_py_may_use_dataclasses_and_its_module_is_dropped_on_close(tmp_path: Path) -> None:
+    body = """
+import dataclasses
+
+
+@dataclasses.dataclass
+class Scale:
+    factor: float
+
+
+class Step:
+    def load(self, config):
+        self.scale = Scale(config["parameters"]["scale"])
+
+    def infer(self, inputs):
+        x = inputs["x"]
+        return {"y": x * self.scale.factor, "label": np.array([b"a"] * len(x), dtype=object)}
+"""
+    backend = PythonBackend(write_step(tmp_path / "1", body), OPTIONS, LABEL)
+    module = type(backend._model).__module__
+    assert backend.run({"x": np.ones((1, 2), np.float32)})["y"].tolist() == [[3, 3]]
+    assert module in sys.modules
+    backend.close()
+    assert module not in sys.modules
+
+
 def test_the_step_may_refuse_its_input_as_invalid(tmp_path: Path) -> None:
-    body = '        raise InvalidInput("input \'x\' must be positive")'
+    body = "        raise InvalidInput(\"input 'x' must be positive\")"
     backend = step(tmp_path, body.replace("raise", "from engine.errors import InvalidInput; raise"))
     with pytest.raises(InvalidInput, match="must be positive"):
         backend.run({"x": np.ones((1, 2), np.float32)})
@@ -149,8 +176,8 @@ def python_repository(root: Path) -> Path:
     marker = root / "imported"
     body = NORMALIZE_PY + f"\nimport threading\nopen({str(marker)!r}, 'w').close()\n"
     body = body.replace(
-        "        x = inputs[\"x\"]\n",
-        "        x = inputs[\"x\"]\n        self.thread = threading.current_thread().name\n",
+        '        x = inputs["x"]\n',
+        '        x = inputs["x"]\n        self.thread = threading.current_thread().name\n',
     )
     (root / "norm" / "1").mkdir(parents=True)
     (root / "norm" / "1" / "model.py").write_text(body)
