@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     shims = write_shims(folder / "site")
     process = ServerProcess(
         "--model-repository", str(repository), "--no-strict-readiness",
-        env={"PYTHONPATH": f"{shims}:{ROOT}"}, log_path=folder / "server.log", grpc=False,
+        env={"PYTHONPATH": f"{shims}:{ROOT}"}, log_path=folder / "server.log",
     ).start()  # fmt: skip
     yield process
     process.stop()
@@ -97,6 +97,17 @@ def test_triton_config_reports_kind_gpu(server: ServerProcess) -> None:
     assert config["instance_group"] == [
         {"name": "ident_0", "count": 2, "kind": "KIND_GPU", "gpus": [0]}
     ]
+
+
+def test_grpc_model_config_reports_kind_gpu(server: ServerProcess) -> None:
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    config = client.get_model_config("ident", as_json=True)["config"]
+    assert config["instance_group"] == [
+        {"name": "ident_0", "count": 2, "kind": "KIND_GPU", "gpus": [0]}
+    ]
+    client.close()
 
 
 def test_metrics_include_the_gpu(server: ServerProcess) -> None:
