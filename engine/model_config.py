@@ -185,7 +185,7 @@ class TensorRTOptions(Section):
     profile i modulo the engine's profile count."""
     workspace_bytes: int | None = Field(None, gt=0)
     """Device memory one execution context may take for activations; a load whose engine needs
-    more fails (and `sluice convert` builds with this workspace limit)."""
+    more fails, naming both sizes."""
 
 
 class InstanceGroup(Section):
