@@ -336,3 +336,43 @@ def test_a_pipeline_refuses_the_result_cache_pointing_at_its_steps() -> None:
     steps = [{"model": "a", "inputs": {"x": "X"}, "outputs": {"y": "Y"}}]
     with pytest.raises(ValidationError, match="enable the cache on its steps instead"):
         ModelConfig(pipeline={"steps": steps}, cache={"enabled": True})  # type: ignore[arg-type]
+
+
+def test_a_pipeline_needs_no_version_folder_but_may_have_them(tmp_path: Path) -> None:
+    from engine.repository import Repository
+
+    repo = write_text_repository(tmp_path / "models")
+    repository = Repository(repo)
+    assert repository.is_pipeline("embedder")
+    assert not repository.is_pipeline("tok")
+    entry = repository.entry("embedder")
+    assert entry is not None
+    assert entry.versions == {1: repo / "embedder" / "config.yaml"}
+    for version in ("2", "3"):
+        (repo / "embedder" / version).mkdir()  # empty, as Triton's ensembles have them
+    entry = repository.entry("embedder")
+    assert entry is not None
+    assert list(entry.versions) == [3]  # the version policy applies: latest 1
+
+
+async def test_poll_mode_picks_up_a_changed_step_under_the_pipeline(tmp_path: Path) -> None:
+    repo = write_text_repository(tmp_path / "models")
+    engine = await start(repo, model_control_mode="poll", poll_interval_s=0.05)
+    try:
+        pipeline = engine.registry.resolve("embedder", None)
+        first = await engine.infer(ask("the lazy dog"))
+        table = embedding_table(reference(repo).get_vocab_size(), seed=2)
+        onnx.save(embedding_sum_model(table), repo / "embed" / "1" / "model.onnx")
+        async with asyncio.timeout(20):  # bounded: the poller reloads `embed` on its own
+            while True:
+                answer = await engine.infer(ask("the lazy dog"))
+                if not np.allclose(answer.outputs["EMBEDDING"], first.outputs["EMBEDDING"]):
+                    break
+                await asyncio.sleep(0.02)
+        assert engine.registry.resolve("embedder", None) is pipeline  # the pipeline stayed
+    finally:
+        await engine.close()
+    raw = table[reference(repo).encode("the lazy dog").ids].sum(axis=0)
+    np.testing.assert_allclose(
+        answer.outputs["EMBEDDING"][0], raw / np.linalg.norm(raw), rtol=1e-5, atol=1e-6
+    )
