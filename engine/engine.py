@@ -354,6 +354,10 @@ class Engine:
             models = [self.registry.resolve(name, version)]
         return {"model_stats": [m.stats.triton(m.name, m.version) for m in models]}
 
+    async def usage(self, tenant: str) -> dict[str, Any]:
+        """The tenant's quotas, buckets and slots now, for `GET /v2/tenants/self/usage`."""
+        return await self.limiter.usage(tenant)
+
     def label_for(self, name: str) -> str:
         """`name` if such a model is loaded, else a fixed label (clients cannot grow metrics)."""
         return name if self._registry is not None and self._registry.has(name) else "_unknown"

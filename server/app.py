@@ -19,8 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
 from engine.auth import Principal, authenticate_headers
-from engine.engine import Engine
 from engine.errors import EngineError
+from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import ModelMetadata
 from server.errors import error_headers, http_status
@@ -54,13 +54,13 @@ def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
     }
 
 
-def create_app(settings: Settings, engine: Engine) -> ASGIApp:
+def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
     """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
     hot path skips FastAPI's layers (see server/infer_route.py)."""
     return InferRoute(fastapi_app(settings, engine), engine, settings)
 
 
-def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
+def fastapi_app(settings: Settings, engine: EngineFacade) -> FastAPI:
     """Every endpoint but inference: health, metadata, usage, metrics, Triton extensions."""
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdMiddleware)
@@ -104,7 +104,7 @@ def fastapi_app(settings: Settings, engine: Engine) -> FastAPI:
 
     @app.get("/v2/tenants/self/usage")
     async def usage(request: Request) -> Response:
-        return json_response(await engine.limiter.usage(principal(request).tenant))
+        return json_response(await engine.usage(principal(request).tenant))
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")

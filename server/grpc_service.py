@@ -28,8 +28,8 @@ from google.protobuf import json_format
 from grpc.aio import ServicerContext as Context
 
 from engine.auth import Principal, admin_action, authenticate_headers
-from engine.engine import Engine
 from engine.errors import BackendError, DeadlineExceeded, EngineError
+from engine.facade import EngineFacade
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
 from server import binary, grpc_tensors
@@ -135,7 +135,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     yet sent to the client. At the bound the stream is not read, so HTTP/2 flow control holds
     the client's writes until it reads its answers."""
 
-    def __init__(self, engine: Engine, stream_max_pending: int = 64) -> None:
+    def __init__(self, engine: EngineFacade, stream_max_pending: int = 64) -> None:
         self._engine = engine
         self._stream_max_pending = stream_max_pending
         self._unimplemented_log = _LogThrottle(UNIMPLEMENTED_LOG_INTERVAL_S)
@@ -444,7 +444,7 @@ class CallClock(grpc.aio.ServerInterceptor):  # type: ignore[misc]
 
 def build_grpc_server(
     settings: Settings,
-    engine: Engine,
+    engine: EngineFacade,
     credentials: grpc.ServerCredentials | None = None,
     clock: CallClock | None = None,
 ) -> tuple[grpc.aio.Server, int]:

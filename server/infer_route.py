@@ -17,8 +17,8 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.auth import authenticate_headers
-from engine.engine import Engine
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
+from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import InferRequest
 from server import binary, codec
@@ -41,7 +41,7 @@ SINGLE_HEADERS = (
 class InferRoute:
     """ASGI middleware serving the infer endpoint; everything else goes to `app`."""
 
-    def __init__(self, app: ASGIApp, engine: Engine, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, engine: EngineFacade, settings: Settings) -> None:
         self.app = app
         self.engine = engine
         self.limit = settings.max_request_bytes

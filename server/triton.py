@@ -22,8 +22,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engine.auth import Principal, admin_action, authenticate_headers
-from engine.engine import Engine
 from engine.errors import InvalidInput
+from engine.facade import EngineFacade
 from server import codec
 
 
@@ -44,7 +44,7 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def triton_router(engine: Engine) -> APIRouter:
+def triton_router(engine: EngineFacade) -> APIRouter:
     """The router serving Triton's extensions from `engine`."""
     router = APIRouter()
 
