@@ -144,4 +144,5 @@ def expected_embeddings(root: Path, texts: list[str], max_length: int = 512) -> 
     table = embedding_table(tokenizer.get_vocab_size())
     rows = [table[tokenizer.encode(text).ids].sum(axis=0) for text in texts]
     raw = np.stack(rows).astype(np.float32)
-    return raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+    normalized: np.ndarray = raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+    return normalized
