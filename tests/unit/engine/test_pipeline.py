@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from tokenizers import Tokenizer
 
 from engine.engine import Engine
-from engine.errors import BackendError, InvalidInput, ModelNotReady
+from engine.errors import BackendError, DeadlineExceeded, InvalidInput, ModelNotReady
 from engine.model_config import ModelConfig
 from engine.settings import load_settings
 from engine.types import InferRequest
@@ -118,6 +118,20 @@ async def test_every_stage_batches_concurrent_pipeline_requests(engine: Engine) 
         assert stats[name]["inference_stats"]["success"]["count"] == 4, name
     assert stats["embedder"]["inference_stats"]["success"]["count"] == 4
     assert stats["embedder"]["execution_count"] == 4  # the pipeline runs each request alone
+
+
+async def test_the_request_deadline_reaches_the_steps(engine: Engine) -> None:
+    embed = engine.registry.resolve("embed", None).batcher
+    embed.pause()  # the request waits at step 2, past its timeout
+    request = ask("the lazy dog")
+    request.timeout_s = 0.05
+    try:
+        with pytest.raises(DeadlineExceeded) as caught:
+            await asyncio.wait_for(engine.infer(request), 10)
+    finally:
+        embed.resume()
+    assert caught.value.message.startswith("pipeline 'embedder' step 2 ('embed'): request waited ")
+    assert embed.queue.requests == 0  # withdrawn from the step's queue, never run
 
 
 async def test_bad_text_fails_only_its_own_request_naming_step_and_row(engine: Engine) -> None:
