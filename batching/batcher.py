@@ -5,6 +5,12 @@ A batch is sent when it holds `max_batch_size` rows, when it reaches a preferred
 the model is running (`dispatch_when_idle`): waiting then only adds latency, and requests that
 arrive while it runs form the next batch by themselves. Up to `instances` batches run
 at once. A request is never split across batches; requests whose shapes differ are batched apart.
+
+`max_queue_delay_s` "auto" plans the window from a deadline instead: the batcher fits what a
+batch of n rows costs from its own recent batches (`batching.cost`) and waits for more rows only
+while the oldest queued request, after the predicted compute, still meets its deadline (its own
+timeout, else `latency_target_s` after it was queued). A request that can no longer meet its
+deadline when its batch forms is answered DeadlineExceeded without being run (it is "shed").
 """
 
 from __future__ import annotations
@@ -15,11 +21,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
 from batching.assembly import Padding, SplitError, Tensors, concat, group_key, split
+from batching.cost import BatchCost
 from batching.queue import QUEUED, RUNNING, Pending, RequestQueue
 from engine.errors import BackendError, DeadlineExceeded, EngineError, ShuttingDown
 
@@ -27,13 +34,20 @@ log = logging.getLogger("sluice.batching")
 
 RunBatch = Callable[[Tensors], Awaitable[Tensors]]
 
+AUTO = "auto"
+"""`max_queue_delay_s` that plans each batch window from deadlines and the fitted batch cost."""
+
+SLACK = 0.25
+"""Part of the predicted compute kept in reserve when planning against a deadline (the fit is a
+mean, and the loop needs time to hand the batch over)."""
+
 
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """How one model version's requests are batched. `max_batch_size` 0 runs each request alone."""
 
     max_batch_size: int
-    max_queue_delay_s: float = 0.002
+    max_queue_delay_s: float | Literal["auto"] = 0.002
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 4096
     priority_levels: int = 1
@@ -41,6 +55,12 @@ class BatchPolicy:
     padding: Mapping[str, Padding] = field(default_factory=dict)
     pad_bucket_ratio: float = 1.5
     dispatch_when_idle: bool = True
+    latency_target_s: float | None = None
+    """With delay "auto": the deadline, counted from arrival, of requests that set no timeout."""
+
+    @property
+    def auto(self) -> bool:
+        return self.max_queue_delay_s == AUTO
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +113,10 @@ class Batcher:
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False  # close(): new requests are refused
         self._flushing = False  # drain(): batches go out without waiting for their window
+        self.cost = BatchCost()
+        """What a batch costs here, fitted from the batches this batcher ran."""
+        self.shed = 0
+        """Requests answered DeadlineExceeded unrun because their batch could not meet it."""
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -115,8 +139,11 @@ class Batcher:
         now = time.monotonic()
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded(f"request reached {self.label} past its timeout; it was not run")
+        limit = "timeout"
+        if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
+            deadline, limit = now + self.policy.latency_target_s, "latency target"
         group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
-        item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future())
+        item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future(), deadline)
         self.queue.put(item)
         self._wakeup.set()
         try:
@@ -131,7 +158,7 @@ class Batcher:
                 self.queue.cancel(item)
                 raise DeadlineExceeded(
                     f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
-                    f"past its timeout of {deadline - now:.3f} s; it was not run"
+                    f"past its {limit} of {deadline - now:.3f} s; it was not run"
                 ) from None
         except asyncio.CancelledError:
             # The client left: a queued request is withdrawn and never computed.
@@ -197,14 +224,56 @@ class Batcher:
                 if not self._gate.is_set():
                     continue
                 batch = self.queue.take(head.group, policy.max_batch_size)
+                if policy.auto:
+                    batch = self._shed(batch)
             if batch:
                 return batch
+
+    def _window_end(self, head: Pending, rows: int) -> float:
+        """When the batch led by `head` must go. Fixed: the delay after the head arrived. Auto:
+        the latest start at which a batch of `rows` still meets the head's deadline after its
+        predicted compute (no deadline: one such batch's time after arrival); while the cost is
+        not fitted yet, at once (the first batches are what teaches it)."""
+        delay = self.policy.max_queue_delay_s
+        if not isinstance(delay, str):
+            return head.enqueued + delay
+        predicted = self.cost.predict(rows)
+        if predicted is None:
+            return head.enqueued
+        if head.deadline is None:
+            return head.enqueued + predicted
+        return head.deadline - predicted * (1 + SLACK)
+
+    def _shed(self, batch: list[Pending]) -> list[Pending]:
+        """Answer DeadlineExceeded, without running it, the most urgent request whose deadline
+        falls before the batch's predicted end; the batch shrinks and its prediction with it,
+        so repeat until every request left can make it."""
+        now = time.monotonic()
+        while batch:
+            predicted = self.cost.predict(sum(item.rows for item in batch))
+            if predicted is None:
+                return batch
+            late = [i for i in batch if i.deadline is not None and i.deadline < now + predicted]
+            if not late:
+                return batch
+            item = min(late, key=lambda i: i.deadline or now)
+            self.shed += 1
+            left_ms = max(0.0, (item.deadline or now) - now) * 1e3
+            _settle(
+                item,
+                exc=DeadlineExceeded(
+                    f"request to {self.label} cannot meet its deadline: {left_ms:.1f} ms left, "
+                    f"its batch would take {predicted * 1e3:.1f} ms; it was not run"
+                ),
+            )
+            batch = [other for other in batch if other is not item]
+        return batch
 
     async def _fill_window(self, head: Pending) -> None:
         """Wait until the head's group can make a full or preferred batch, or its window ends."""
         policy = self.policy
         largest_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
-        window_end = head.enqueued + policy.max_queue_delay_s
+        window_end = self._window_end(head, min(largest_preferred, policy.max_batch_size))
         if policy.dispatch_when_idle and not self._running:
             return
         while head.state == QUEUED and not self._flushing and self._gate.is_set():
@@ -261,7 +330,9 @@ class Batcher:
                 return
             _settle(batch[0], exc=self._backend_error(exc))
             return
-        timings = BatchTimings(assembled - started, ran - assembled, time.monotonic() - ran)
+        finished = time.monotonic()
+        timings = BatchTimings(assembled - started, ran - assembled, finished - ran)
+        self.cost.observe(rows, finished - started)
         self._observer.batch_done(rows, len(batch), timings, ok=True)
         for item, outputs in zip(batch, parts, strict=True):
             _settle(item, result=outputs)

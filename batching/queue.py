@@ -28,6 +28,8 @@ class Pending:
     group: Hashable
     enqueued: float
     future: asyncio.Future[dict[str, np.ndarray]]
+    deadline: float | None = None
+    """time.monotonic() by which it must be answered (its timeout or the latency target)."""
     state: str = field(default=QUEUED)
 
 

@@ -153,6 +153,21 @@ class _EngineCollector:
         provider = GaugeMetricFamily(
             "sluice_model_provider", "Execution provider in use.", labels=[*labels, "provider"]
         )
+        batch_cost = GaugeMetricFamily(
+            "sluice_batch_cost_seconds",
+            "Fitted fixed cost of one batch (the batcher's online model: seconds = batch + rows "
+            "x row cost); absent until a few batches ran.",
+            labels=labels,
+        )
+        row_cost = GaugeMetricFamily(
+            "sluice_row_cost_seconds", "Fitted cost of each row in a batch.", labels=labels
+        )
+        shed = CounterMetricFamily(
+            "sluice_deadline_shed",
+            "Requests answered 504 without running: their batch could not meet their deadline "
+            "(max_queue_delay_s: auto).",
+            labels=labels,
+        )
         for model in snap["models"]:
             key = [model.name, model.version]
             stats: ModelStats = model.stats
@@ -165,12 +180,18 @@ class _EngineCollector:
             inferences.add_metric(key, stats.inference_count)
             executions.add_metric(key, stats.execution_count)
             provider.add_metric([*key, model.backend.provider], 1)
+            fitted = model.batcher.cost.coefficients()
+            if fitted is not None:
+                batch_cost.add_metric(key, fitted[0])
+                row_cost.add_metric(key, fitted[1])
+            shed.add_metric(key, model.batcher.shed)
         for row in snap["index"]:
             state.add_metric([row["name"], row["version"], row["state"]], 1)
         in_flight = GaugeMetricFamily("sluice_in_flight", "Requests inside the engine now.")
         in_flight.add_metric([], snap["in_flight"])
         yield from (queue_wait, compute, batch_size, batch_requests, depth, depth_rows)
         yield from (inferences, executions, state, provider, in_flight)
+        yield from (batch_cost, row_cost, shed)
         limiter = snap.get("limiter")
         if limiter is not None:
             yield from _admission(limiter)

@@ -257,6 +257,7 @@ async def load_model(
         padding=padding,
         pad_bucket_ratio=batching.pad_bucket_ratio,
         dispatch_when_idle=batching.dispatch_when_idle,
+        latency_target_s=batching.latency_target_s,
     )
     executor = ThreadPoolExecutor(
         config.instance_count, thread_name_prefix=f"infer-{name}-{version}"

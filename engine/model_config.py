@@ -70,8 +70,14 @@ class PadSpec(Section):
 class DynamicBatching(Section):
     enabled: bool = True
     """Merge concurrent requests into batches (only for models with max_batch_size > 0)."""
-    max_queue_delay_s: float | None = Field(None, ge=0, le=10)
-    """How long a batch waits for more requests after its first; default from server settings."""
+    max_queue_delay_s: float | Literal["auto"] | None = None
+    """How long a batch waits for more requests after its first; default from server settings.
+    `auto`: wait only while the oldest queued request can still meet its deadline (its timeout,
+    else `latency_target_s`) after the batch's compute, predicted from the model's recent
+    batches; a request that can no longer meet it is answered 504 without being run."""
+    latency_target_s: float | None = Field(None, gt=0, le=60)
+    """With `max_queue_delay_s: auto`: the deadline, from arrival, of requests that set no
+    timeout (the latency the batcher plans for and sheds past)."""
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     """Row counts at which a batch is sent at once without waiting for the delay."""
     max_queue_size: int | None = Field(None, gt=0)
@@ -100,6 +106,27 @@ class DynamicBatching(Section):
                 "1 is the highest level, priority_levels the lowest"
             )
         return data
+
+    @field_validator("max_queue_delay_s", mode="before")
+    @classmethod
+    def _delay_or_auto(cls, value: Any) -> Any:
+        # Checked here, so a bad value gets one message instead of one per member of the union.
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 10:
+            raise ValueError("max_queue_delay_s must be seconds (0 to 10) or auto")
+        return value
+
+    @model_validator(mode="after")
+    def _latency_target(self) -> DynamicBatching:
+        delay = "unset" if self.max_queue_delay_s is None else self.max_queue_delay_s
+        if self.latency_target_s is not None and delay != "auto":
+            raise ValueError(
+                f"latency_target_s {self.latency_target_s} is the deadline max_queue_delay_s: "
+                f"auto plans for; max_queue_delay_s is {delay}: set it to auto "
+                "or drop latency_target_s"
+            )
+        return self
 
     @model_validator(mode="after")
     def _priorities(self) -> DynamicBatching:
@@ -346,7 +373,9 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise SettingsError(describe(exc, ModelConfig, source=str(path))) from exc
 
 
-def effective_batching(config: ModelConfig, defaults: BatchingDefaults) -> tuple[float, int]:
+def effective_batching(
+    config: ModelConfig, defaults: BatchingDefaults
+) -> tuple[float | Literal["auto"], int]:
     """(max_queue_delay_s, max_queue_size) with server defaults filled in."""
     batching = config.dynamic_batching
     delay = batching.max_queue_delay_s

@@ -80,7 +80,10 @@ def triton_config(model: LoadedModel) -> dict[str, Any]:
     elif batched and config.dynamic_batching.enabled:
         result["dynamic_batching"] = {
             "preferred_batch_size": list(batch_policy.preferred_batch_sizes),
-            "max_queue_delay_microseconds": int(batch_policy.max_queue_delay_s * 1e6),
+            # `auto` has no Triton equivalent: 0, as the window is planned per batch.
+            "max_queue_delay_microseconds": (
+                0 if batch_policy.auto else int(float(batch_policy.max_queue_delay_s) * 1e6)
+            ),
             "preserve_ordering": False,
             "priority_levels": batch_policy.priority_levels,
             "default_priority_level": config.dynamic_batching.default_level,

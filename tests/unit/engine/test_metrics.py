@@ -163,3 +163,18 @@ async def test_engine_figures_agree_with_statistics(engine: Engine) -> None:
     assert found[("sluice_model_provider", provider)] == 1
     assert found[("sluice_queue_depth", key)] == 0
     assert found[("sluice_in_flight", ())] == 0
+
+
+async def test_fitted_batch_cost_and_shed_requests_are_exported(engine: Engine) -> None:
+    for count in (1, 3, 2, 5, 4):
+        x = np.random.default_rng(count).standard_normal((count, 16)).astype(np.float32)
+        await engine.infer(InferRequest("demo", {"x": x}, {"x": "FP32"}))
+    batcher = engine.registry.resolve("demo", None).batcher
+    fitted = batcher.cost.coefficients()
+    assert fitted is not None
+    found = parse(engine.metrics.exposition())
+    key = labels(model="demo", version="1")
+    assert found[("sluice_batch_cost_seconds", key)] == pytest.approx(fitted[0])
+    assert found[("sluice_row_cost_seconds", key)] == pytest.approx(fitted[1])
+    assert fitted[0] + 5 * fitted[1] > 0
+    assert found[("sluice_deadline_shed_total", key)] == batcher.shed == 0

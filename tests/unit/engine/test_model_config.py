@@ -150,3 +150,26 @@ def test_effective_batching_fills_server_defaults() -> None:
     assert effective_batching(ModelConfig(), defaults) == (0.5, 99)
     own = ModelConfig(dynamic_batching=DynamicBatching(max_queue_delay_s=0, max_queue_size=7))
     assert effective_batching(own, defaults) == (0, 7)
+
+
+def test_auto_delay_and_latency_target_are_read(tmp_path: Path) -> None:
+    config = load(
+        tmp_path, "dynamic_batching:\n  max_queue_delay_s: auto\n  latency_target_s: 0.05\n"
+    )
+    assert config.dynamic_batching.max_queue_delay_s == "auto"
+    assert config.dynamic_batching.latency_target_s == 0.05
+    delay, _ = effective_batching(config, BatchingDefaults(max_queue_delay_s=0.5))
+    assert delay == "auto"
+
+
+def test_a_delay_that_is_neither_seconds_nor_auto_is_one_clear_error(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "dynamic_batching:\n  max_queue_delay_s: fast\n")
+    assert "max_queue_delay_s must be seconds (0 to 10) or auto (got 'fast')" in message
+    assert "literal" not in message
+
+
+@pytest.mark.parametrize("delay", ["", "  max_queue_delay_s: 0.002\n"])
+def test_a_latency_target_needs_the_auto_delay(tmp_path: Path, delay: str) -> None:
+    message = error_of(tmp_path, f"dynamic_batching:\n{delay}  latency_target_s: 0.05\n")
+    assert "latency_target_s 0.05 is the deadline max_queue_delay_s: auto plans for" in message
+    assert ("is unset" if not delay else "is 0.002") in message

@@ -1,0 +1,65 @@
+"""An online model of what one batch costs on this machine: seconds = per_batch + per_row * rows.
+
+The batcher feeds it every batch it runs (assembly, compute and split together, as the caller
+waits for all three) and asks it how long a batch of n rows will take. The fit is least squares
+with exponential forgetting, so it follows the machine as load, threads and neighbours change:
+an observation's weight halves every `half_life` batches.
+"""
+
+from __future__ import annotations
+
+import math
+
+MIN_BATCHES = 3
+"""Batches seen before the model predicts anything (`predict` is None until then)."""
+
+
+class BatchCost:
+    """Recency-weighted linear fit of batch time against rows. Not thread-safe: the batcher
+    feeds it from the event loop."""
+
+    def __init__(self, half_life: float = 64.0) -> None:
+        if half_life <= 0:
+            raise ValueError(f"half_life must be > 0, got {half_life}")
+        self._keep = math.exp(math.log(0.5) / half_life)
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self.batches = 0
+        """Batches observed in all."""
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """One batch of `rows` rows took `seconds`; negative or non-finite times are ignored."""
+        if rows < 1 or not math.isfinite(seconds) or seconds < 0:
+            return
+        keep = self._keep
+        self._w = self._w * keep + 1.0
+        self._x = self._x * keep + rows
+        self._y = self._y * keep + seconds
+        self._xx = self._xx * keep + rows * rows
+        self._xy = self._xy * keep + rows * seconds
+        self.batches += 1
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(per_batch_s, per_row_s), both >= 0; None before MIN_BATCHES batches. With one batch
+        size seen so far the cost is all per batch (the slope cannot be told apart yet)."""
+        if self.batches < MIN_BATCHES:
+            return None
+        mean_x = self._x / self._w
+        mean_y = self._y / self._w
+        spread = self._xx / self._w - mean_x * mean_x
+        if spread <= 1e-9 * max(1.0, mean_x * mean_x):
+            return mean_y, 0.0
+        slope = (self._xy / self._w - mean_x * mean_y) / spread
+        if slope < 0:  # noise on a flat curve: the batch costs the same whatever its rows
+            return mean_y, 0.0
+        intercept = mean_y - slope * mean_x
+        if intercept < 0:  # all cost scales with rows: fit through the origin instead
+            return 0.0, self._xy / self._xx
+        return intercept, slope
+
+    def predict(self, rows: int) -> float | None:
+        """Predicted seconds for a batch of `rows` rows; None until the model has seen enough."""
+        fitted = self.coefficients()
+        if fitted is None:
+            return None
+        per_batch, per_row = fitted
+        return per_batch + per_row * rows

@@ -1,0 +1,173 @@
+"""`max_queue_delay_s: auto`: windows planned from deadlines and the fitted batch cost, and
+requests that cannot meet their deadline answered DeadlineExceeded before they run. pause()
+holds batch formation, so what is shed and what runs is exact."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from batching.batcher import Batcher, BatchPolicy
+from engine.errors import DeadlineExceeded
+
+Tensors = dict[str, np.ndarray]
+
+
+class Recorder:
+    """A fake run_batch: doubles `x` and records each batch's row tags."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    async def __call__(self, inputs: Tensors) -> Tensors:
+        self.batches.append([int(v) for v in inputs["x"][:, 0]])
+        return {"y": inputs["x"] * 2}
+
+
+def rows(tag: int) -> Tensors:
+    return {"x": np.full((1, 2), tag, dtype=np.int64)}
+
+
+def auto(recorder: Recorder, cost_s: float | None = None, **policy: object) -> Batcher:
+    """An auto batcher whose cost model has seen batches of `cost_s` seconds at every size."""
+    settings: dict[str, object] = {"max_batch_size": 4, "max_queue_delay_s": "auto", **policy}
+    batcher = Batcher(recorder, BatchPolicy(**settings))  # type: ignore[arg-type]
+    if cost_s is not None:
+        for size in (1, 2, 4):
+            batcher.cost.observe(size, cost_s)
+    return batcher
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def until(condition: object, bound_s: float = 2.0) -> None:
+    """Poll `condition()` until true, failing past `bound_s`."""
+    deadline = time.monotonic() + bound_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.001)
+
+
+async def test_a_request_that_cannot_meet_its_deadline_is_shed_unrun() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.2)
+    batcher.pause()
+    doomed = asyncio.create_task(batcher.submit(rows(1), 1, deadline=time.monotonic() + 0.05))
+    fine = asyncio.create_task(batcher.submit(rows(2), 1, deadline=time.monotonic() + 30))
+    await settle()
+    batcher.resume()
+    with pytest.raises(DeadlineExceeded, match=r"batch would take 200\.0 ms; it was not run"):
+        await doomed
+    assert int((await fine)["y"][0, 0]) == 4
+    assert recorder.batches == [[2]]  # the model never saw row 1
+    assert batcher.shed == 1
+    await batcher.close()
+
+
+async def test_the_latency_target_is_the_deadline_of_requests_without_a_timeout() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.2, latency_target_s=0.05)
+    batcher.pause()
+    task = asyncio.create_task(batcher.submit(rows(1), 1))
+    await settle()
+    batcher.resume()
+    with pytest.raises(DeadlineExceeded, match="cannot meet its deadline"):
+        await task
+    assert recorder.batches == []
+    assert batcher.shed == 1
+    await batcher.close()
+
+
+async def test_a_latency_target_passed_in_the_queue_answers_unrun() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.001, latency_target_s=0.02)
+    batcher.pause()
+    with pytest.raises(DeadlineExceeded, match=r"past its latency target of 0\.020 s"):
+        await batcher.submit(rows(1), 1)
+    batcher.resume()
+    assert recorder.batches == []
+    await batcher.close()
+
+
+async def test_shedding_shrinks_the_batch_until_the_rest_can_make_it() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder)
+    for size, seconds in ((1, 0.02), (2, 0.04), (4, 0.08)):  # 20 ms per row
+        batcher.cost.observe(size, seconds)
+    batcher.pause()
+    now = time.monotonic()
+    # Four rows would take 80 ms: rows 1 and 2 (60 ms left) cannot wait for that; alone, rows
+    # 3 and 4 take 40 ms, within their 70 ms.
+    deadlines = [now + 0.06, now + 0.06, now + 0.07, now + 0.07]
+    tasks = [
+        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=deadline))
+        for tag, deadline in zip((1, 2, 3, 4), deadlines, strict=True)
+    ]
+    await settle()
+    batcher.resume()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r).__name__ for r in results[:2]] == ["DeadlineExceeded"] * 2
+    assert [int(r["y"][0, 0]) for r in results[2:]] == [6, 8]  # type: ignore[index]
+    assert recorder.batches == [[3, 4]]
+    await batcher.close()
+
+
+async def test_auto_waits_for_rows_while_the_deadline_allows() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.001, latency_target_s=30.0, dispatch_when_idle=False)
+    first = asyncio.create_task(batcher.submit(rows(1), 1))
+    await asyncio.sleep(0.02)  # far inside the window: nothing may go yet
+    assert recorder.batches == []
+    rest = [asyncio.create_task(batcher.submit(rows(tag), 1)) for tag in (2, 3, 4)]
+    await asyncio.gather(first, *rest)
+    assert recorder.batches == [[1, 2, 3, 4]]  # sent when full, not at the deadline
+    await batcher.close()
+
+
+async def test_auto_sends_a_partial_batch_in_time_for_its_deadline() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.01, latency_target_s=0.05, dispatch_when_idle=False)
+    started = time.monotonic()
+    result = await batcher.submit(rows(1), 1)
+    waited = time.monotonic() - started
+    assert int(result["y"][0, 0]) == 2
+    # The window ends at 50 ms - 10 ms x (1 + slack): the batch went well before its deadline.
+    assert 0.02 <= waited < 0.05
+    assert recorder.batches == [[1]]
+    await batcher.close()
+
+
+async def test_auto_without_a_fitted_cost_sends_at_once() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, latency_target_s=30.0, dispatch_when_idle=False)
+    task = asyncio.create_task(batcher.submit(rows(1), 1))
+    await until(lambda: recorder.batches == [[1]])
+    await task
+    await batcher.close()
+
+
+async def test_batches_teach_the_cost_model() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder)
+    for tag in range(5):
+        await batcher.submit(rows(tag), 1)
+    assert batcher.cost.batches == 5
+    assert batcher.cost.predict(1) is not None
+    await batcher.close()
+
+
+async def test_a_fixed_delay_never_sheds() -> None:
+    recorder = Recorder()
+    batcher = Batcher(recorder, BatchPolicy(max_batch_size=4, max_queue_delay_s=0.0))
+    for size in (1, 2, 4):
+        batcher.cost.observe(size, 0.2)
+    result = await batcher.submit(rows(3), 1, deadline=time.monotonic() + 0.05)
+    assert int(result["y"][0, 0]) == 6
+    assert batcher.shed == 0
+    await batcher.close()

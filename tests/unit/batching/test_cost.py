@@ -1,0 +1,77 @@
+"""The online batch cost model: exact on linear data, follows a changed machine, honest when it
+cannot tell per-row from per-batch cost yet."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from batching.cost import MIN_BATCHES, BatchCost
+
+
+def test_nothing_is_predicted_before_enough_batches() -> None:
+    cost = BatchCost()
+    for _ in range(MIN_BATCHES - 1):
+        cost.observe(4, 0.01)
+    assert cost.predict(4) is None
+    assert cost.coefficients() is None
+    cost.observe(4, 0.01)
+    assert cost.predict(4) == pytest.approx(0.01)
+
+
+def test_linear_costs_are_recovered_exactly() -> None:
+    cost = BatchCost()
+    for rows in (1, 2, 4, 8, 16, 32, 3, 7):
+        cost.observe(rows, 0.002 + 0.0005 * rows)
+    per_batch, per_row = cost.coefficients() or (math.nan, math.nan)
+    assert per_batch == pytest.approx(0.002)
+    assert per_row == pytest.approx(0.0005)
+    assert cost.predict(64) == pytest.approx(0.002 + 0.0005 * 64)
+
+
+def test_one_batch_size_so_far_is_all_per_batch_cost() -> None:
+    cost = BatchCost()
+    for seconds in (0.010, 0.012, 0.011):
+        cost.observe(8, seconds)
+    assert cost.coefficients() == pytest.approx((0.011, 0.0), rel=0.01)  # recency-weighted
+
+
+def test_the_fit_follows_a_slower_machine() -> None:
+    cost = BatchCost(half_life=8)
+    for index in range(200):
+        cost.observe(1 + index % 16, 0.001 * (1 + index % 16))
+    for index in range(100):  # neighbours took the cores: every row now costs 3x
+        cost.observe(1 + index % 16, 0.003 * (1 + index % 16))
+    assert cost.predict(10) == pytest.approx(0.030, rel=0.01)
+
+
+def test_a_cost_that_shrinks_with_rows_is_not_extrapolated_below_zero() -> None:
+    cost = BatchCost()
+    for rows, seconds in ((1, 0.010), (2, 0.009), (4, 0.008), (8, 0.007)):
+        cost.observe(rows, seconds)
+    per_batch, per_row = cost.coefficients() or (math.nan, math.nan)
+    assert per_row == 0.0
+    assert per_batch == pytest.approx(0.0085, rel=0.01)
+    assert (cost.predict(1000) or 0) > 0
+
+
+def test_all_per_row_cost_fits_through_the_origin() -> None:
+    cost = BatchCost()
+    for rows, seconds in ((1, 0.0005), (2, 0.0021), (4, 0.0041), (8, 0.0081)):
+        cost.observe(rows, seconds)
+    per_batch, per_row = cost.coefficients() or (math.nan, math.nan)
+    assert per_batch >= 0.0
+    assert per_row == pytest.approx(0.001, rel=0.05)
+
+
+@pytest.mark.parametrize(("rows", "seconds"), [(0, 0.01), (4, -1.0), (4, math.nan), (4, math.inf)])
+def test_nonsense_observations_are_ignored(rows: int, seconds: float) -> None:
+    cost = BatchCost()
+    cost.observe(rows, seconds)
+    assert cost.batches == 0
+
+
+def test_half_life_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="half_life"):
+        BatchCost(half_life=0)
