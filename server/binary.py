@@ -1,52 +1,38 @@
-"""The binary tensor data extension of the HTTP protocol, and the raw tensor layout it shares with
-gRPC's `raw_input_contents` / `raw_output_contents`.
+"""The binary tensor data extension of the HTTP protocol. The raw tensor layout it shares with
+gRPC's `raw_input_contents` / `raw_output_contents` is server/raw_tensors.py.
 
 A binary request body is a JSON inference header of `Inference-Header-Content-Length` bytes
 followed by the data of every input whose `parameters.binary_data_size` is set, in input order.
 Fixed-size tensors are their little-endian elements in row-major order; BYTES tensors are each
-element as a 4-byte little-endian length followed by its bytes. Responses put outputs asked for
-with `binary_data` (per output) or `binary_data_output` (request default) after the JSON header
-the same way, each with `parameters.binary_data_size`.
+element as a 4-byte little-endian length followed by its bytes (server/raw_tensors.py).
+Responses put outputs asked for with `binary_data` (per output) or `binary_data_output`
+(request default) after the JSON header the same way, each with `parameters.binary_data_size`.
 
 Decoding never copies fixed-size tensor data (`np.frombuffer` on the body); the arrays are
 read-only views. Everything here is synchronous: callers run bodies and outputs larger than
-OFFLOAD_BYTES in a worker thread so the event loop keeps serving.
+raw_tensors.OFFLOAD_BYTES in a worker thread so the event loop keeps serving.
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-import struct
 import zlib
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, overload
 
 import numpy as np
 import orjson
 
-from engine.datatypes import check_shape, numpy_dtype
+from engine.datatypes import check_shape
 from engine.errors import InvalidInput, PayloadTooLarge
 from engine.types import InferResponse
 from server import json_header
+from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
-T = TypeVar("T")
 HEADER_LENGTH = "Inference-Header-Content-Length"
-OFFLOAD_BYTES = 256 * 1024
-
-
-async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
-    """`func(*args)`, in a worker thread when `size` bytes are involved past OFFLOAD_BYTES."""
-    return await asyncio.to_thread(func, *args) if size > OFFLOAD_BYTES else func(*args)
-
-
-"""Bodies and responses larger than this should be decoded / encoded off the event loop."""
-
 JsonEncoder = Callable[[np.ndarray, str], Any]
 """Turns an output array and its datatype into the `data` value of a JSON output tensor."""
 
-_LENGTH = struct.Struct("<I")
 _ENCODINGS = {"gzip": 31, "deflate": 15}  # zlib wbits: 31 = gzip framing, 15 = zlib framing
 
 
@@ -84,82 +70,6 @@ def _shape(value: Any, name: str) -> tuple[int, ...]:
             f"input '{name}': shape must be a list of non-negative integers, got {value!r:.80}"
         )
     return check_shape(name, value)
-
-
-def tensor_from_buffer(
-    buffer: memoryview, datatype: str, shape: tuple[int, ...], name: str
-) -> np.ndarray:
-    """The tensor held by `buffer` in the raw layout; fixed-size types are zero-copy views."""
-    try:
-        dtype = numpy_dtype(datatype)
-    except InvalidInput as exc:
-        raise InvalidInput(f"input '{name}': {exc.message}") from None
-    shape = check_shape(name, shape)  # every caller's shape, so numpy's reshape cannot fail
-    count = math.prod(shape)
-    if datatype == "BYTES":
-        return decode_bytes(buffer, count, name).reshape(shape)
-    expected = count * dtype.itemsize
-    if len(buffer) != expected:
-        raise InvalidInput(
-            f"input '{name}' has shape {list(shape)} of {datatype}, which is {expected} bytes; "
-            f"received {len(buffer)} bytes"
-        )
-    if datatype == "BOOL" and count and np.frombuffer(buffer, np.uint8).max() > 1:
-        raise InvalidInput(f"input '{name}' is BOOL but holds bytes other than 0 and 1")
-    return np.frombuffer(buffer, dtype.newbyteorder("<")).reshape(shape)
-
-
-def decode_bytes(buffer: memoryview, count: int, name: str) -> np.ndarray:
-    """`count` length-prefixed elements as a 1-D object array of bytes; the buffer must hold
-    exactly those elements."""
-    size = len(buffer)
-    if count > size:  # before allocating: each element takes 4 bytes at least, so a shape this
-        # large cannot fit, and must not cost memory (past this check, count <= body size)
-        raise InvalidInput(
-            f"input '{name}': {count} BYTES elements need at least {count * 4} bytes "
-            f"(a 4-byte length each); received {size}"
-        )
-    out = np.empty(count, dtype=object)
-    offset = 0
-    for index in range(count):
-        if offset + 4 > size:
-            raise InvalidInput(
-                f"input '{name}': BYTES data ends at byte {size} before element {index} of "
-                f"{count} (each element is a 4-byte length and its bytes)"
-            )
-        (length,) = _LENGTH.unpack_from(buffer, offset)
-        offset += 4
-        if offset + length > size:
-            raise InvalidInput(
-                f"input '{name}': BYTES element {index} declares {length} bytes; "
-                f"only {size - offset} remain"
-            )
-        out[index] = bytes(buffer[offset : offset + length])
-        offset += length
-    if offset != size:
-        raise InvalidInput(
-            f"input '{name}': {size - offset} bytes left over after the {count} BYTES elements "
-            "its shape holds"
-        )
-    return out
-
-
-def encode_bytes(array: np.ndarray) -> bytes:
-    """A BYTES tensor (object array of bytes or str) in the length-prefixed layout."""
-    parts: list[bytes] = []
-    for item in array.reshape(-1):
-        data = item.encode() if isinstance(item, str) else bytes(item)
-        parts += (_LENGTH.pack(len(data)), data)
-    return b"".join(parts)
-
-
-def tensor_buffer(array: np.ndarray, datatype: str) -> bytes | memoryview:
-    """The tensor in the raw layout; fixed-size types avoid a copy when already contiguous."""
-    if datatype == "BYTES":
-        return encode_bytes(array)
-    dtype = numpy_dtype(datatype).newbyteorder("<")
-    flat = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
-    return flat.view(np.uint8).data
 
 
 def split_request(

@@ -32,7 +32,7 @@ from engine.errors import BackendError, DeadlineExceeded, EngineError
 from engine.facade import EngineFacade
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
-from server import binary, grpc_tensors
+from server import grpc_tensors, raw_tensors
 from server.errors import error_headers, grpc_code, http_status
 from server.logs import choose_request_id, request_id
 from server.proto import grpc_service_pb2 as pb
@@ -219,7 +219,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
             encode_started = time.monotonic()
             size = sum(array.nbytes for array in response.outputs.values())
             encode = functools.partial(grpc_tensors.encode_response, response)
-            answer = await binary.off_loop(size, encode)
+            answer = await raw_tensors.off_loop(size, encode)
             encoded = time.monotonic()
             engine.metrics.encoded("grpc", encoded - encode_started)
             if tracing is not None:
@@ -254,7 +254,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         principal.check_model(request.model_name)
         check = self._engine.input_check(request.model_name, request.model_version or None)
         decode = functools.partial(grpc_tensors.decode_request, request, check)
-        infer_request: InferRequest = await binary.off_loop(request.ByteSize(), decode)
+        infer_request: InferRequest = await raw_tensors.off_loop(request.ByteSize(), decode)
         infer_request.tenant = principal.tenant
         remaining = context.time_remaining()
         if remaining is not None:
@@ -374,7 +374,9 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         principal.require_admin("repository")
         principal.check_model(request.model_name)
         with admin_action(principal, "load", model=request.model_name, protocol="grpc"):
-            await self._engine.load_model(request.model_name, list(request.parameters))
+            await self._engine.load_model(
+                request.model_name, _repository_parameters(request.parameters)
+            )
         return pb.RepositoryModelLoadResponse()
 
     @_guarded
@@ -387,6 +389,15 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         with admin_action(principal, "unload", model=request.model_name, protocol="grpc"):
             await self._engine.unload_model(request.model_name, list(request.parameters))
         return pb.RepositoryModelUnloadResponse()
+
+
+def _repository_parameters(parameters: Any) -> dict[str, Any]:
+    """A load request's parameters as plain values (a `config` JSON string, file bytes...)."""
+    values = {}
+    for key, parameter in parameters.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        values[key] = None if choice is None else getattr(parameter, choice)
+    return values
 
 
 async def _reject_stream(

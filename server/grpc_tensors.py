@@ -16,8 +16,8 @@ from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck, scheduling
-from server.binary import tensor_buffer, tensor_from_buffer
 from server.proto import grpc_service_pb2 as pb
+from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
 __all__ = ["decode_request", "encode_response", "parameters"]
 

@@ -21,7 +21,7 @@ from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDo
 from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import InferRequest
-from server import binary, codec
+from server import binary, codec, raw_tensors
 from server.errors import error_headers, http_status
 from server.logs import choose_request_id, request_id
 
@@ -127,20 +127,20 @@ class InferRoute:
         # The decompressed size decides where decoding runs: here, only a bounded prefix of a
         # compressed body is inflated; a body that holds more is inflated in a worker thread.
         encoding = headers.get("content-encoding")
-        plain = binary.decompress(body, encoding, self.limit, binary.OFFLOAD_BYTES)
+        plain = binary.decompress(body, encoding, self.limit, raw_tensors.OFFLOAD_BYTES)
 
         def decode() -> tuple[InferRequest, binary.BinaryRequest]:
             full = binary.decompress(body, encoding, self.limit) if plain is None else plain
             split = binary.split_request(full, headers, lambda h: codec.check_header(h, check))
             return codec.decode_request(split.header, name, version, split.arrays), split
 
-        size = binary.OFFLOAD_BYTES + 1 if plain is None else len(plain)
-        request, split = await binary.off_loop(size, decode)
+        size = raw_tensors.OFFLOAD_BYTES + 1 if plain is None else len(plain)
+        request, split = await raw_tensors.off_loop(size, decode)
         request.tenant = tenant
         response = await _unless_disconnected(receive, self.engine.infer(request))
         size = sum(array.nbytes for array in response.outputs.values())
         encode_started = time.monotonic()
-        content, extra = await binary.off_loop(
+        content, extra = await raw_tensors.off_loop(
             size,
             binary.encode_response,
             response,

@@ -200,24 +200,6 @@ def test_malformed_bodies_are_invalid_input(
     assert message in info.value.message
 
 
-def test_bytes_tensor_layout_is_length_prefixed() -> None:
-    array = np.array([b"ab", b"", "é"], dtype=object)
-    assert (
-        binary.encode_bytes(array) == b"\x02\x00\x00\x00ab\x00\x00\x00\x00\x02\x00\x00\x00\xc3\xa9"
-    )
-    decoded = binary.decode_bytes(memoryview(binary.encode_bytes(array)), 3, "x")
-    assert list(decoded) == [b"ab", b"", "é".encode()]
-
-
-@given(st.lists(st.binary(max_size=40), max_size=20))
-def test_bytes_layout_round_trip(items: list[bytes]) -> None:
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    encoded = binary.encode_bytes(array)
-    assert len(encoded) == sum(4 + len(item) for item in items)
-    assert list(binary.decode_bytes(memoryview(encoded), len(items), "x")) == items
-
-
 def _flags(header: dict[str, Any]) -> binary.BinaryRequest:
     return binary.split_request(orjson.dumps({"inputs": [], **header}), {})
 
@@ -288,17 +270,6 @@ def test_no_compression_unless_asked() -> None:
     for accept in (None, "*", "br", "gzip;q=0"):
         _, headers = binary.encode_response(response, set(), json_data, accept_encoding=accept)
         assert "Content-Encoding" not in headers, accept
-
-
-def test_a_huge_bytes_shape_is_refused_before_any_allocation() -> None:
-    with pytest.raises(InvalidInput, match="1099511627776 BYTES elements need at least"):
-        binary.decode_bytes(memoryview(b""), 2**40, "x")
-
-
-@pytest.mark.parametrize("datatype", ["FP64", "INT8", "BYTES"])
-def test_zero_sized_shapes_too_large_for_numpy_are_invalid_input(datatype: str) -> None:
-    with pytest.raises(InvalidInput, match=r"input 'x': shape \[0, 2305843009213693952\] "):
-        binary.tensor_from_buffer(memoryview(b""), datatype, (0, 2**61), "x")
 
 
 @pytest.mark.parametrize("length", [" 2", "2 ", "+2", "1_0", "\u0662", "0x2", "-0", ""])
