@@ -5,6 +5,9 @@ truncated, and a step reloaded under a running pipeline."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -376,12 +379,15 @@ async def test_poll_mode_picks_up_a_changed_step_under_the_pipeline(tmp_path: Pa
         pipeline = engine.registry.resolve("embedder", None)
         first = await engine.infer(ask("the lazy dog"))
         table = embedding_table(reference(repo).get_vocab_size(), seed=2)
-        onnx.save(embedding_sum_model(table), repo / "embed" / "1" / "model.onnx")
+        path = repo / "embed" / "1" / "model.onnx"
+        onnx.save(embedding_sum_model(table), path)
         async with asyncio.timeout(20):  # bounded: the poller reloads `embed` on its own
-            while True:
+            for bump in itertools.count(1):
                 answer = await engine.infer(ask("the lazy dog"))
                 if not np.allclose(answer.outputs["EMBEDDING"], first.outputs["EMBEDDING"]):
                     break
+                # The poller's first scan may postdate the save: a newer mtime is a change.
+                os.utime(path, ns=(time.time_ns() + bump, time.time_ns() + bump))
                 await asyncio.sleep(0.02)
         assert engine.registry.resolve("embedder", None) is pipeline  # the pipeline stayed
     finally:
