@@ -11,7 +11,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -365,11 +365,13 @@ class Engine:
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.registry.index(ready_only)
 
-    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
-        """Load (or reload) a model by API: only in `explicit` and `poll` modes. Triton's load
-        parameters (an inline config, file overrides) are refused: the repository is the truth."""
-        check_load_parameters(parameters)
-        await self.registry.load(name)
+    async def load_model(
+        self, name: str, parameters: Mapping[str, Any] | Collection[str] = ()
+    ) -> None:
+        """Load (or reload) a model by API: only in `explicit` and `poll` modes. Triton's
+        `config` parameter (a JSON model config) replaces the folder's config.yaml until the next
+        load without one; file overrides are refused: model files come from the repository."""
+        await self.registry.load(name, check_load_parameters(parameters))
 
     async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:
         check_unload_parameters(parameters)

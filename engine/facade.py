@@ -7,7 +7,7 @@ the process lifecycle type against it, so the engine behind them may be the one 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -81,8 +81,11 @@ class EngineFacade(Protocol):
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """The repository's models: name, version, state and reason."""
 
-    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
-        """Load or reload a model by API (explicit and poll modes)."""
+    async def load_model(
+        self, name: str, parameters: Mapping[str, Any] | Collection[str] = ()
+    ) -> None:
+        """Load or reload a model by API (explicit and poll modes); Triton's `config` parameter
+        carries a JSON model config that replaces the folder's config.yaml."""
 
     async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:
         """Unload a model by API (explicit and poll modes)."""

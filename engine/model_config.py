@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.generation.config import GenerativeOptions
 from engine.settings import BatchingDefaults, SettingsError, describe, read_yaml
 from engine.step_config import PipelineOptions, PythonOptions, TokenizerOptions
 
@@ -290,6 +291,9 @@ class ModelConfig(Section):
     """The Python step's class, inputs and outputs (backend python)."""
     pipeline: PipelineOptions | None = None
     """Steps run in place of a model file (backend pipeline)."""
+    generative: GenerativeOptions | None = None
+    """A decoder with a key/value cache, run by the generation scheduler (`sluice convert` of
+    a causal LM folder writes it); served by /v1/completions and /v1/chat/completions."""
 
     @model_validator(mode="before")
     @classmethod
@@ -367,10 +371,21 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     path = model_dir / "config.yaml"
     if not path.exists():
         return ModelConfig()
+    return parse_model_config(read_yaml(path), source=str(path))
+
+
+def parse_model_config(data: Any, source: str) -> ModelConfig:
+    """A model config from the mapping a config.yaml (or a load request's JSON) holds;
+    SettingsError names `source` and every bad key."""
+    if not isinstance(data, dict):
+        raise SettingsError(
+            f"invalid configuration in {source}: expected a mapping of keys, got "
+            f"{type(data).__name__}"
+        )
     try:
-        return ModelConfig(**read_yaml(path))
+        return ModelConfig(**data)
     except ValidationError as exc:
-        raise SettingsError(describe(exc, ModelConfig, source=str(path))) from exc
+        raise SettingsError(describe(exc, ModelConfig, source=source)) from exc
 
 
 def effective_batching(

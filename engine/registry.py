@@ -11,6 +11,7 @@ from collections.abc import Callable
 from engine.backends.python_model import refuse
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, load_model
+from engine.model_config import ModelConfig
 from engine.pipeline import load_pipeline
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import Settings, SettingsError
@@ -31,6 +32,9 @@ class ModelRegistry:
         self._failed: dict[tuple[str, str], str] = {}  # (name, version) -> reason
         self._loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
+        # Configs that load requests carried: each replaces the folder's config.yaml until a
+        # load without one or an unload.
+        self._configs: dict[str, ModelConfig] = {}
         self._poller: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -113,12 +117,21 @@ class ModelRegistry:
                              "reason": "unloaded"})  # fmt: skip
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
-    async def load(self, name: str) -> None:
-        """Load (or reload) a model by API: only in `explicit` and `poll` modes."""
+    async def load(self, name: str, config: ModelConfig | None = None) -> None:
+        """Load (or reload) a model by API: only in `explicit` and `poll` modes. With `config`,
+        it replaces the folder's config.yaml until the next load without one or an unload; a
+        load that fails keeps the config that was in force (its versions keep serving)."""
         self._require_control()
-        await self._load(check_name("model", name))
+        check_name("model", name)
+        before = self._configs.pop(name, None)
+        if config is not None:
+            self._configs[name] = config
+        await self._load(name)
         failed = [reason for (n, _), reason in self._failed.items() if n == name]
         if failed:
+            self._configs.pop(name, None)
+            if before is not None:
+                self._configs[name] = before
             raise InvalidInput(f"failed to load model '{name}': {failed[0]}")
         if name not in self._models:
             raise ModelNotFound(name, available=self.repository.names())
@@ -132,6 +145,7 @@ class ModelRegistry:
         async with self._lock(name):
             await self._retire(list(self._models.pop(name, {}).values()))
             self._clear_failed(name)
+            self._configs.pop(name, None)
 
     def _require_control(self) -> None:
         if self.settings.model_control_mode == "none":
@@ -154,7 +168,7 @@ class ModelRegistry:
             self._loading.add(name)
             try:
                 try:
-                    entry = self.repository.entry(name)
+                    entry = self.repository.entry(name, self._configs.get(name))
                 except SettingsError as exc:  # e.g. a config.yaml saved half-edited
                     log.error("model '%s' cannot be loaded: %s", name, exc)
                     self._clear_failed(name)

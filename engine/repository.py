@@ -52,12 +52,13 @@ class Repository:
             if child.is_dir() and NAME_PATTERN.fullmatch(child.name)
         )
 
-    def entry(self, name: str) -> ModelEntry | None:
-        """The model's entry, or None when the folder does not exist (or has no versions)."""
+    def entry(self, name: str, config: ModelConfig | None = None) -> ModelEntry | None:
+        """The model's entry, or None when the folder does not exist (or has no versions).
+        `config` stands in for the folder's config.yaml (one a load request carried)."""
         path = self.root / check_name("model", name)
         if not path.is_dir():
             return None
-        config = load_model_config(path)
+        config = config or load_model_config(path)
         if config.backend == "pipeline":
             # No model file: the config is the model. Version folders are optional (Triton's
             # ensembles need an empty one); without any, the pipeline is version 1.

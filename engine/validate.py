@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from engine.errors import InvalidInput
+from engine.model_config import ModelConfig, parse_model_config
+from engine.settings import SettingsError
 from engine.types import InferRequest, TensorSpec
 
 InputCheck = Callable[[Mapping[str, Sequence[int]], Mapping[str, str]], object]
@@ -132,14 +135,40 @@ def _seconds(micros: int | None) -> float | None:
     return micros / 1e6 if micros else None
 
 
-def check_load_parameters(parameters: Collection[str]) -> None:
-    """Triton's load parameters (an inline config, file overrides) are refused: the repository
-    folder is the only source of models."""
-    if parameters:
+LOAD_CONFIG = "config"
+"""Triton's load parameter holding a model config as a JSON string."""
+
+
+def check_load_parameters(parameters: Mapping[str, Any] | Collection[str]) -> ModelConfig | None:
+    """The model config a load request carries in Triton's `config` parameter (a JSON string
+    holding what config.yaml would, validated the same way), or None without one. Any other
+    parameter (Triton's `file:` overrides) is InvalidInput: model files come only from the
+    repository folder. Names without values (an older caller) cannot carry a config."""
+    values: Mapping[str, Any] = (
+        parameters if isinstance(parameters, Mapping) else dict.fromkeys(parameters)
+    )
+    unknown = sorted(set(values) - {LOAD_CONFIG})
+    if unknown:
         raise InvalidInput(
-            f"load parameters are not supported (got {', '.join(sorted(parameters))}); put the "
-            "model's config.yaml and files in the repository instead"
+            f"unknown load parameters {', '.join(unknown)}; allowed: {LOAD_CONFIG} (a JSON model "
+            "config). Model files come only from the repository folder"
         )
+    if LOAD_CONFIG not in values:
+        return None
+    text = values[LOAD_CONFIG]
+    if not isinstance(text, str):
+        raise InvalidInput(
+            f"load parameter '{LOAD_CONFIG}' must be a JSON string holding the model config, "
+            f"got {type(text).__name__}"
+        )
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidInput(f"load parameter '{LOAD_CONFIG}' is not valid JSON: {exc}") from None
+    try:
+        return parse_model_config(data, source=f"load parameter '{LOAD_CONFIG}'")
+    except SettingsError as exc:
+        raise InvalidInput(str(exc)) from exc
 
 
 def check_unload_parameters(parameters: Collection[str]) -> None:

@@ -114,3 +114,54 @@ async def test_a_broken_config_on_reload_keeps_the_old_config_serving(
         await explicit.load_model("demo")
     assert explicit.ready is True
     assert (await explicit.infer(request())).model_version == "1"
+
+
+def served(engine: Engine) -> Any:
+    return engine.registry.resolve("demo", None)
+
+
+async def test_a_load_with_a_config_replaces_the_folders_until_a_plain_load(
+    explicit: Engine,
+) -> None:
+    inline = (
+        '{"max_batch_size": 8, "instances": 2, "dynamic_batching": {"max_queue_delay_s": "auto"}}'
+    )
+    await explicit.load_model("demo", {"config": inline})
+    model = served(explicit)
+    assert (model.max_batch_size, model.config.instance_count) == (8, 2)
+    assert model.batcher.policy.max_queue_delay_s == "auto"
+    triton = explicit.model_config("demo", None)
+    assert triton["max_batch_size"] == 8
+    with pytest.raises(InvalidInput, match="batch size 9 exceeds the maximum of 8"):
+        await explicit.infer(
+            InferRequest("demo", {"x": np.ones((9, 16), np.float32)}, {"x": "FP32"})
+        )
+    await explicit.load_model("demo")  # no config: the folder's config.yaml again
+    assert served(explicit).max_batch_size == 64
+    assert served(explicit).batcher.policy.max_queue_delay_s == 0.002
+
+
+async def test_an_unload_drops_the_loaded_config(explicit: Engine) -> None:
+    await explicit.load_model("demo", {"config": '{"max_batch_size": 8}'})
+    await explicit.unload_model("demo")
+    await explicit.load_model("demo")
+    assert served(explicit).max_batch_size == 64
+
+
+async def test_a_config_that_fails_to_load_keeps_the_serving_one(explicit: Engine) -> None:
+    await explicit.load_model("demo", {"config": '{"max_batch_size": 8}'})
+    bad = '{"dynamic_batching": {"pad": {"tokens": {"axis": 1}}}}'  # valid schema, no such input
+    with pytest.raises(InvalidInput, match=r"failed to load model 'demo'.*tokens"):
+        await explicit.load_model("demo", {"config": bad})
+    assert served(explicit).max_batch_size == 8
+    assert (await explicit.infer(request())).outputs["probabilities"].shape == (1, 10)
+    await explicit.load_model("demo", {"config": '{"max_batch_size": 4}'})
+    assert served(explicit).max_batch_size == 4
+
+
+async def test_a_config_that_does_not_validate_is_refused_before_loading(explicit: Engine) -> None:
+    with pytest.raises(InvalidInput, match=r"load parameter 'config'.*\n  instances: "):
+        await explicit.load_model("demo", {"config": '{"instances": 0}'})
+    with pytest.raises(InvalidInput, match="expected a mapping of keys, got list"):
+        await explicit.load_model("demo", {"config": "[1, 2]"})
+    assert served(explicit).max_batch_size == 64

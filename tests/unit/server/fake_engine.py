@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -191,7 +191,9 @@ class FakeEngine:
         ]
         return [r for r in rows if r["state"] == "READY"] if ready_only else rows
 
-    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
+    async def load_model(
+        self, name: str, parameters: Mapping[str, Any] | Collection[str] = ()
+    ) -> None:
         check_load_parameters(parameters)
         if name not in self.sessions:
             raise ModelNotFound(name, available=sorted(self.sessions))

@@ -325,9 +325,20 @@ async def test_repository_index_load_unload(stub: Stub) -> None:
     error = await _status(stub.RepositoryModelLoad(pb.RepositoryModelLoadRequest(model_name="x")))
     assert error.code() == grpc.StatusCode.NOT_FOUND
     load = pb.RepositoryModelLoadRequest(model_name="echo")
-    load.parameters["config"].string_param = "{}"
+    load.parameters["config"].string_param = '{"max_batch_size": 4}'
+    await stub.RepositoryModelLoad(load)  # a valid JSON model config is taken
+    load.parameters["config"].string_param = '{"max_batch_size": "many"}'
     error = await _status(stub.RepositoryModelLoad(load))
-    assert "load parameters are not supported (got config)" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "invalid configuration in load parameter 'config'" in error.details()
+    assert "max_batch_size" in error.details()
+    load.parameters["config"].int64_param = 3
+    error = await _status(stub.RepositoryModelLoad(load))
+    assert "'config' must be a JSON string holding the model config, got int" in error.details()
+    del load.parameters["config"]
+    load.parameters["file:1/model.onnx"].bytes_param = b"onnx"
+    error = await _status(stub.RepositoryModelLoad(load))
+    assert "unknown load parameters file:1/model.onnx; allowed: config" in error.details()
     unload = pb.RepositoryModelUnloadRequest(model_name="echo")
     unload.parameters["unload_dependents"].bool_param = False
     await stub.RepositoryModelUnload(unload)

@@ -100,8 +100,23 @@ async def test_repository_index_load_unload(client: httpx.AsyncClient, engine: F
         ("/v2/repository/index", b'{"ready": "yes"}', "'ready' must be true or false, got 'yes'"),
         (
             "/v2/repository/models/echo/load",
-            b'{"parameters": {"config": "{}"}}',
-            "load parameters are not supported (got config)",
+            b'{"parameters": {"file:1/model.onnx": "AAAA"}}',
+            "unknown load parameters file:1/model.onnx; allowed: config",
+        ),
+        (
+            "/v2/repository/models/echo/load",
+            b'{"parameters": {"config": "{\\"max_batch_size\\": -1}"}}',
+            "invalid configuration in load parameter 'config':\n  max_batch_size:",
+        ),
+        (
+            "/v2/repository/models/echo/load",
+            b'{"parameters": {"config": "{nope"}}',
+            "load parameter 'config' is not valid JSON",
+        ),
+        (
+            "/v2/repository/models/echo/load",
+            b'{"parameters": {"config": {"max_batch_size": 4}}}',
+            "load parameter 'config' must be a JSON string holding the model config, got dict",
         ),
         (
             "/v2/repository/models/echo/unload",
