@@ -1,0 +1,406 @@
+"""The engine process's side of the worker data plane: `EngineHost` serves the worker processes'
+control connections (engine/wire.py) in front of one `Engine`, so admission, the result cache and
+the batchers are the engine's own, shared by every worker.
+
+A worker's inputs are viewed in place in its in-arena (engine/shm.py) and its answers written once
+into its out-arena. When a worker's connection ends (the worker died or stopped) every request it
+had in flight is cancelled (withdrawn from the batchers) and the out-slots it held are freed; the
+in-slots stay reserved until no array views them, and a restarted worker is told which."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from engine import errors
+from engine.engine import Engine
+from engine.shm import Allocator, Arena, Tensor, slot_bytes, view_tensors, write_tensors
+from engine.types import InferRequest, InferResponse, ModelMetadata
+from engine.wire import Kind, ProtocolError, frame, read_frame
+
+log = logging.getLogger("sluice.host")
+
+STATE_INTERVAL_S = 0.1
+"""How often the host looks for a change of readiness or of the loaded models to push."""
+
+OFFLOAD_BYTES = 1 << 20
+"""Answers larger than this are written into the out-arena in a worker thread."""
+
+
+def error_payload(call_id: int, exc: errors.EngineError) -> dict[str, Any]:
+    return {
+        "id": call_id,
+        "error": type(exc).__name__,
+        "message": exc.message,
+        "retry_after_s": exc.retry_after_s,
+        "headers": dict(exc.headers),
+    }
+
+
+def metadata_payload(meta: ModelMetadata) -> dict[str, Any]:
+    return {
+        "name": meta.name,
+        "versions": list(meta.versions),
+        "platform": meta.platform,
+        "inputs": [[s.name, s.datatype, list(s.shape), list(s.dim_names)] for s in meta.inputs],
+        "outputs": [[s.name, s.datatype, list(s.shape), list(s.dim_names)] for s in meta.outputs],
+    }
+
+
+@dataclass
+class WorkerSlots:
+    """One worker index's arenas; outlives the worker's processes (a restart reuses them)."""
+
+    inputs: Arena
+    outputs: Arena
+    out_allocator: Allocator
+    held_in: dict[int, int] = field(default_factory=dict)  # in-slots still viewed here
+    peer: _Peer | None = None
+
+
+class _Peer:
+    """One worker connection: its in-flight requests and the frames waiting to be sent."""
+
+    def __init__(self, writer: asyncio.StreamWriter, slots: WorkerSlots | None) -> None:
+        self.writer = writer
+        self.slots = slots
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.out_slots: set[int] = set()
+        self.closed = False
+        self._outbox: list[bytes] = []
+        self._free_in: list[int] = []
+        self._scheduled = False
+
+    def send(self, kind: Kind, payload: Any) -> None:
+        if self.closed:
+            return
+        self._outbox.append(frame(kind, payload))
+        self._schedule()
+
+    def free_in(self, offset: int) -> None:
+        self._free_in.append(offset)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        # One write per loop iteration: frames and frees of many requests share a syscall.
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._free_in:
+            self._outbox.append(frame(Kind.FREE_IN, {"slots": self._free_in}))
+            self._free_in = []
+        if self._outbox and not self.closed:
+            self.writer.write(b"".join(self._outbox))
+        self._outbox.clear()
+
+
+class EngineHost:
+    """Serves worker connections on a unix socket in front of `engine`."""
+
+    def __init__(self, engine: Engine, arenas: Sequence[tuple[Arena, Arena]]) -> None:
+        self.engine = engine
+        self.workers = [WorkerSlots(i, o, Allocator(o.size_bytes)) for i, o in arenas]
+        self._server: asyncio.AbstractServer | None = None
+        self._peers: set[_Peer] = set()
+        self._state: dict[str, Any] = {}
+        self._state_task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, path: str) -> None:
+        """Listen on `path` (returns once listening)."""
+        self._loop = asyncio.get_running_loop()
+        self._state = self.state()
+        self._server = await asyncio.start_unix_server(self._connection, path)
+        self._state_task = asyncio.create_task(self._push_state(), name="host-state")
+
+    async def close(self) -> None:
+        if self._state_task is not None:
+            self._state_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for peer in list(self._peers):
+            peer.writer.close()
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+
+    def state(self) -> dict[str, Any]:
+        """What every worker keeps a copy of: readiness, and which models are loaded
+        (`generation` changes whenever a model is loaded, reloaded or unloaded)."""
+        engine = self.engine
+        models = engine.registry.all() if engine.live and _started(engine) else []
+        index = engine.repository_index() if _started(engine) else []
+        marks = orjson.dumps([index, [[m.name, m.version, m.generation] for m in models]])
+        return {
+            "ready": engine.ready,
+            "draining": engine.draining,
+            "models": sorted({m.name for m in models}),
+            "generation": zlib.crc32(marks),
+            "server": engine.server_metadata(),
+        }
+
+    async def _push_state(self) -> None:
+        while True:
+            await asyncio.sleep(STATE_INTERVAL_S)
+            state = self.state()
+            if state != self._state:
+                self._state = state
+                for peer in self._peers:
+                    if peer.slots is not None:
+                        peer.send(Kind.STATE, state)
+
+    # -- connections -----------------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer: _Peer | None = None
+        try:
+            kind, hello = await read_frame(reader)
+            if kind is not Kind.HELLO or not isinstance(hello, dict):
+                raise ProtocolError(f"expected HELLO, got {kind.name}")
+            peer = self._welcome(writer, hello.get("worker"))
+            while True:
+                kind, message = await read_frame(reader)
+                self._dispatch(peer, kind, message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            log.error("worker connection closed on a protocol error: %s", exc)
+        finally:
+            if peer is not None:
+                self._gone(peer)
+            writer.close()
+
+    def _welcome(self, writer: asyncio.StreamWriter, index: object) -> _Peer:
+        if index is None:  # a worker's channel for synchronous calls: no arena
+            peer = _Peer(writer, None)
+            self._peers.add(peer)
+            return peer
+        if type(index) is not int or not 0 <= index < len(self.workers):
+            raise ProtocolError(f"no worker slot {index!r}")
+        slots = self.workers[index]
+        if slots.peer is not None:  # the previous process of this slot is gone
+            self._gone(slots.peer)
+        peer = slots.peer = _Peer(writer, slots)
+        self._peers.add(peer)
+        held = [[offset, size] for offset, size in slots.held_in.items()]
+        peer.send(Kind.WELCOME, {"held": held, "state": self._state})
+        return peer
+
+    def _gone(self, peer: _Peer) -> None:
+        """The worker went away: withdraw its requests and free what it held."""
+        if peer.closed:
+            return
+        peer.closed = True
+        self._peers.discard(peer)
+        for task in peer.tasks.values():
+            task.cancel()
+        slots = peer.slots
+        if slots is not None:
+            for offset in peer.out_slots:
+                slots.out_allocator.free(offset)
+            peer.out_slots.clear()
+            if slots.peer is peer:
+                slots.peer = None
+
+    def _dispatch(self, peer: _Peer, kind: Kind, message: Any) -> None:
+        if kind is Kind.INFER and peer.slots is not None:
+            self._infer(peer, peer.slots, message)
+        elif kind is Kind.CANCEL:
+            task = peer.tasks.get(message["id"])
+            if task is not None:
+                task.cancel()
+        elif kind is Kind.FREE_OUT and peer.slots is not None:
+            for offset in message["slots"]:
+                if offset in peer.out_slots:
+                    peer.out_slots.discard(offset)
+                    peer.slots.out_allocator.free(offset)
+        elif kind is Kind.CALL:
+            self._spawn(peer, message["id"], self._call(peer, message))
+        elif kind is Kind.EVENTS:
+            self._events(message)
+        else:
+            raise ProtocolError(f"unexpected {kind.name} frame")
+
+    def _spawn(self, peer: _Peer, call_id: int, work: Any) -> None:
+        task = asyncio.create_task(work)
+        peer.tasks[call_id] = task
+        task.add_done_callback(lambda _: peer.tasks.pop(call_id, None))
+
+    # -- inference -------------------------------------------------------------------------------
+
+    def _infer(self, peer: _Peer, slots: WorkerSlots, message: dict[str, Any]) -> None:
+        call_id, offset, size = message["id"], message["slot"], message["size"]
+        if type(offset) is not int or type(size) is not int:
+            raise ProtocolError(f"in-slot {offset!r}+{size!r} is not a pair of integers")
+        slot = slots.inputs.slot(offset, size)
+        slots.held_in[offset] = size
+        weakref.finalize(slot, self._viewed, slots, offset)
+        try:
+            inputs = view_tensors(slot, [Tensor.from_list(t) for t in message["inputs"]])
+        except ValueError as exc:
+            peer.send(Kind.ERROR, error_payload(call_id, errors.InvalidInput(str(exc))))
+            return
+        del slot  # the arrays hold it now: when they are gone, the slot is free
+        spec = message["request"]
+        request = InferRequest(
+            model_name=spec["model_name"],
+            inputs=inputs,
+            datatypes=spec["datatypes"],
+            model_version=spec.get("model_version"),
+            id=spec.get("id"),
+            outputs=spec.get("outputs"),
+            parameters=spec.get("parameters") or {},
+            priority=spec.get("priority"),
+            timeout_s=spec.get("timeout_s"),
+            tenant=spec.get("tenant"),
+        )
+        self._spawn(peer, call_id, self._answer(peer, slots, call_id, request))
+
+    def _viewed(self, slots: WorkerSlots, offset: int) -> None:
+        """Finalizer of an in-slot's view: may run in any thread (the last array may die in a
+        backend's thread), so the release goes through the loop."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing: the process is exiting
+            loop.call_soon_threadsafe(self._release_in, slots, offset)
+
+    def _release_in(self, slots: WorkerSlots, offset: int) -> None:
+        slots.held_in.pop(offset, None)
+        if slots.peer is not None:
+            slots.peer.free_in(offset)
+
+    async def _answer(
+        self, peer: _Peer, slots: WorkerSlots, call_id: int, request: InferRequest
+    ) -> None:
+        try:
+            response = await self.engine.infer(request)
+            del request
+            await self._send_result(peer, slots, call_id, response)
+        except errors.EngineError as exc:
+            peer.send(Kind.ERROR, error_payload(call_id, exc))
+        except Exception:
+            log.exception("inference failed in the engine process")
+            peer.send(Kind.ERROR, error_payload(call_id, errors.BackendError("internal error")))
+
+    async def _send_result(
+        self, peer: _Peer, slots: WorkerSlots, call_id: int, response: InferResponse
+    ) -> None:
+        size = slot_bytes(response.outputs)
+        if size > slots.outputs.size_bytes:
+            raise errors.PayloadTooLarge(size, slots.outputs.size_bytes)
+        offset = slots.out_allocator.alloc(size)
+        if offset is None:
+            raise errors.Overloaded(
+                f"the worker's answer arena is full ({slots.out_allocator.used_bytes} of "
+                f"{slots.outputs.size_bytes} bytes in use); retry shortly"
+            )
+        try:
+            buf = slots.outputs.buf
+            if size > OFFLOAD_BYTES:
+                described = await asyncio.to_thread(write_tensors, buf, offset, response.outputs)
+            else:
+                described = write_tensors(buf, offset, response.outputs)
+        except BaseException:
+            slots.out_allocator.free(offset)
+            raise
+        if peer.closed:  # nobody will read it: the worker went away while it was written
+            slots.out_allocator.free(offset)
+            return
+        peer.out_slots.add(offset)
+        peer.send(
+            Kind.RESULT,
+            {
+                "id": call_id,
+                "slot": offset,
+                "size": size,
+                "outputs": [t.as_list() for t in described],
+                "response": {
+                    "model_name": response.model_name,
+                    "model_version": response.model_version,
+                    "datatypes": response.datatypes,
+                    "id": response.id,
+                    "parameters": response.parameters,
+                },
+            },
+        )
+
+    # -- everything else -------------------------------------------------------------------------
+
+    async def _call(self, peer: _Peer, message: dict[str, Any]) -> None:
+        call_id, method, args = message["id"], message["method"], message.get("args") or []
+        try:
+            result = await self._method(method, args)
+        except errors.EngineError as exc:
+            peer.send(Kind.ERROR, error_payload(call_id, exc))
+            return
+        except Exception:
+            log.exception("engine call %r failed", method)
+            peer.send(Kind.ERROR, error_payload(call_id, errors.BackendError("internal error")))
+            return
+        peer.send(Kind.REPLY, {"id": call_id, "result": result})
+
+    async def _method(self, method: str, args: list[Any]) -> Any:
+        engine = self.engine
+        if method == "model_metadata":
+            return metadata_payload(engine.model_metadata(*args))
+        if method == "input_spec":
+            model = engine.registry.resolve(*args)
+            return {
+                "inputs": [[s.name, s.datatype, list(s.shape)] for s in model.backend.inputs],
+                "max_batch_size": model.max_batch_size,
+                "label": model.label,
+            }
+        if method == "model_ready":
+            return engine.model_ready(*args)
+        if method == "model_config":
+            return engine.model_config(*args)
+        if method == "statistics":
+            return engine.statistics(*args)
+        if method == "repository_index":
+            return engine.repository_index(*args)
+        if method == "load_model":
+            await engine.load_model(args[0], args[1])
+            return self._fresh_state()
+        if method == "unload_model":
+            await engine.unload_model(args[0], args[1])
+            return self._fresh_state()
+        if method == "usage":
+            return await engine.usage(args[0])
+        if method == "metrics":
+            return engine.metrics.exposition().decode()
+        raise ProtocolError(f"unknown method {method!r}")
+
+    def _fresh_state(self) -> dict[str, Any]:
+        self._state = self.state()
+        for peer in self._peers:
+            if peer.slots is not None:
+                peer.send(Kind.STATE, self._state)
+        return self._state
+
+    def _events(self, message: dict[str, Any]) -> None:
+        """Front-end counts from a worker, added to the engine's metrics (one view)."""
+        metrics = self.engine.metrics
+        for model, version, protocol, status, seconds in message.get("requests", ()):
+            metrics.request(str(model), str(version), str(protocol), int(status), float(seconds))
+        for protocol, seconds in message.get("encoded", ()):
+            metrics.encoded(str(protocol), float(seconds))
+
+
+def _started(engine: Engine) -> bool:
+    try:
+        engine.registry  # noqa: B018 - raises until started
+    except RuntimeError:
+        return False
+    return True

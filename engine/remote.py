@@ -1,0 +1,449 @@
+"""The worker process's engine: `RemoteEngine` implements `engine.facade.EngineFacade` by talking
+to the engine process (engine/host.py), so the normal front-ends run unchanged in a worker.
+
+Inference writes the decoded inputs once into this worker's in-arena (engine/shm.py), sends their
+descriptors, and answers with arrays viewing the out-arena in place; the out-slot is freed when the
+last of those arrays is gone (after the response is encoded). Authentication runs here (each worker
+holds the keys); admission, the cache and the batchers are the engine process's.
+
+Readiness, draining and which models are loaded are a copy the engine pushes when they change
+(within STATE_INTERVAL_S); declared-shape checks are cached per model generation. Metadata,
+configuration, statistics and the repository index are asked of the engine (a short blocking call
+on a separate socket: they are not on the inference path). Front-end request counts are sent to
+the engine in batches, so `/metrics` from any worker shows every worker's requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Collection
+from typing import Any
+
+from engine import errors
+from engine.auth import Authenticator
+from engine.metrics import Metrics
+from engine.settings import Settings
+from engine.shm import Allocator, Arena, Tensor, slot_bytes, view_tensors, write_tensors
+from engine.tracing import Tracing, build_tracing
+from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
+from engine.validate import InputCheck, check_inputs
+from engine.wire import Kind, ProtocolError, frame, read_frame, read_frame_sync
+
+log = logging.getLogger("sluice.worker")
+
+EVENTS_INTERVAL_S = 0.05
+"""Front-end counts reach the engine's metrics at most this long after the request."""
+
+CALL_TIMEOUT_S = 10.0
+"""A blocking call to the engine (metadata, statistics) gives up after this long."""
+
+OFFLOAD_BYTES = 1 << 20
+"""Inputs larger than this are written into the arena in a worker thread."""
+
+_ERRORS: dict[str, type[errors.EngineError]] = {
+    name: value
+    for name, value in vars(errors).items()
+    if isinstance(value, type) and issubclass(value, errors.EngineError)
+}
+
+
+def rebuild_error(payload: dict[str, Any]) -> errors.EngineError:
+    """The engine's error, of the same class and message, from an ERROR frame."""
+    cls = _ERRORS.get(str(payload.get("error")), errors.BackendError)
+    exc = cls.__new__(cls)
+    message = str(payload.get("message", "internal error"))
+    Exception.__init__(exc, message)
+    exc.message = message
+    retry = payload.get("retry_after_s")
+    exc.retry_after_s = float(retry) if isinstance(retry, int | float) else None
+    headers = payload.get("headers")
+    exc.headers = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
+    return exc
+
+
+def _specs(items: list[Any]) -> tuple[TensorSpec, ...]:
+    return tuple(
+        TensorSpec(item[0], item[1], tuple(item[2]), tuple(item[3]) if len(item) > 3 else ())
+        for item in items
+    )
+
+
+class RemoteMetrics(Metrics):
+    """Front-end counts go to the engine process; the exposition is the engine's (whole
+    server's)."""
+
+    def __init__(self, remote: RemoteEngine) -> None:
+        super().__init__(dict)
+        self._remote = remote
+        self.pending_requests: list[list[Any]] = []
+        self.pending_encoded: list[list[Any]] = []
+
+    def request(self, model: str, version: str, protocol: str, status: int, seconds: float) -> None:
+        self.pending_requests.append([model, version, protocol, status, seconds])
+        self._remote.schedule_events()
+
+    def encoded(self, protocol: str, seconds: float) -> None:
+        self.pending_encoded.append([protocol, seconds])
+        self._remote.schedule_events()
+
+    def take(self) -> dict[str, list[list[Any]]] | None:
+        """The counts not yet sent, or None."""
+        if not (self.pending_requests or self.pending_encoded):
+            return None
+        taken = {"requests": self.pending_requests, "encoded": self.pending_encoded}
+        self.pending_requests, self.pending_encoded = [], []
+        return taken
+
+    def exposition(self) -> bytes:
+        # This worker's counts go first on the same channel, so the answer includes them.
+        return str(self._remote.call_sync("metrics", events=self.take())).encode()
+
+
+class RemoteEngine:
+    """The engine facade of a worker process (see the module docstring)."""
+
+    def __init__(
+        self, settings: Settings, path: str, index: int, arenas: tuple[Arena, Arena]
+    ) -> None:
+        self.settings = settings
+        self.path = path
+        self.index = index
+        self.inputs, self.outputs = arenas
+        self.allocator = Allocator(self.inputs.size_bytes)
+        self.authenticator = Authenticator(settings.auth)
+        self.tracing: Tracing | None = build_tracing(settings.tracing)
+        self.metrics: Metrics = RemoteMetrics(self)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._infers = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._draining = False
+        self._state: dict[str, Any] = {"ready": False, "draining": False, "models": []}
+        self._checks: dict[tuple[str, str | None], InputCheck] = {}
+        self._checks_generation: object = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._outbox: list[bytes] = []
+        self._free_out: list[int] = []
+        self._flush_scheduled = False
+        self._events_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sync: socket.socket | None = None
+        self._sync_lock = threading.Lock()
+        self.engine_gone = asyncio.Event()
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to the engine process and take over this worker slot's arenas."""
+        self._loop = asyncio.get_running_loop()
+        reader, self._writer = await asyncio.open_unix_connection(self.path)
+        self._writer.write(frame(Kind.HELLO, {"worker": self.index}))
+        kind, welcome = await read_frame(reader)
+        if kind is not Kind.WELCOME:
+            raise ProtocolError(f"expected WELCOME, got {kind.name}")
+        for offset, size in welcome["held"]:  # still read by the engine for our predecessor
+            self.allocator.reserve(offset, size)
+        self._state = welcome["state"]
+        self._reader_task = asyncio.create_task(self._read(reader), name="engine-reader")
+        self._sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sync.settimeout(CALL_TIMEOUT_S)
+        self._sync.connect(self.path)
+        self._sync.sendall(frame(Kind.HELLO, {"worker": None}))
+
+    @property
+    def live(self) -> bool:
+        return not self.engine_gone.is_set()
+
+    @property
+    def ready(self) -> bool:
+        return bool(self._state.get("ready")) and not self.draining
+
+    @property
+    def draining(self) -> bool:
+        return self._draining or bool(self._state.get("draining")) or self.engine_gone.is_set()
+
+    def stop_accepting(self) -> None:
+        self._draining = True
+
+    async def drain(self) -> None:
+        """Wait for this worker's requests to be answered, bounded by `drain_timeout_s` (the
+        engine answers what it cannot finish)."""
+        self.stop_accepting()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.settings.drain_timeout_s + 1.0):
+                await self._idle.wait()
+
+    async def close(self) -> None:
+        self._closing = True
+        self.flush_events()
+        self._flush()
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+        if self._sync is not None:
+            self._sync.close()
+
+    # -- inference -------------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if self.draining:
+            raise errors.ShuttingDown()
+        size = slot_bytes(request.inputs)
+        if size > self.inputs.size_bytes:
+            raise errors.PayloadTooLarge(size, self.inputs.size_bytes)
+        offset = self.allocator.alloc(size)
+        if offset is None:
+            raise errors.Overloaded(
+                f"this worker's request arena is full ({self.allocator.used_bytes} of "
+                f"{self.inputs.size_bytes} bytes in use); retry shortly"
+            )
+        try:
+            if size > OFFLOAD_BYTES:
+                described = await asyncio.to_thread(
+                    write_tensors, self.inputs.buf, offset, request.inputs
+                )
+            else:
+                described = write_tensors(self.inputs.buf, offset, request.inputs)
+        except BaseException:
+            self.allocator.free(offset)
+            raise
+        # From here the slot is the engine's until it says FREE_IN.
+        self._infers += 1
+        self._idle.clear()
+        try:
+            message = {
+                "slot": offset,
+                "size": size,
+                "inputs": [t.as_list() for t in described],
+                "request": {
+                    "model_name": request.model_name,
+                    "datatypes": request.datatypes,
+                    "model_version": request.model_version,
+                    "id": request.id,
+                    "outputs": request.outputs,
+                    "parameters": request.parameters,
+                    "priority": request.priority,
+                    "timeout_s": request.timeout_s,
+                    "tenant": request.tenant,
+                },
+            }
+            result = await self._request(Kind.INFER, message)
+        finally:
+            self._infers -= 1
+            if not self._infers:
+                self._idle.set()
+        return self._response(result)
+
+    def _response(self, result: dict[str, Any]) -> InferResponse:
+        slot = self.outputs.slot(result["slot"], result["size"])
+        offset = result["slot"]
+        weakref.finalize(slot, self._viewed, offset)
+        outputs = view_tensors(slot, [Tensor.from_list(t) for t in result["outputs"]])
+        spec = result["response"]
+        return InferResponse(
+            model_name=spec["model_name"],
+            model_version=spec["model_version"],
+            outputs=outputs,
+            datatypes=spec["datatypes"],
+            id=spec.get("id"),
+            parameters=spec.get("parameters") or {},
+        )
+
+    def _viewed(self, offset: int) -> None:
+        """Finalizer of an answer's view (any thread: an encoder may drop the last array)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._free_out_slot, offset)
+
+    def _free_out_slot(self, offset: int) -> None:
+        self._free_out.append(offset)
+        self._schedule_flush()
+
+    async def _request(self, kind: Kind, message: dict[str, Any]) -> Any:
+        if self.engine_gone.is_set():
+            raise errors.ShuttingDown("the engine process is gone")
+        call_id = next(self._ids)
+        message["id"] = call_id
+        assert self._loop is not None
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._pending[call_id] = future
+        self._send(kind, message)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(call_id, None) is not None:
+                self._send(Kind.CANCEL, {"id": call_id})
+            raise
+
+    # -- the connection --------------------------------------------------------------------------
+
+    def _send(self, kind: Kind, payload: Any) -> None:
+        self._outbox.append(frame(kind, payload))
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled and self._loop is not None:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._free_out:
+            self._outbox.append(frame(Kind.FREE_OUT, {"slots": self._free_out}))
+            self._free_out = []
+        if self._outbox and self._writer is not None and not self.engine_gone.is_set():
+            self._writer.write(b"".join(self._outbox))
+        self._outbox.clear()
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, message = await read_frame(reader)
+                self._dispatch(kind, message)
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
+            if not self._closing:
+                log.error("lost the engine process: %s", exc)
+        finally:
+            self.engine_gone.set()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(errors.ShuttingDown("the engine process is gone"))
+            self._pending.clear()
+
+    def _dispatch(self, kind: Kind, message: Any) -> None:
+        if kind is Kind.FREE_IN:
+            for offset in message["slots"]:
+                self.allocator.free(offset)
+        elif kind in (Kind.RESULT, Kind.REPLY, Kind.ERROR):
+            future = self._pending.pop(message["id"], None)
+            if future is None or future.done():  # cancelled meanwhile: give its slot back
+                if kind is Kind.RESULT:
+                    self._free_out_slot(message["slot"])
+                return
+            if kind is Kind.ERROR:
+                future.set_exception(rebuild_error(message))
+            else:
+                future.set_result(message if kind is Kind.RESULT else message["result"])
+        elif kind is Kind.STATE:
+            self._state = message
+        else:
+            raise ProtocolError(f"unexpected {kind.name} frame from the engine")
+
+    # -- metrics ---------------------------------------------------------------------------------
+
+    def schedule_events(self) -> None:
+        if not self._events_scheduled and self._loop is not None:
+            self._events_scheduled = True
+            self._loop.call_later(EVENTS_INTERVAL_S, self.flush_events)
+
+    def flush_events(self) -> None:
+        self._events_scheduled = False
+        metrics = self.metrics
+        assert isinstance(metrics, RemoteMetrics)
+        payload = metrics.take()
+        if payload is not None and self._writer is not None:
+            self._send(Kind.EVENTS, payload)
+            self._flush()
+
+    # -- everything else -------------------------------------------------------------------------
+
+    def call_sync(self, method: str, *args: Any, events: dict[str, Any] | None = None) -> Any:
+        """A blocking call on the synchronous channel (not for the inference path); `events`
+        (front-end counts) are sent just before it, so the engine has them when it answers."""
+        if self._sync is None:
+            raise errors.ShuttingDown("not connected to the engine process")
+        data = frame(Kind.CALL, {"id": 0, "method": method, "args": list(args)})
+        if events is not None:
+            data = frame(Kind.EVENTS, events) + data
+        with self._sync_lock:
+            started = time.monotonic()
+            try:
+                self._sync.sendall(data)
+                kind, message = read_frame_sync(self._sync)
+            except (OSError, ProtocolError) as exc:
+                raise errors.BackendError(
+                    f"the engine process did not answer '{method}' "
+                    f"({time.monotonic() - started:.1f} s): {exc}"
+                ) from exc
+        if kind is Kind.ERROR:
+            raise rebuild_error(message)
+        return message["result"]
+
+    def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        generation = self._state.get("generation")
+        if generation != self._checks_generation:
+            self._checks.clear()
+            self._checks_generation = generation
+        check = self._checks.get((name, version))
+        if check is None:
+            spec = self.call_sync("input_spec", name, version)
+            check = functools.partial(
+                check_inputs,
+                inputs=_specs(spec["inputs"]),
+                max_batch_size=spec["max_batch_size"],
+                label=spec["label"],
+            )
+            self._checks[(name, version)] = check
+        return check
+
+    def server_metadata(self) -> dict[str, Any]:
+        return dict(self._state.get("server") or {})
+
+    def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        meta = self.call_sync("model_metadata", name, version)
+        return ModelMetadata(
+            name=meta["name"],
+            versions=tuple(meta["versions"]),
+            platform=meta["platform"],
+            inputs=_specs(meta["inputs"]),
+            outputs=_specs(meta["outputs"]),
+        )
+
+    def model_ready(self, name: str, version: str | None = None) -> bool:
+        return bool(self.call_sync("model_ready", name, version)) and not self.draining
+
+    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self.call_sync("model_config", name, version)
+        return result
+
+    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = self.call_sync("statistics", name, version)
+        return result
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        result: list[dict[str, str]] = self.call_sync("repository_index", ready_only)
+        return result
+
+    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
+        self._state = await self._request(
+            Kind.CALL, {"method": "load_model", "args": [name, list(parameters)]}
+        )
+
+    async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:
+        self._state = await self._request(
+            Kind.CALL, {"method": "unload_model", "args": [name, list(parameters)]}
+        )
+
+    async def usage(self, tenant: str) -> dict[str, Any]:
+        result: dict[str, Any] = await self._request(
+            Kind.CALL, {"method": "usage", "args": [tenant]}
+        )
+        return result
+
+    def label_for(self, name: str) -> str:
+        return name if name in self._state.get("models", ()) else "_unknown"

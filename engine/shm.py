@@ -1,0 +1,244 @@
+"""The shared-memory arena that carries tensors between a worker process and the engine process.
+
+Each worker has two arenas, anonymous memory files (memfd) created by the supervisor before it
+forks the engine and the workers, so both sides map the same pages and nothing is left behind in
+/dev/shm when a process dies:
+
+    in-arena   the worker allocates a slot per request and writes the decoded inputs into it once;
+               the engine views them in place (np.ndarray over the mapping) and the batcher's
+               concatenation reads them from there. The engine says when a slot is free again:
+               when the last array viewing it is gone, not when the answer is sent (a batch
+               still running may read a cancelled request's inputs).
+    out-arena  the engine allocates a slot per answer and writes the outputs into it once; the
+               worker views them in place while it encodes the response, then frees the slot.
+
+A slot holds its tensors back to back, each at a 64-byte aligned offset. A numeric tensor is its
+C-contiguous bytes; a BYTES tensor is Triton's layout (a 4-byte little-endian length before each
+element), decoded back into a numpy object array on the other side (the only copy: Python bytes
+objects cannot live in shared memory). The descriptors that say where each tensor lies travel in
+the control message (engine/wire.py), never the data.
+
+Bounds: an arena is `workers_arena_bytes` (per worker, per direction). A request whose inputs do
+not fit in the free space is answered Overloaded (503 with Retry-After) at once; one that could
+never fit is PayloadTooLarge (413); no request ever waits for space."""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+ALIGN = 64
+"""Every tensor starts at a multiple of this many bytes (cache lines; SIMD loads)."""
+
+NUMERIC_KINDS = frozenset("biuf")
+"""dtype kinds a descriptor may name: bool, signed and unsigned ints, floats."""
+
+_LENGTH = struct.Struct("<I")
+
+Buffer = memoryview | bytearray | ctypes.Array[ctypes.c_char]
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+
+
+class Arena:
+    """One shared region: a memfd mapped read-write. `fd` is inherited by forked processes."""
+
+    def __init__(self, size_bytes: int, fd: int | None = None) -> None:
+        if fd is None:
+            fd = os.memfd_create("sluice-arena", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size_bytes)
+        self.fd = fd
+        self.size_bytes = size_bytes
+        self._map = mmap.mmap(fd, size_bytes)
+        self.buf = memoryview(self._map)
+
+    def slot(self, offset: int, size: int) -> ctypes.Array[ctypes.c_char]:
+        """A buffer over `[offset, offset + size)` that arrays viewing it keep as their `base`
+        (numpy would see through a memoryview to the mapping), so a weakref on it says when the
+        last of them is gone."""
+        if offset < 0 or size < 0 or offset + size > self.size_bytes:
+            raise ValueError(f"slot {offset}+{size} lies outside the {self.size_bytes} byte arena")
+        return (ctypes.c_char * size).from_buffer(self._map, offset)
+
+    def close(self) -> None:
+        """Unmap (every view into it must be gone) and close the file."""
+        self.buf.release()
+        self._map.close()
+        os.close(self.fd)
+
+
+class Allocator:
+    """First-fit allocation of aligned slots in `[0, size_bytes)`, with coalescing frees. Owned
+    by one process; the other side only reads or writes the slots it is told about."""
+
+    def __init__(self, size_bytes: int) -> None:
+        self.size_bytes = size_bytes
+        self._free: list[tuple[int, int]] = [(0, size_bytes)]  # (offset, size), sorted, disjoint
+        self._used: dict[int, int] = {}  # offset -> size
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(self._used.values())
+
+    @property
+    def slots(self) -> int:
+        return len(self._used)
+
+    def alloc(self, nbytes: int) -> int | None:
+        """The offset of a free slot of at least `nbytes`, or None when none is free."""
+        size = max(_aligned(nbytes), ALIGN)
+        for index, (offset, free) in enumerate(self._free):
+            if free >= size:
+                if free == size:
+                    del self._free[index]
+                else:
+                    self._free[index] = (offset + size, free - size)
+                self._used[offset] = size
+                return offset
+        return None
+
+    def reserve(self, offset: int, nbytes: int) -> None:
+        """Mark a slot taken that another process of this arena still holds (a restarted
+        worker learns which of its predecessor's slots the engine still reads)."""
+        size = max(_aligned(nbytes), ALIGN)
+        for index, (start, free) in enumerate(self._free):
+            if start <= offset and offset + size <= start + free:
+                pieces = [(start, offset - start), (offset + size, start + free - offset - size)]
+                self._free[index : index + 1] = [p for p in pieces if p[1] > 0]
+                self._used[offset] = size
+                return
+        raise ValueError(f"slot at {offset} ({size} bytes) is not free")
+
+    def free(self, offset: int) -> None:
+        """Return a slot; an offset that is not allocated is an error (a double free)."""
+        size = self._used.pop(offset, None)
+        if size is None:
+            raise ValueError(f"no slot is allocated at offset {offset}")
+        index = bisect.bisect(self._free, (offset, size))
+        if index < len(self._free) and self._free[index][0] == offset + size:
+            size += self._free.pop(index)[1]
+        if index > 0 and sum(self._free[index - 1]) == offset:
+            index -= 1
+            offset, size = self._free[index][0], self._free[index][1] + size
+            self._free.pop(index)
+        self._free.insert(index, (offset, size))
+
+    def reset(self) -> None:
+        """Free everything (the process that read the slots is gone)."""
+        self._free = [(0, self.size_bytes)]
+        self._used.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """Where one tensor lies inside a slot: `offset` is relative to the slot's start."""
+
+    name: str
+    dtype: str  # numpy dtype string ("<f4"), or "BYTES" for Triton's length-prefixed layout
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    def as_list(self) -> list[object]:
+        return [self.name, self.dtype, list(self.shape), self.offset, self.nbytes]
+
+    @staticmethod
+    def from_list(item: object) -> Tensor:
+        """A descriptor read from the control channel; anything malformed is a ValueError."""
+        if not isinstance(item, list) or len(item) != 5:
+            raise ValueError(f"tensor descriptor must be a list of 5 items, got {item!r}")
+        name, dtype, shape, offset, nbytes = item
+        if not (
+            isinstance(name, str)
+            and isinstance(dtype, str)
+            and isinstance(shape, list)
+            and all(type(d) is int and d >= 0 for d in shape)
+            and type(offset) is int
+            and type(nbytes) is int
+        ):
+            raise ValueError(f"malformed tensor descriptor {item!r}")
+        return Tensor(name, dtype, tuple(shape), offset, nbytes)
+
+
+def _bytes_layout(array: np.ndarray) -> list[bytes]:
+    parts: list[bytes] = []
+    for item in array.reshape(-1):
+        data = item if isinstance(item, bytes) else str(item).encode()
+        parts += (_LENGTH.pack(len(data)), data)
+    return parts
+
+
+def slot_bytes(arrays: Mapping[str, np.ndarray]) -> int:
+    """The size of a slot holding `arrays` (aligned offsets included)."""
+    total = 0
+    for array in arrays.values():
+        if array.dtype.kind == "O":
+            total += _aligned(sum(4 + len(b) for b in _bytes_layout(array)[1::2]))
+        else:
+            total += _aligned(array.nbytes)
+    return total
+
+
+def write_tensors(buf: memoryview, start: int, arrays: Mapping[str, np.ndarray]) -> list[Tensor]:
+    """Write each array once into the slot at `start`; the descriptors say where."""
+    described: list[Tensor] = []
+    at = 0
+    for name, array in arrays.items():
+        if array.dtype.kind == "O":
+            data = b"".join(_bytes_layout(array))
+            buf[start + at : start + at + len(data)] = data
+            described.append(Tensor(name, "BYTES", array.shape, at, len(data)))
+            at += _aligned(len(data))
+            continue
+        target = np.ndarray(array.shape, array.dtype, buffer=buf, offset=start + at)
+        np.copyto(target, array, casting="no")
+        described.append(Tensor(name, array.dtype.str, array.shape, at, array.nbytes))
+        at += _aligned(array.nbytes)
+    return described
+
+
+def view_tensors(slot: Buffer, tensors: Iterable[Tensor]) -> dict[str, np.ndarray]:
+    """Arrays over `slot` (see Arena.slot). Descriptors are checked against the slot's bounds
+    and their dtype and shape."""
+    arrays: dict[str, np.ndarray] = {}
+    for tensor in tensors:
+        if tensor.offset < 0 or tensor.nbytes < 0 or tensor.offset + tensor.nbytes > len(slot):
+            raise ValueError(f"tensor '{tensor.name}' lies outside its slot")
+        count = int(np.prod(tensor.shape, dtype=np.int64))
+        if tensor.dtype == "BYTES":
+            arrays[tensor.name] = _read_bytes(slot, tensor, count)
+            continue
+        dtype = np.dtype(tensor.dtype)
+        if dtype.kind not in NUMERIC_KINDS or count * dtype.itemsize != tensor.nbytes:
+            raise ValueError(f"tensor '{tensor.name}': {tensor.dtype} {list(tensor.shape)} "
+                             f"does not fill {tensor.nbytes} bytes")  # fmt: skip
+        arrays[tensor.name] = np.ndarray(
+            tensor.shape,
+            dtype,
+            buffer=slot,  # type: ignore[arg-type]  # a ctypes array exports the buffer protocol
+            offset=tensor.offset,
+        )
+    return arrays
+
+
+def _read_bytes(slot: Buffer, tensor: Tensor, count: int) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    at, end = tensor.offset, tensor.offset + tensor.nbytes
+    for index in range(count):
+        if at + 4 > end:
+            raise ValueError(f"BYTES tensor '{tensor.name}' ends inside element {index}")
+        (length,) = _LENGTH.unpack_from(slot, at)
+        if at + 4 + length > end:
+            raise ValueError(f"BYTES tensor '{tensor.name}' element {index} passes its end")
+        out[index] = bytes(memoryview(slot)[at + 4 : at + 4 + length])
+        at += 4 + length
+    return out.reshape(tensor.shape)

@@ -1,0 +1,78 @@
+"""The control channel between a worker process and the engine process: a unix stream socket
+carrying frames of `<u32 length><u8 kind><JSON payload>`. Tensors never travel here, only their
+descriptors (engine/shm.py); the payload is orjson, never pickle, and a frame larger than
+MAX_FRAME_BYTES or a kind that is not known ends the connection."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import socket
+import struct
+from typing import Any
+
+import orjson
+
+HEADER = struct.Struct("<IB")
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+
+
+class Kind(enum.IntEnum):
+    """What a frame is. Worker -> engine: HELLO, INFER, CANCEL, FREE_OUT, CALL, EVENTS.
+    Engine -> worker: WELCOME, RESULT, ERROR, FREE_IN, REPLY, STATE."""
+
+    HELLO = 1  # {"worker": index, "pid": pid}
+    INFER = 2  # {"id", "slot", "inputs": [descriptor...], "request": {...}}
+    CANCEL = 3  # {"id"}
+    FREE_OUT = 4  # {"slots": [offset...]}: the worker is done with these answers
+    CALL = 5  # {"id", "method", "args"}: everything but inference
+    EVENTS = 6  # {"requests": [[model, version, protocol, status, seconds]...], "encoded": ...}
+    WELCOME = 11  # {"held": [[offset, nbytes]...], "state": {...}}
+    RESULT = 12  # {"id", "slot", "outputs": [descriptor...], "response": {...}}
+    ERROR = 13  # {"id", "error": class name, "message", "retry_after_s", "headers"}
+    FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
+    REPLY = 15  # {"id", "result"}
+    STATE = 16  # {"ready", "draining", "generation"}
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a frame of this protocol."""
+
+
+def frame(kind: Kind, payload: Any) -> bytes:
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return HEADER.pack(len(body), kind) + body
+
+
+def _parse(size: int, kind: int, body: bytes) -> tuple[Kind, Any]:
+    try:
+        return Kind(kind), orjson.loads(body)
+    except (ValueError, orjson.JSONDecodeError) as exc:
+        raise ProtocolError(f"bad frame (kind {kind}, {size} bytes): {exc}") from exc
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[Kind, Any]:
+    """The next frame; IncompleteReadError at the end of the stream."""
+    size, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {size} bytes passes the {MAX_FRAME_BYTES} byte limit")
+    return _parse(size, kind, await reader.readexactly(size))
+
+
+def read_frame_sync(sock: socket.socket) -> tuple[Kind, Any]:
+    """The next frame from a blocking socket (the worker's channel for synchronous calls)."""
+    size, kind = HEADER.unpack(_recv_exactly(sock, HEADER.size))
+    if size > MAX_FRAME_BYTES:
+        raise ProtocolError(f"frame of {size} bytes passes the {MAX_FRAME_BYTES} byte limit")
+    return _parse(size, kind, _recv_exactly(sock, size))
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise ConnectionError("the engine closed the connection")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,229 @@
+"""A worker's RemoteEngine against an EngineHost in front of a real Engine (engine/remote.py,
+engine/host.py), in one process: each side maps the arenas through its own file descriptor, as
+the worker and engine processes do."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.demo import write_demo_repository
+from engine.engine import Engine
+from engine.errors import InvalidInput, ModelNotFound, Overloaded, PayloadTooLarge, RateLimited
+from engine.host import EngineHost
+from engine.remote import RemoteEngine
+from engine.settings import Settings, load_settings
+from engine.shm import Arena
+from engine.types import InferRequest
+
+
+def request(x: np.ndarray, model: str = "demo") -> InferRequest:
+    return InferRequest(model, {"x": x}, {"x": "FP32"})
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll `condition` until it holds, failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+class Rig:
+    """One engine, its host, and worker arenas (one pair per worker slot)."""
+
+    def __init__(self, settings: Settings, socket_path: str, workers: int, arena_bytes: int):
+        self.settings = settings
+        self.path = socket_path
+        self.engine = Engine(settings)
+        self.worker_arenas = [(Arena(arena_bytes), Arena(arena_bytes)) for _ in range(workers)]
+        engine_side = [(Arena(arena_bytes, os.dup(i.fd)), Arena(arena_bytes, os.dup(o.fd)))
+                       for i, o in self.worker_arenas]  # fmt: skip
+        self.host = EngineHost(self.engine, engine_side)
+        self.remotes: list[RemoteEngine] = []
+
+    async def start(self) -> None:
+        await self.engine.start()
+        await self.host.serve(self.path)
+
+    async def remote(self, index: int = 0) -> RemoteEngine:
+        remote = RemoteEngine(self.settings, self.path, index, self.worker_arenas[index])
+        await remote.start()
+        self.remotes.append(remote)
+        return remote
+
+    async def close(self) -> None:
+        for remote in self.remotes:
+            await remote.close()
+        await self.host.close()
+        await self.engine.close()
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="sluice-t", dir="/tmp")  # unix socket paths are short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make_rig(tmp_path: Path, socket_dir: str) -> Callable[..., Rig]:
+    repo = write_demo_repository(tmp_path / "models")
+
+    def make(workers: int = 1, arena_bytes: int = 1 << 20, **overrides: object) -> Rig:
+        settings = load_settings(model_repository=repo, **overrides)
+        return Rig(settings, os.path.join(socket_dir, "engine.sock"), workers, arena_bytes)
+
+    return make
+
+
+@pytest.fixture
+async def rig(make_rig: Callable[..., Rig]) -> AsyncIterator[Rig]:
+    rig = make_rig()
+    await rig.start()
+    yield rig
+    await rig.close()
+
+
+async def test_inputs_are_viewed_in_the_arena_and_outputs_come_back_in_place(rig: Rig) -> None:
+    seen: list[np.ndarray] = []
+    infer = rig.engine.infer
+
+    async def spy(req: InferRequest) -> object:
+        seen.append(req.inputs["x"])
+        return await infer(req)
+
+    rig.engine.infer = spy  # type: ignore[method-assign]
+    remote = await rig.remote()
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    answer = await remote.infer(request(x))
+    expected = await infer(request(x.copy()))
+    np.testing.assert_array_equal(
+        answer.outputs["probabilities"], expected.outputs["probabilities"]
+    )
+    assert answer.model_version == "1"
+    engine_in = np.frombuffer(rig.host.workers[0].inputs.buf, np.uint8)
+    assert np.shares_memory(seen[0], engine_in)  # the engine read the worker's bytes in place
+    worker_out = np.frombuffer(rig.worker_arenas[0][1].buf, np.uint8)
+    assert np.shares_memory(answer.outputs["probabilities"], worker_out)
+    del seen[:], engine_in, worker_out
+    # The slots are freed once nothing views them: the answer's when the worker drops it, the
+    # request's when the engine's arrays are gone.
+    assert rig.host.workers[0].out_allocator.used_bytes > 0
+    del answer
+    await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0)
+    await until(lambda: remote.allocator.used_bytes == 0)
+    assert not rig.host.workers[0].held_in
+
+
+async def test_engine_errors_keep_their_class_message_and_retry_after(rig: Rig) -> None:
+    remote = await rig.remote()
+    with pytest.raises(ModelNotFound, match="unknown model 'nope'"):
+        await remote.infer(request(np.zeros((1, 16), np.float32), model="nope"))
+    with pytest.raises(InvalidInput, match="x"):
+        await remote.infer(request(np.zeros((1, 15), np.float32)))
+    # Blocking calls: from a thread here, since this test's loop also runs the engine.
+    with pytest.raises(ModelNotFound):
+        await asyncio.to_thread(remote.model_metadata, "nope")
+    meta = await asyncio.to_thread(remote.model_metadata, "demo")
+    assert meta.inputs[0].shape == (-1, 16)
+    check = await asyncio.to_thread(remote.input_check, "demo")
+    assert check({"x": [2, 16]}, {"x": "FP32"}) == 2
+
+
+async def test_a_full_arena_is_overloaded_at_once_and_never_waits(
+    make_rig: Callable[..., Rig],
+) -> None:
+    rig = make_rig(arena_bytes=8 * 64)  # 8 requests of one 64-byte row
+    await rig.start()
+    try:
+        remote = await rig.remote()
+        batcher = rig.engine.registry.resolve("demo", None).batcher
+        batcher.pause()
+        held = [asyncio.create_task(remote.infer(request(np.full((1, 16), i, np.float32))))
+                for i in range(8)]  # fmt: skip
+        await until(lambda: remote.allocator.used_bytes == 8 * 64)
+        with pytest.raises(Overloaded, match="request arena is full") as refused:
+            await asyncio.wait_for(remote.infer(request(np.zeros((1, 16), np.float32))), 1.0)
+        assert refused.value.retry_after_header == "1"
+        with pytest.raises(PayloadTooLarge):
+            await remote.infer(request(np.zeros((9, 16), np.float32)))
+        batcher.resume()
+        answers = await asyncio.wait_for(asyncio.gather(*held), 10)
+        assert len({a.outputs["probabilities"].tobytes() for a in answers}) == 8
+    finally:
+        await rig.close()
+
+
+async def test_a_dead_worker_s_requests_are_withdrawn_and_its_slots_freed(
+    make_rig: Callable[..., Rig],
+) -> None:
+    rig = make_rig()
+    await rig.start()
+    try:
+        remote = await rig.remote()
+        model = rig.engine.registry.resolve("demo", None)
+        model.batcher.pause()
+        calls = [asyncio.create_task(remote.infer(request(np.ones((1, 16), np.float32))))
+                 for _ in range(3)]  # fmt: skip
+        await until(lambda: len(rig.host.workers[0].held_in) == 3)
+        assert remote._writer is not None
+        remote._writer.transport.abort()  # the worker process dies
+        for call in calls:
+            with pytest.raises(Overloaded):  # its callers are gone with it in a real worker
+                await asyncio.wait_for(call, 5)
+        executed = model.stats.execution_count
+        model.batcher.resume()  # the batcher drops the withdrawn requests unrun
+        await until(lambda: not rig.host.workers[0].held_in)  # and nothing views them any more
+        assert rig.host.workers[0].out_allocator.used_bytes == 0
+        # Its successor in the same slot starts with a free arena and is served.
+        successor = await rig.remote()
+        assert successor.allocator.used_bytes == 0
+        answer = await successor.infer(request(np.zeros((2, 16), np.float32)))
+        assert answer.outputs["probabilities"].shape == (2, 10)
+        assert model.stats.execution_count == executed + 1  # the dead worker's never ran
+    finally:
+        await rig.close()
+
+
+async def test_admission_is_exact_across_workers(make_rig: Callable[..., Rig]) -> None:
+    rig = make_rig(workers=2, rate_limit={"default": {"rate_per_s": 0.001, "burst": 5}})
+    await rig.start()
+    try:
+        first, second = await rig.remote(0), await rig.remote(1)
+        outcomes = await asyncio.gather(
+            *(r.infer(request(np.zeros((1, 16), np.float32))) for r in (first, second) * 5),
+            return_exceptions=True,
+        )
+        assert sum(not isinstance(o, BaseException) for o in outcomes) == 5  # not 5 per worker
+        assert sum(isinstance(o, RateLimited) for o in outcomes) == 5
+    finally:
+        await rig.close()
+
+
+async def test_front_end_counts_of_every_worker_are_in_the_metrics(
+    make_rig: Callable[..., Rig],
+) -> None:
+    rig = make_rig(workers=2)
+    await rig.start()
+    try:
+        first, second = await rig.remote(0), await rig.remote(1)
+        first.metrics.request("demo", "1", "http", 200, 0.01)
+        second.metrics.request("demo", "1", "grpc", 200, 0.01)
+        second.flush_events()
+        await asyncio.sleep(0)  # the engine reads the frame (it runs in this loop)
+        text = await asyncio.to_thread(first.metrics.exposition)
+        assert 'protocol="http",status="200",version="1"} 1.0' in text.decode()
+        assert 'protocol="grpc",status="200",version="1"} 1.0' in text.decode()
+        stats = await asyncio.to_thread(first.statistics, "demo")
+        assert stats["model_stats"][0]["name"] == "demo"
+    finally:
+        await rig.close()
