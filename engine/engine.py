@@ -343,7 +343,13 @@ class Engine:
         return not self._draining
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        return triton_config(self.registry.resolve(name, version))
+        """Triton's model config; parameters `sluice_config` (the config as JSON) and
+        `sluice_config_source` (`load` when a load request's config replaced config.yaml, else
+        `repository`)."""
+        config = triton_config(self.registry.resolve(name, version))
+        source = "load" if self.registry.config_loaded(name) else "repository"
+        config["parameters"]["sluice_config_source"] = {"string_value": source}
+        return config
 
     def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
         if name is None:

@@ -80,6 +80,10 @@ class ModelRegistry:
     def has(self, name: str) -> bool:
         return name in self._models
 
+    def config_loaded(self, name: str) -> bool:
+        """Whether a load request's config replaces the folder's config.yaml of `name`."""
+        return name in self._configs
+
     def resolve(self, name: str, version: str | None) -> LoadedModel:
         """The version a request goes to: the one named, or the highest loaded."""
         versions = self._models.get(name)  # loaded names are valid: check only the others

@@ -62,7 +62,11 @@ def triton_config(model: LoadedModel) -> dict[str, Any]:
         "output": [_tensor(spec, batched) for spec in model.backend.outputs],
         "instance_group": instance_groups(model),
         "default_model_filename": _FILES.get(config.backend, "model.onnx"),
-        "parameters": {},
+        # sluice's own config as written (what a load's `config` parameter takes back, which
+        # is how `sluice tune` restores it).
+        "parameters": {
+            "sluice_config": {"string_value": config.model_dump_json(exclude_unset=True)}
+        },
     }
     if config.pipeline is not None:  # Triton's ensemble: the steps batch, the pipeline does not
         result["ensemble_scheduling"] = {

@@ -3,6 +3,7 @@ model fails at start, and failed reloads that keep the serving version (and read
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -165,3 +166,17 @@ async def test_a_config_that_does_not_validate_is_refused_before_loading(explici
     with pytest.raises(InvalidInput, match="expected a mapping of keys, got list"):
         await explicit.load_model("demo", {"config": "[1, 2]"})
     assert served(explicit).max_batch_size == 64
+
+
+async def test_the_triton_config_carries_the_sluice_config_and_its_source(
+    explicit: Engine,
+) -> None:
+    parameters = explicit.model_config("demo", None)["parameters"]
+    assert parameters["sluice_config_source"] == {"string_value": "repository"}
+    written = json.loads(parameters["sluice_config"]["string_value"])
+    assert written == {"max_batch_size": 64, "dynamic_batching": {"max_queue_delay_s": 0.002}}
+    inline = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_s": "auto"}}
+    await explicit.load_model("demo", {"config": json.dumps(inline)})
+    parameters = explicit.model_config("demo", None)["parameters"]
+    assert parameters["sluice_config_source"] == {"string_value": "load"}
+    assert json.loads(parameters["sluice_config"]["string_value"]) == inline
