@@ -11,7 +11,7 @@ from collections.abc import Callable
 from engine.backends.python_model import refuse
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, load_model
-from engine.model_config import ModelConfig
+from engine.model_config import ModelConfig, load_model_config
 from engine.pipeline import load_pipeline
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import Settings, SettingsError
@@ -187,6 +187,19 @@ class ModelRegistry:
                 await self._load_entry(entry)
             finally:
                 self._loading.discard(name)
+        if self.has(name):  # outside its lock: a pipeline's load may be waiting on this one
+            await self._retry_pipelines(name)
+
+    async def _retry_pipelines(self, step: str) -> None:
+        """Pipelines that failed to load while `step` was missing or broken load once it
+        serves: their own files did not change, so nothing else would retry them."""
+        for name in sorted({n for n, _ in self._failed} - {step}):
+            try:
+                config = self._configs.get(name) or load_model_config(self.repository.root / name)
+            except SettingsError:
+                continue
+            if config.pipeline is not None and step in {s.model for s in config.pipeline.steps}:
+                await self._load(name)
 
     async def _load_entry(self, entry: ModelEntry) -> None:
         self._clear_failed(entry.name)

@@ -396,3 +396,24 @@ async def test_poll_mode_picks_up_a_changed_step_under_the_pipeline(tmp_path: Pa
     np.testing.assert_allclose(
         answer.outputs["EMBEDDING"][0], raw / np.linalg.norm(raw), rtol=1e-5, atol=1e-6
     )
+
+
+async def test_a_pipeline_that_failed_for_want_of_a_step_loads_once_the_step_does(
+    tmp_path: Path,
+) -> None:
+    repo = write_text_repository(tmp_path / "models")
+    good = (repo / "embed" / "1" / "model.onnx").read_bytes()
+    (repo / "embed" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    engine = await start(
+        repo, model_control_mode="explicit", load_models=["embedder"], strict_readiness=False
+    )
+    try:
+        assert not engine.model_ready("embed")
+        assert not engine.model_ready("embedder")
+        (repo / "embed" / "1" / "model.onnx").write_bytes(good)
+        await engine.load_model("embed")  # only the step: its pipeline follows by itself
+        answer = await engine.infer(ask("the lazy dog"))
+    finally:
+        await engine.close()
+    expected = expected_embeddings(repo, ["the lazy dog"])
+    np.testing.assert_allclose(answer.outputs["EMBEDDING"], expected, rtol=1e-5, atol=1e-6)
