@@ -159,8 +159,10 @@ def convert(**params: Any) -> None:
 
     SOURCE is path/to/file.py:callable or package.module:callable (a factory returning a
     torch.nn.Module), a TorchScript file (.pt/.ts), an exported program (.pt2), a scikit-learn
-    pickle (.pkl/.joblib, needs --trust-pickle) or an ONNX file (.onnx).
+    pickle (.pkl/.joblib, needs --trust-pickle), an ONNX file (.onnx), or a Hugging Face
+    causal-LM folder (config.json of a *ForCausalLM and tokenizer.json: a generative model).
     """
+    from converters.causal_lm import convert_causal_lm, is_causal_lm_folder
     from converters.errors import ConversionError
     from converters.options import ConvertOptions
     from converters.pipeline import convert_model
@@ -206,7 +208,10 @@ def convert(**params: Any) -> None:
     report = Report(source=options.source)
     try:
         with progress_bar(console_for(stderr=True)) as progress:
-            convert_model(options, Steps(report, progress))
+            # A Hugging Face causal-LM folder becomes a generative model (past key/values in
+            # and out, tokenizer beside it); everything else is a single-shot model.
+            run = convert_causal_lm if is_causal_lm_folder(options.source) else convert_model
+            run(options, Steps(report, progress))
     except ConversionError as exc:
         report.status, report.error = "error", exc.message
     finally:

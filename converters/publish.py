@@ -96,8 +96,10 @@ def publish(
     config: str,
     report_json: str,
     replace_config: bool = False,
+    extra_files: dict[str, bytes] | None = None,
 ) -> Published:
-    """Write config.yaml (unless one exists and `replace_config` is false) and a new version."""
+    """Write config.yaml (unless one exists and `replace_config` is false) and a new version;
+    `extra_files` (a generative model's tokenizer files) go into the version folder too."""
     model_dir = repository / check_name(name)
     existing = versions(model_dir)
     chosen = version if version is not None else (existing[-1] + 1 if existing else 1)
@@ -118,6 +120,8 @@ def publish(
         if not write_config:
             _check_config(model_dir, None)
         (staging / model_file).write_bytes(payload)
+        for extra_name, extra_payload in (extra_files or {}).items():
+            (staging / extra_name).write_bytes(extra_payload)
         (staging / "conversion.json").write_text(report_json)
         if write_config:
             os.replace(staging / "config.yaml", config_path)

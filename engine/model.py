@@ -17,6 +17,7 @@ from batching.assembly import Padding
 from batching.batcher import Batcher, BatchPolicy
 from engine import datatypes
 from engine.backends.base import Backend
+from engine.generation.generator import Generator
 from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
 from engine.stats import ModelStats
@@ -200,6 +201,8 @@ class LoadedModel:
     batcher: Batcher
     executor: ThreadPoolExecutor
     runner: BatchRunner | None = None
+    generator: Generator | None = None
+    """The generation scheduler and text of a generative model (config `generative:`)."""
 
     @property
     def label(self) -> str:
@@ -213,6 +216,8 @@ class LoadedModel:
         return (0.0, 0.0) if self.runner is None else self.runner.last_run
 
     async def close(self) -> None:
+        if self.generator is not None:
+            await self.generator.close()
         await self.batcher.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.backend.close()
@@ -277,7 +282,15 @@ async def load_model(
             "max_batch_size": max_batch, "instances": config.instance_count,
         },
     )  # fmt: skip
+    generator = None
+    if config.generative is not None:
+        try:
+            generator = Generator(backend, config.generative, path.parent, executor, label)
+        except BaseException:
+            executor.shutdown(wait=False)
+            backend.close()
+            raise
     return LoadedModel(
         name, str(version), config, backend, max_batch, generation, stats, batcher, executor,
-        runner,
+        runner, generator,
     )  # fmt: skip

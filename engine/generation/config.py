@@ -1,0 +1,27 @@
+"""The `generative:` section of a model's config.yaml (written by `sluice convert` for a causal
+LM folder): what the decoder's context holds and how the generation scheduler runs it."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GenerativeOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    context_length: int = Field(gt=1)
+    """Tokens one sequence may hold, prompt and completion together (the model's positions)."""
+    eos_token_ids: list[int] = Field(default_factory=list)
+    """Tokens that end a completion (finish reason `stop`); they are not part of the text."""
+    kv_cache_bytes: int = Field(256 << 20, gt=0)
+    """Bytes of key/value cache all running sequences may hold together; a sequence reserves
+    its prompt plus max_tokens at admission and waits while that does not fit."""
+    max_running_sequences: int = Field(32, gt=0, le=4096)
+    """Sequences decoded together in one step (the decode batch)."""
+    max_waiting_sequences: int = Field(256, ge=0)
+    """Sequences that may wait for cache room; past it a new one is refused with 503."""
+    prefill_chunk_tokens: int = Field(256, gt=0)
+    """Prompt tokens prefilled per scheduler step, so a long prompt is spread over several
+    steps and running streams keep getting a token every step."""
+    default_max_tokens: int = Field(16, gt=0)
+    """Completion tokens when a request sets no max_tokens (clamped to the context)."""

@@ -1,0 +1,74 @@
+"""A served generative model: its decoder's scheduler and its text (tokenizer, chat template).
+Built by engine/model.py for a model whose config.yaml has a `generative:` section."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any
+
+from engine.backends.base import Backend
+from engine.generation.config import GenerativeOptions
+from engine.generation.kv_cache import CacheLayout
+from engine.generation.sampling import SamplingParams
+from engine.generation.scheduler import GenerationScheduler, GenSequence
+from engine.generation.text import Detokenizer, ModelText
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
+
+
+def cache_layout(backend: Backend, label: str) -> CacheLayout:
+    """The cache shape from the decoder's inputs (past_key_values.{i}.key: [batch, kv_heads,
+    past, head_dim]); ValueError when the model does not follow the decoder contract."""
+    names = {spec.name: spec for spec in backend.inputs}
+    needed = {"input_ids", "attention_mask", "position_ids"}
+    past = [spec for spec in backend.inputs if _PAST.match(spec.name)]
+    if not needed <= set(names) or not past:
+        raise ValueError(
+            f"{label} has a generative: section but its model is not a decoder with a cache "
+            f"(inputs {', '.join(names)}; expected input_ids, attention_mask, position_ids and "
+            "past_key_values.{i}.key/value, as `sluice convert` of a causal LM writes)"
+        )
+    shape = past[0].shape
+    if len(shape) != 4 or shape[1] <= 0 or shape[3] <= 0:
+        raise ValueError(
+            f"{label}: {past[0].name} has shape {list(shape)}; expected "
+            "[batch, kv_heads, past, head_dim] with fixed heads and head_dim"
+        )
+    return CacheLayout(layers=len(past) // 2, kv_heads=shape[1], head_dim=shape[3])
+
+
+class Generator:
+    """What the front-ends call for text generation on one model version."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        options: GenerativeOptions,
+        folder: Path,
+        executor: Executor,
+        label: str,
+    ) -> None:
+        self.options = options
+        self.text = ModelText(folder)
+        self.scheduler = GenerationScheduler(
+            backend.run, cache_layout(backend, label), options, executor, label
+        )
+
+    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        return self.text.encode(prompt) if isinstance(prompt, str) else list(prompt)
+
+    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        return self.text.encode(self.text.chat_prompt(messages))
+
+    def start(self, prompt: list[int], params: SamplingParams) -> GenSequence:
+        """Queue a sequence; its `stream()` yields the chunks (see GenerationScheduler)."""
+        return self.scheduler.submit(prompt, params, Detokenizer(self.text, params.stop))
+
+    def cancel(self, sequence: GenSequence) -> None:
+        self.scheduler.cancel(sequence)
+
+    async def close(self) -> None:
+        await self.scheduler.close()

@@ -1,0 +1,110 @@
+"""Per-request sampling: greedy, temperature, top-k, top-p, a seed, stop strings, max_tokens.
+Parameters are checked once when the request arrives (a value out of range is a 400 naming the
+parameter, what was received and what is allowed); each sequence then samples with its own
+numpy Generator, so a seeded request gives the same tokens whatever else runs beside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.errors import InvalidInput
+
+MAX_STOP_STRINGS = 4
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How one request picks its tokens. temperature 0 is greedy (argmax)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def _number(name: str, value: object, low: float, high: float, integer: bool = False) -> None:
+    kind = "an integer" if integer else "a number"
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok:
+        raise InvalidInput(f"{name} must be {kind} from {low} to {high}; got {value!r}")
+    assert isinstance(value, int | float)
+    if not low <= value <= high:
+        raise InvalidInput(f"{name} must be from {low} to {high}; got {value}")
+
+
+def sampling_params(
+    max_tokens: object,
+    temperature: object = 1.0,
+    top_k: object = 0,
+    top_p: object = 1.0,
+    seed: object = None,
+    stop: object = None,
+) -> SamplingParams:
+    """Checked parameters (InvalidInput names the first one out of range). `max_tokens` is
+    checked for sign only: the scheduler clamps it to the context."""
+    _number("max_tokens", max_tokens, 1, 2**31 - 1, integer=True)
+    _number("temperature", temperature, 0, 2)
+    _number("top_k", top_k, 0, 2**31 - 1, integer=True)
+    _number("top_p", top_p, 0, 1)
+    if top_p == 0:
+        raise InvalidInput("top_p must be above 0 and at most 1; got 0")
+    if seed is not None:
+        _number("seed", seed, 0, MAX_SEED, integer=True)
+    stops: tuple[str, ...]
+    if stop is None:
+        stops = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        stops = tuple(stop)
+    else:
+        raise InvalidInput(f"stop must be a string or a list of strings; got {stop!r}")
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+        raise InvalidInput(
+            f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings; got {list(stops)!r}"
+        )
+    return SamplingParams(
+        max_tokens=int(max_tokens),  # type: ignore[call-overload]
+        temperature=float(temperature),  # type: ignore[arg-type]
+        top_k=int(top_k),  # type: ignore[call-overload]
+        top_p=float(top_p),  # type: ignore[arg-type]
+        seed=None if seed is None else int(seed),  # type: ignore[call-overload]
+        stop=stops,
+    )
+
+
+class Sampler:
+    """Picks the next token from one row of logits."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray) -> int:
+        params = self.params
+        if params.greedy:
+            return int(np.argmax(logits))
+        scores = logits.astype(np.float64) / params.temperature
+        if 0 < params.top_k < scores.size:
+            kth = np.partition(scores, -params.top_k)[-params.top_k]
+            scores = np.where(scores < kth, -np.inf, scores)
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        if params.top_p < 1.0:
+            order = np.argsort(-probs)
+            cumulative = np.cumsum(probs[order])
+            # Keep the smallest prefix whose mass reaches top_p (at least one token).
+            keep = order[: int(np.searchsorted(cumulative, params.top_p)) + 1]
+            kept = np.zeros_like(probs)
+            kept[keep] = probs[keep]
+            probs = kept / kept.sum()
+        return int(self._rng.choice(probs.size, p=probs))

@@ -1,0 +1,334 @@
+"""The iteration-level (continuous batching) scheduler of one generative model.
+
+One owner task runs steps. Each step: drop cancelled sequences (their cache slots are freed
+there), admit waiting sequences in arrival order while the cache budget and the decode batch
+have room, prefill at most `prefill_chunk_tokens` prompt tokens of the sequences still being
+prefilled (a long prompt takes several steps, so it never stalls the running streams for long),
+and run one decode step of every other running sequence as one batch: their caches padded to
+the longest with attention_mask zeros over the padding, each at its own position. Each
+sequence samples its next token with its own sampler; finished sequences leave at once and new
+ones join at the next step.
+
+The decoder contract is converters/causal_lm.py's (past key/values in, present out)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from engine.errors import BackendError, EngineError, InvalidInput, Overloaded, ShuttingDown
+from engine.generation.config import GenerativeOptions
+from engine.generation.kv_cache import CacheLayout, KVCacheManager, Slot
+from engine.generation.sampling import Sampler, SamplingParams
+from engine.generation.stats import GenerationStats
+from engine.generation.text import Detokenizer
+
+log = logging.getLogger("sluice.generation")
+
+RunDecoder = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(slots=True)
+class Chunk:
+    """What one step gave a sequence: new tokens, their final text, and the finish reason
+    once it is done (`error` carries the engine error)."""
+
+    tokens: list[int]
+    text: str
+    finish_reason: FinishReason | None = None
+    error: EngineError | None = None
+
+
+@dataclass(eq=False)
+class GenSequence:
+    """One request's generation: its prompt, sampling, cache slot and output stream."""
+
+    prompt: list[int]
+    params: SamplingParams
+    max_tokens: int
+    detokenizer: Detokenizer | None
+    sampler: Sampler = field(init=False)
+    events: asyncio.Queue[Chunk] = field(default_factory=asyncio.Queue)
+    slot: Slot | None = None
+    generated: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    cancelled: bool = False
+    arrived: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None
+
+    def __post_init__(self) -> None:
+        self.sampler = Sampler(self.params)
+
+    @property
+    def prefilled(self) -> bool:
+        return self.slot is not None and self.slot.length >= len(self.prompt)
+
+    async def stream(self) -> AsyncIterator[Chunk]:
+        """Chunks until the one with a finish reason (included)."""
+        while True:
+            chunk = await self.events.get()
+            yield chunk
+            if chunk.finish_reason is not None:
+                return
+
+
+class GenerationScheduler:
+    """Runs the sequences of one generative model (see the module docstring)."""
+
+    def __init__(
+        self,
+        run: RunDecoder,
+        layout: CacheLayout,
+        options: GenerativeOptions,
+        executor: Executor,
+        label: str,
+    ) -> None:
+        self._run = run
+        self.layout = layout
+        self.options = options
+        self._executor = executor
+        self.label = label
+        self.cache = KVCacheManager(layout, options.kv_cache_bytes)
+        self.stats = GenerationStats()
+        self.waiting: deque[GenSequence] = deque()
+        self.running: list[GenSequence] = []
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._past_names = [
+            f"past_key_values.{i}.{kv}" for i in range(layout.layers) for kv in ("key", "value")
+        ]
+        self._present_names = [
+            f"present.{i}.{kv}" for i in range(layout.layers) for kv in ("key", "value")
+        ]
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def submit(
+        self, prompt: Sequence[int], params: SamplingParams, detokenizer: Detokenizer | None = None
+    ) -> GenSequence:
+        """Queue a sequence (its stream starts once it is admitted). A prompt that does not fit
+        the context is InvalidInput naming both lengths; max_tokens is clamped to the context
+        (the finish reason is then `length`); a full waiting queue is Overloaded."""
+        if self._closed:
+            raise ShuttingDown()
+        context = self.options.context_length
+        if not prompt:
+            raise InvalidInput("the prompt is empty; it needs at least one token")
+        if len(prompt) >= context:
+            raise InvalidInput(
+                f"the prompt has {len(prompt)} tokens; the model's context is {context} tokens "
+                f"(prompt and completion together), so a prompt may have at most {context - 1}"
+            )
+        max_tokens = min(params.max_tokens, context - len(prompt))
+        if not self.cache.fits_ever(len(prompt) + max_tokens):
+            need = self.cache.bytes_for(len(prompt) + max_tokens)
+            raise InvalidInput(
+                f"{len(prompt)} prompt + {max_tokens} completion tokens need {need} bytes of "
+                f"key/value cache; kv_cache_bytes is {self.options.kv_cache_bytes}"
+            )
+        if len(self.waiting) >= self.options.max_waiting_sequences:
+            raise Overloaded(
+                f"{self.label} has {len(self.waiting)} sequences waiting for cache room "
+                f"(max_waiting_sequences {self.options.max_waiting_sequences}); retry later"
+            )
+        sequence = GenSequence(list(prompt), params, max_tokens, detokenizer)
+        self.waiting.append(sequence)
+        self._ensure_task()
+        self._wake.set()
+        return sequence
+
+    def cancel(self, sequence: GenSequence) -> None:
+        """The client is gone: the slot is freed at the next step (or now, if waiting)."""
+        if sequence.finish_reason is not None:
+            return
+        sequence.cancelled = True
+        with contextlib.suppress(ValueError):
+            self.waiting.remove(sequence)
+            self._finish(sequence, "cancelled")
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Stop: every sequence not yet finished ends with ShuttingDown."""
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for sequence in [*self.waiting, *self.running]:
+            self._finish(sequence, "error", ShuttingDown())
+        self.waiting.clear()
+        self.running.clear()
+
+    # -- the owner task ------------------------------------------------------------------------
+
+    def _ensure_task(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name=f"generate {self.label}")
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._retire_cancelled()
+            self._admit()
+            if not self.running:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            prefill = self._prefill_plan()
+            decode = [s for s in self.running if s.prefilled and s not in dict(prefill)]
+            try:
+                logits = await loop.run_in_executor(self._executor, self._step, prefill, decode)
+            except EngineError as exc:
+                self._fail([s for s, _ in prefill] + decode, exc)
+                continue
+            except Exception as exc:
+                log.exception("%s: a generation step failed", self.label)
+                failure = BackendError(f"{self.label}: generation step failed")
+                failure.__cause__ = exc
+                self._fail([s for s, _ in prefill] + decode, failure)
+                continue
+            now = time.monotonic()
+            for sequence, row in logits:
+                self._emit(sequence, sequence.sampler(row), now)
+            self.stats.steps += 1
+
+    def _retire_cancelled(self) -> None:
+        for sequence in [s for s in self.running if s.cancelled]:
+            self._finish(sequence, "cancelled")
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.options.max_running_sequences:
+            sequence = self.waiting[0]
+            slot = self.cache.reserve(len(sequence.prompt) + sequence.max_tokens)
+            if slot is None:
+                return  # first come, first served: a small one does not overtake
+            self.waiting.popleft()
+            sequence.slot = slot
+            self.running.append(sequence)
+
+    def _prefill_plan(self) -> list[tuple[GenSequence, int]]:
+        """(sequence, tokens to prefill now) within this step's prefill budget."""
+        budget = self.options.prefill_chunk_tokens
+        plan = []
+        for sequence in self.running:
+            if budget == 0:
+                break
+            if sequence.prefilled:
+                continue
+            assert sequence.slot is not None
+            tokens = min(budget, len(sequence.prompt) - sequence.slot.length)
+            plan.append((sequence, tokens))
+            budget -= tokens
+        return plan
+
+    # -- one step, in a worker thread ----------------------------------------------------------
+
+    def _step(
+        self, prefill: list[tuple[GenSequence, int]], decode: list[GenSequence]
+    ) -> list[tuple[GenSequence, np.ndarray]]:
+        """Run the prefill chunks and the decode batch; the logits of every sequence that has
+        a next token to sample (a prefill that reached the prompt's end, every decode)."""
+        rows = []
+        for sequence, tokens in prefill:
+            slot = sequence.slot
+            assert slot is not None
+            start = slot.length
+            ids = sequence.prompt[start : start + tokens]
+            logits = self._forward([slot], [ids], [start])
+            if slot.length >= len(sequence.prompt):
+                rows.append((sequence, logits[0]))
+        if decode:
+            slots = [s.slot for s in decode if s.slot is not None]
+            last = [[s.generated[-1]] for s in decode]
+            logits = self._forward(slots, last, [slot.length for slot in slots])
+            rows += list(zip(decode, logits, strict=True))
+        return rows
+
+    def _forward(self, slots: list[Slot], ids: list[list[int]], starts: list[int]) -> np.ndarray:
+        """One decoder run: `ids[b]` (all the same length) follow `starts[b]` cached positions
+        of `slots[b]`; writes their keys/values into the slots; the last position's logits."""
+        batch, new = len(slots), len(ids[0])
+        past = max(starts)
+        mask = np.zeros((batch, past + new), np.int64)
+        mask[:, past:] = 1
+        feed: dict[str, np.ndarray] = {
+            "input_ids": np.array(ids, np.int64),
+            "attention_mask": mask,
+            "position_ids": np.array([range(s, s + new) for s in starts], np.int64),
+        }
+        layout = self.layout
+        for j, name in enumerate(self._past_names):
+            tensor = np.zeros((batch, layout.kv_heads, past, layout.head_dim), np.float32)
+            for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+                tensor[b, :, :start] = slot.kv[j, :, :start]
+            feed[name] = tensor
+        for b, start in enumerate(starts):
+            mask[b, :start] = 1
+        outputs = self._run(feed)
+        for j, name in enumerate(self._present_names):
+            present = outputs[name]
+            for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
+                slot.kv[j, :, start : start + new] = present[b, :, past : past + new]
+        for slot, start in zip(slots, starts, strict=True):
+            slot.length = start + new
+        return np.asarray(outputs["logits"][:, -1, :])
+
+    # -- results, on the loop ------------------------------------------------------------------
+
+    def _emit(self, sequence: GenSequence, token: int, now: float) -> None:
+        if sequence.finish_reason is not None:
+            return
+        stats = self.stats
+        if sequence.last_token_at is None:
+            stats.time_to_first_token_s.append(now - sequence.arrived)
+        else:
+            stats.inter_token_s.append(now - sequence.last_token_at)
+        sequence.last_token_at = now
+        stats.generated_tokens += 1
+        if token in self.options.eos_token_ids:
+            self._finish(sequence, "stop")
+            return
+        sequence.generated.append(token)
+        detok = sequence.detokenizer
+        text = detok.push(token) if detok is not None else ""
+        if detok is not None and detok.stopped:
+            self._finish(sequence, "stop", text=text, tokens=[token])
+        elif len(sequence.generated) >= sequence.max_tokens:
+            self._finish(sequence, "length", text=text, tokens=[token])
+        else:
+            sequence.events.put_nowait(Chunk([token], text))
+
+    def _finish(
+        self,
+        sequence: GenSequence,
+        reason: FinishReason,
+        error: EngineError | None = None,
+        text: str = "",
+        tokens: list[int] | None = None,
+    ) -> None:
+        if sequence.finish_reason is not None:
+            return
+        sequence.finish_reason = reason
+        if sequence.slot is not None:
+            self.cache.release(sequence.slot)
+        with contextlib.suppress(ValueError):
+            self.running.remove(sequence)
+        if reason in ("stop", "length") and sequence.detokenizer is not None:
+            text += sequence.detokenizer.flush()
+        sequence.events.put_nowait(Chunk(tokens or [], text, reason, error))
+        self._wake.set()
+
+    def _fail(self, sequences: list[GenSequence], error: EngineError) -> None:
+        for sequence in sequences:
+            self._finish(sequence, "error", error)

@@ -1,0 +1,125 @@
+"""A tiny GPT-2 for generative-model tests, built here (no downloads): a byte-level BPE tokenizer
+trained on a few sentences and a transformers GPT2LMHeadModel with random weights from a fixed
+seed, saved as a Hugging Face folder (config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json with a chat template)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+SENTENCES = [
+    "the quick brown fox jumps over the lazy dog",
+    "a batcher merges concurrent requests into one batch",
+    "tokens stream out one step at a time",
+    "the scheduler admits new sequences at every decode step",
+    "a prompt goes in and a completion comes out",
+    "the server answers every request exactly once",
+]
+EOS = "<|endoftext|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+N_POSITIONS = 64
+SEED = 0
+
+
+def train_tokenizer(folder: Path) -> Any:
+    """A byte-level BPE tokenizer (GPT-2's kind) saved as tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.trainers import BpeTrainer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=400,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(SENTENCES, trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": EOS,
+        "eos_token": EOS,
+        "model_max_length": N_POSITIONS,
+        "chat_template": CHAT_TEMPLATE,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return tokenizer
+
+
+def tiny_gpt2(folder: Path, n_layer: int = 2, n_embd: int = 32, n_head: int = 2) -> Path:
+    """Write a tiny random GPT-2 causal LM with its tokenizer into `folder`; returns `folder`."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = train_tokenizer(folder)
+    eos = tokenizer.token_to_id(EOS)
+    torch.manual_seed(SEED)
+    config = GPT2Config(
+        vocab_size=tokenizer.get_vocab_size(),
+        n_positions=N_POSITIONS,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    # Random init gives near-uniform logits, so greedy ties would make tests flaky; sharper
+    # weights make every argmax clear.
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(4.0)
+    model.save_pretrained(folder)
+    return folder
+
+
+@functools.cache
+def _reference_model(folder: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, local_files_only=True).eval()
+
+
+def reference_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers `generate` (greedy) on one prompt: the tokens generated after it (ending at
+    the end-of-text token, included, or after `max_new_tokens` clamped to the context)."""
+    import torch
+
+    steps = min(max_new_tokens, N_POSITIONS - len(prompt_ids))
+    with torch.no_grad():
+        out = _reference_model(folder).generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=steps,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return [int(t) for t in out[0, len(prompt_ids) :]]
+
+
+def publish_tiny(
+    folder: Path, repository: Path, name: str = "tiny", precision: str = "fp32"
+) -> Path:
+    """Build the tiny GPT-2 in `folder` (unless there) and `sluice convert` it into
+    `repository/name`; returns the version folder."""
+    from converters.causal_lm import convert_causal_lm
+    from converters.options import ConvertOptions
+    from converters.report import Report, Steps
+
+    if not (folder / "config.json").is_file():
+        tiny_gpt2(folder)
+    options = ConvertOptions(
+        source=str(folder), repository=repository, name=name, precision=precision
+    )
+    report = convert_causal_lm(options, Steps(Report(source=str(folder))))
+    assert report.status == "published", report.to_json()
+    assert report.published is not None
+    return Path(report.published["model_path"]).parent

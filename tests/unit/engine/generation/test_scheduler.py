@@ -1,0 +1,229 @@
+"""The generation scheduler against the real tiny GPT-2, converted by `sluice convert`'s causal-LM
+path and run by ONNX Runtime: continuous batching must give exactly what transformers `generate`
+gives one prompt at a time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from engine.errors import InvalidInput, Overloaded
+from engine.generation.sampling import sampling_params
+from engine.generation.scheduler import Chunk, GenSequence
+from engine.model import LoadedModel, load_model
+from engine.model_config import load_model_config
+from engine.settings import BatchingDefaults
+from tests.generative import SENTENCES, publish_tiny, reference_greedy
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the Hugging Face folder, the published version folder)."""
+    root = tmp_path_factory.mktemp("gen")
+    version = publish_tiny(root / "hf", root / "models")
+    return root / "hf", version
+
+
+@pytest.fixture(scope="module")
+def references(tiny: tuple[Path, Path]) -> dict[tuple[int, ...], list[int]]:
+    """transformers greedy tokens (40 at most) for each prompt of `prompts()`."""
+    folder, _ = tiny
+    return {tuple(ids): reference_greedy(folder, ids, 40) for ids, _ in prompts(tiny)}
+
+
+def prompts(tiny: tuple[Path, Path]) -> list[tuple[list[int], int]]:
+    """16 prompts of different lengths, each with its own max_tokens."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny[1] / "tokenizer.json"))
+    out = []
+    for i in range(16):
+        text = " ".join(SENTENCES[j % len(SENTENCES)] for j in range(i % 4 + 1))
+        ids = tokenizer.encode(text).ids[: 3 + (i * 5) % 30]
+        out.append((ids, 5 + (i * 7) % 36))
+    return out
+
+
+async def load(version: Path, **generative: object) -> LoadedModel:
+    config = load_model_config(version.parent)
+    assert config.generative is not None
+    config = config.model_copy(
+        update={"generative": config.generative.model_copy(update=generative)}
+    )
+    return await load_model("tiny", int(version.name), version / "model.onnx", config,
+                            BatchingDefaults())  # fmt: skip
+
+
+@pytest.fixture
+async def model(tiny: tuple[Path, Path]) -> AsyncIterator[LoadedModel]:
+    loaded = await load(tiny[1], prefill_chunk_tokens=8)
+    yield loaded
+    await loaded.close()
+
+
+async def collect(sequence: GenSequence) -> list[Chunk]:
+    return [chunk async for chunk in sequence.stream()]
+
+
+def expected(reference: list[int], max_tokens: int, eos: int = 0) -> tuple[list[int], str]:
+    """The tokens the server sends (no end-of-text token) and the finish reason."""
+    cut = reference[:max_tokens]
+    if eos in cut:
+        return cut[: cut.index(eos)], "stop"
+    return cut, "length"
+
+
+async def test_sixteen_concurrent_sequences_match_transformers(
+    model: LoadedModel, tiny: tuple[Path, Path], references: dict[tuple[int, ...], list[int]]
+) -> None:
+    generator = model.generator
+    assert generator is not None
+    cases = prompts(tiny)
+    sequences = []
+    for index, (ids, max_tokens) in enumerate(cases):
+        sequences.append(generator.start(ids, sampling_params(max_tokens, temperature=0)))
+        if index % 4 == 3:
+            await asyncio.sleep(0)  # later ones join a batch already decoding
+    results = await asyncio.gather(*(collect(s) for s in sequences))
+    assert len({len(ids) for ids, _ in cases}) >= 8  # really different lengths
+    for (ids, max_tokens), chunks in zip(cases, results, strict=True):
+        tokens = [t for chunk in chunks for t in chunk.tokens]
+        want, reason = expected(references[tuple(ids)], max_tokens)
+        assert tokens == want, (ids, max_tokens)
+        assert chunks[-1].finish_reason == reason
+        text = "".join(chunk.text for chunk in chunks)
+        assert text == generator.text.decode(want)
+    scheduler = generator.scheduler
+    assert scheduler.cache.used_bytes == 0
+    assert not scheduler.running
+    # Continuous batching really batched: far fewer steps than tokens.
+    assert scheduler.stats.steps < sum(len(c) for c in results) / 3
+
+
+async def test_prompt_past_the_context_is_invalid_and_names_both_lengths(
+    model: LoadedModel,
+) -> None:
+    assert model.generator is not None
+    with pytest.raises(InvalidInput, match=r"prompt has 64 tokens; the model's context is 64"):
+        model.generator.start([5] * 64, sampling_params(4))
+
+
+async def test_max_tokens_past_the_context_is_clamped_with_finish_reason_length(
+    model: LoadedModel, tiny: tuple[Path, Path]
+) -> None:
+    assert model.generator is not None
+    ids = [10] * 60
+    chunks = await collect(model.generator.start(ids, sampling_params(1000, temperature=0)))
+    tokens = [t for c in chunks for t in c.tokens]
+    want, reason = expected(reference_greedy(tiny[0], ids, 4), 4)
+    assert (tokens, chunks[-1].finish_reason) == (want, reason)
+
+
+async def test_cancelling_a_stream_frees_its_slot_at_the_next_step(
+    model: LoadedModel,
+) -> None:
+    generator = model.generator
+    assert generator is not None
+    scheduler = generator.scheduler
+    sequence = generator.start([3, 4, 5], sampling_params(50, temperature=0))
+    first = await sequence.events.get()
+    assert first.finish_reason is None
+    assert scheduler.cache.used_bytes > 0
+    generator.cancel(sequence)
+    chunks = await asyncio.wait_for(collect(sequence), 5)
+    assert chunks[-1].finish_reason == "cancelled"
+    assert scheduler.cache.used_bytes == 0
+    assert scheduler.cache.slots == 0
+    assert len(sequence.generated) < 50
+
+
+async def test_a_full_cache_queues_then_admits(tiny: tuple[Path, Path]) -> None:
+    # Room for exactly one sequence of 4 + 20 tokens: the second waits for the first.
+    loaded = await load(tiny[1], kv_cache_bytes=24 * 2 * 2 * 2 * 16 * 4, max_waiting_sequences=1)
+    try:
+        generator = loaded.generator
+        assert generator is not None
+        params = sampling_params(20, temperature=0)
+        first = generator.start([1, 2, 3, 4], params)
+        await first.events.get()  # running: it holds the whole budget
+        second = generator.start([5, 6, 7, 8], params)
+        with pytest.raises(Overloaded, match="max_waiting_sequences 1"):
+            generator.start([9, 9, 9, 9], params)
+        await first.events.get()
+        assert second in generator.scheduler.waiting
+        assert second.slot is None
+        await collect(first)
+        chunks = await asyncio.wait_for(collect(second), 10)
+        assert chunks[-1].finish_reason in ("stop", "length")
+        assert second.slot is not None
+        assert generator.scheduler.cache.used_bytes == 0
+    finally:
+        await loaded.close()
+
+
+async def test_a_long_prompt_does_not_stall_running_streams(model: LoadedModel) -> None:
+    generator = model.generator
+    assert generator is not None
+    running = generator.start([7, 8], sampling_params(40, temperature=0))
+    await running.events.get()
+    before = len(running.generated)
+    steps = generator.scheduler.stats.steps
+    # 56 prompt tokens at 8 per step: the running stream gets a token each of those 7 steps.
+    long = generator.start(list(range(1, 57)), sampling_params(2, temperature=0))
+    await collect(long)
+    grew = len(running.generated) - before
+    assert grew >= 6 or running.finish_reason is not None
+    assert generator.scheduler.stats.steps - steps >= 7
+    generator.cancel(running)
+
+
+async def test_seeded_sampling_repeats_and_differs_from_another_seed(model: LoadedModel) -> None:
+    generator = model.generator
+    assert generator is not None
+
+    async def run(seed: int) -> list[int]:
+        params = sampling_params(12, temperature=1.5, top_k=50, top_p=0.95, seed=seed)
+        chunks = await collect(generator.start([3, 4, 5], params))
+        return [t for c in chunks for t in c.tokens]
+
+    first, again, other = await asyncio.gather(run(1), run(1), run(2))
+    assert first == again
+    assert first != other
+
+
+async def test_stop_string_ends_the_completion_before_it(
+    model: LoadedModel, tiny: tuple[Path, Path]
+) -> None:
+    generator = model.generator
+    assert generator is not None
+    ids = generator.prompt_ids("the quick brown")
+    full = [t for c in await collect(generator.start(ids, sampling_params(30, temperature=0)))
+            for t in c.tokens]  # fmt: skip
+    text = generator.text.decode(full)
+    stop = text[5:7]
+    assert stop
+    assert text.find(stop) == 5
+    chunks = await collect(generator.start(ids, sampling_params(30, temperature=0, stop=stop)))
+    assert "".join(c.text for c in chunks) == text[:5]
+    assert chunks[-1].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", 3.0, "temperature must be from 0 to 2; got 3.0"),
+        ("top_p", 1.5, "top_p must be from 0 to 1; got 1.5"),
+        ("top_k", -1, "top_k must be from 0"),
+        ("max_tokens", 0, "max_tokens must be from 1"),
+        ("seed", "x", "seed must be an integer"),
+    ],
+)
+def test_sampling_parameters_out_of_range_are_invalid(
+    field: str, value: object, message: str
+) -> None:
+    params: dict[str, object] = {"max_tokens": 4, field: value}
+    with pytest.raises(InvalidInput, match=message):
+        sampling_params(**params)  # type: ignore[arg-type]
