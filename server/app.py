@@ -26,6 +26,7 @@ from engine.types import ModelMetadata
 from server.errors import error_headers, http_status
 from server.infer_route import InferRoute
 from server.logs import RequestIdMiddleware
+from server.openai import mount_openai
 from server.triton import triton_router
 
 log = logging.getLogger("sluice.http")
@@ -96,6 +97,7 @@ def fastapi_app(settings: Settings, engine: EngineFacade) -> FastAPI:
 
     # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
     app.include_router(triton_router(engine))
+    mount_openai(app, engine)  # /v1: OpenAI-compatible generation (server/openai.py)
 
     @app.get("/v2")
     async def server_metadata(request: Request) -> Response:

@@ -1,0 +1,287 @@
+"""The OpenAI-compatible API of generative models: `POST /v1/completions`,
+`POST /v1/chat/completions` (the model's chat template from tokenizer_config.json) and
+`GET /v1/models`, with `stream: true` as server-sent events whose last chunk carries the usage
+counts. Errors are OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`)
+with the status engine errors map to everywhere else.
+
+Authentication is engine.auth's, as on every route (the OpenAI client's `Authorization: Bearer`
+key is read like `x-api-key`); admission is the limiter's, one request per completion."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import orjson
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from engine.auth import ANONYMOUS_TENANT, Authenticator, authenticate_headers
+from engine.errors import EngineError, InvalidInput, ModelNotFound, ShuttingDown
+from engine.generation.generator import Generator
+from engine.generation.sampling import SamplingParams, sampling_params
+from engine.generation.scheduler import GenSequence
+from engine.limits import Limiter
+from engine.registry import ModelRegistry
+from server.errors import error_headers, http_status
+
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+}
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+class GenerativeEngine(Protocol):
+    """What these routes use of the in-process engine (`engine.engine.Engine`): the generation
+    scheduler lives beside the models, so the routes are served where the registry is."""
+
+    @property
+    def authenticator(self) -> Authenticator: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def registry(self) -> ModelRegistry: ...
+    @property
+    def limiter(self) -> Limiter: ...
+
+
+def mount_openai(app: FastAPI, engine: object) -> None:
+    """Add the /v1 routes when `engine` is the in-process engine (not a worker's proxy)."""
+    if hasattr(engine, "registry") and hasattr(engine, "limiter"):
+        app.include_router(openai_router(engine))  # type: ignore[arg-type]
+
+
+def openai_error(exc: EngineError) -> Response:
+    status = http_status(exc)
+    body = {
+        "error": {
+            "message": exc.message,
+            "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error"),
+            "param": None,
+            "code": None,
+        }
+    }
+    return Response(orjson.dumps(body), status, error_headers(exc), "application/json")
+
+
+def _json(body: Any) -> Response:
+    return Response(orjson.dumps(body), media_type="application/json")
+
+
+async def _body(request: Request) -> dict[str, Any]:
+    try:
+        body = orjson.loads(await request.body())
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the request body is not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise InvalidInput(f"the request body must be a JSON object; got {type(body).__name__}")
+    return body
+
+
+def _generator(engine: GenerativeEngine, name: object) -> Generator:
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"model must be a model name (string); got {name!r}")
+    model = engine.registry.resolve(name, None)
+    if model.generator is None:
+        raise ModelNotFound(name, available=generative_models(engine))
+    return model.generator
+
+
+def generative_models(engine: GenerativeEngine) -> list[str]:
+    """The names of the models served by the generation scheduler."""
+    names = {m.name for m in engine.registry.all() if m.generator is not None}
+    return sorted(names)
+
+
+def _params(body: dict[str, Any], generator: Generator) -> SamplingParams:
+    if body.get("n", 1) != 1:
+        raise InvalidInput(f"n must be 1 (one choice per request); got {body['n']!r}")
+    if body.get("best_of", 1) != 1:
+        raise InvalidInput(f"best_of must be 1; got {body['best_of']!r}")
+    options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
+    if "max_completion_tokens" in body and "max_tokens" not in options:
+        options["max_tokens"] = body["max_completion_tokens"]
+    options.setdefault("max_tokens", generator.options.default_max_tokens)
+    return sampling_params(**options)
+
+
+def _prompt(body: dict[str, Any], generator: Generator) -> list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return generator.prompt_ids(prompt)
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        vocab = generator.text.tokenizer.get_vocab_size()
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInput(f"prompt token {bad[0]} is not in the vocabulary (0 to {vocab - 1})")
+        return list(prompt)
+    raise InvalidInput(
+        "prompt must be a string or a list of token ids (one prompt per request); "
+        f"got {type(prompt).__name__}"
+    )
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise InvalidInput("messages must be a non-empty list of {role, content} objects")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InvalidInput(f"messages[{index}] must be an object with a string role")
+        if not isinstance(message.get("content"), str):
+            raise InvalidInput(f"messages[{index}].content must be a string")
+    return messages
+
+
+class Completion:
+    """One request's answer, as OpenAI objects (completion or chat completion)."""
+
+    def __init__(self, chat: bool, model: str, prompt_tokens: int) -> None:
+        self.chat = chat
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": self.prompt_tokens + completion_tokens,
+        }
+
+    def whole(self, text: str, finish: str | None, tokens: int) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice |= {"text": text, "logprobs": None}
+        return self._object("chat.completion" if self.chat else "text_completion", choice) | {
+            "usage": self.usage(tokens)
+        }
+
+    def chunk(self, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if self.chat:
+            choice["delta"] = ({"role": "assistant"} if first else {}) | (
+                {"content": text} if text or first else {}
+            )
+        else:
+            choice |= {"text": text, "logprobs": None}
+        return self._object("chat.completion.chunk" if self.chat else "text_completion", choice)
+
+    def _object(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "choices": [choice]}  # fmt: skip
+
+
+def _sse(data: dict[str, Any] | str) -> bytes:
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    return b"data: " + payload + b"\n\n"
+
+
+def openai_router(engine: GenerativeEngine) -> APIRouter:
+    """The /v1 routes over `engine`'s generative models."""
+    router = APIRouter()
+
+    async def complete(request: Request, chat: bool) -> Response:
+        try:
+            body = await _body(request)
+            name = body.get("model")
+            principal = authenticate_headers(
+                engine.authenticator, request.headers, name if isinstance(name, str) else None
+            )
+            if engine.draining:
+                raise ShuttingDown()
+            generator = _generator(engine, name)
+            params = _params(body, generator)
+            prompt = generator.chat_ids(_messages(body)) if chat else _prompt(body, generator)
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise InvalidInput(f"stream must be true or false; got {stream!r}")
+            admission = await engine.limiter.admit(
+                principal.tenant or ANONYMOUS_TENANT, str(name), 1
+            )
+            try:
+                sequence = generator.start(prompt, params)
+            except BaseException:
+                admission.release()
+                raise
+        except EngineError as exc:
+            return openai_error(exc)
+        answer = Completion(chat, str(name), len(prompt))
+        if stream:
+            events = _stream(generator, sequence, answer, admission.release)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers=admission.headers)  # fmt: skip
+        try:
+            text, finish, error = [], None, None
+            try:
+                async for chunk in sequence.stream():
+                    text.append(chunk.text)
+                    finish, error = chunk.finish_reason, chunk.error
+            finally:
+                generator.cancel(sequence)  # a no-op once finished; frees the slot if we left
+                admission.release()
+            if error is not None:
+                return openai_error(error)
+            return _json(answer.whole("".join(text), finish, len(sequence.generated)))
+        except EngineError as exc:
+            return openai_error(exc)
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, chat=False)
+
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, chat=True)
+
+    @router.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            principal = authenticate_headers(engine.authenticator, request.headers)
+        except EngineError as exc:
+            return openai_error(exc)
+        data = []
+        for name in generative_models(engine):
+            try:
+                principal.check_model(name)
+            except EngineError:
+                continue  # a key limited to some models lists only those
+            data.append({"id": name, "object": "model", "created": 0, "owned_by": "sluice"})
+        return _json({"object": "list", "data": data})
+
+    return router
+
+
+async def _stream(
+    generator: Generator, sequence: GenSequence, answer: Completion, release: Any
+) -> AsyncIterator[bytes]:
+    """Server-sent events; when the client goes away Starlette cancels this generator and the
+    sequence's slot is freed at the scheduler's next step."""
+    try:
+        first = True
+        async for chunk in sequence.stream():
+            if chunk.error is not None:
+                yield _sse({"error": {"message": chunk.error.message, "type": "server_error",
+                                      "param": None, "code": None}})  # fmt: skip
+                break
+            if chunk.text or first or chunk.finish_reason is not None:
+                event = answer.chunk(chunk.text, chunk.finish_reason, first)
+                if chunk.finish_reason is not None:
+                    event["usage"] = answer.usage(len(sequence.generated))
+                yield _sse(event)
+                first = False
+        yield _sse("[DONE]")
+    finally:
+        generator.cancel(sequence)
+        release()

@@ -1,0 +1,209 @@
+"""The OpenAI-compatible API end to end: a real `sluice serve` with the tiny GPT-2 converted by
+`sluice convert`, called with httpx and the real `openai` client. Greedy completions must be
+token-identical to transformers `generate`; bad input gets OpenAI's error object."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.generative import CHAT_TEMPLATE, SENTENCES, publish_tiny, reference_greedy
+from tests.servers import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
+    root = tmp_path_factory.mktemp("openai")
+    publish_tiny(root / "hf", root / "models")
+    process = ServerProcess(
+        "--model-repository", str(root / "models"), log_path=root / "server.log", grpc=False
+    ).start(timeout_s=90)
+    yield process, root / "hf"
+    process.stop()
+
+
+def tokenizer(folder: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(folder / "tokenizer.json"))
+
+
+def expected(folder: Path, ids: list[int], max_tokens: int) -> tuple[str, int, str]:
+    """(text, completion tokens, finish reason) the server must answer for greedy `ids`."""
+    tokens = reference_greedy(folder, ids, max_tokens)
+    finish = "length"
+    if 0 in tokens:  # the end-of-text token ends it and is not counted as text
+        tokens, finish = tokens[: tokens.index(0)], "stop"
+    return tokenizer(folder).decode(tokens), len(tokens), finish
+
+
+def events(body: str) -> list[Any]:
+    lines = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [orjson.loads(line) for line in lines[:-1]]
+
+
+def test_models_lists_the_generative_model(served: tuple[ServerProcess, Path]) -> None:
+    server, _ = served
+    body = httpx.get(f"{server.url}/v1/models").json()
+    assert [m["id"] for m in body["data"]] == ["tiny"]
+    assert body["object"] == "list"
+
+
+def test_greedy_completion_matches_transformers(served: tuple[ServerProcess, Path]) -> None:
+    server, folder = served
+    prompt = "the quick brown fox"
+    ids = tokenizer(folder).encode(prompt).ids
+    reply = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": "tiny", "prompt": prompt, "max_tokens": 20, "temperature": 0},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    text, count, finish = expected(folder, ids, 20)
+    assert body["choices"][0]["text"] == text
+    assert body["choices"][0]["finish_reason"] == finish
+    assert body["usage"] == {
+        "prompt_tokens": len(ids),
+        "completion_tokens": count,
+        "total_tokens": len(ids) + count,
+    }
+    assert body["object"] == "text_completion"
+
+
+def test_streamed_completion_is_the_same_text_with_usage(
+    served: tuple[ServerProcess, Path],
+) -> None:
+    server, folder = served
+    ids = tokenizer(folder).encode(SENTENCES[1]).ids
+    reply = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": "tiny", "prompt": ids, "max_tokens": 25, "temperature": 0, "stream": True},
+        timeout=30,
+    )
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    chunks = events(reply.text)
+    text, count, finish = expected(folder, ids, 25)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text
+    assert chunks[-1]["choices"][0]["finish_reason"] == finish
+    assert chunks[-1]["usage"]["completion_tokens"] == count
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_sixteen_concurrent_streams_are_all_correct(served: tuple[ServerProcess, Path]) -> None:
+    server, folder = served
+    cases = []
+    for i in range(16):
+        ids = tokenizer(folder).encode(" ".join(SENTENCES[: i % 4 + 1])).ids[: 4 + i * 2]
+        cases.append((ids, 6 + (i * 5) % 30))
+
+    async def one(client: httpx.AsyncClient, ids: list[int], max_tokens: int) -> str:
+        body = {"model": "tiny", "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+                "stream": True}  # fmt: skip
+        reply = await client.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        return "".join(c["choices"][0]["text"] for c in events(reply.text))
+
+    async def run() -> list[str]:
+        async with httpx.AsyncClient() as client:
+            return await asyncio.gather(*(one(client, ids, n) for ids, n in cases))
+
+    texts = asyncio.run(run())
+    for (ids, max_tokens), text in zip(cases, texts, strict=True):
+        assert text == expected(folder, ids, max_tokens)[0], (ids, max_tokens)
+
+
+def test_openai_client_chat_completion_uses_the_chat_template(
+    served: tuple[ServerProcess, Path],
+) -> None:
+    import jinja2
+    from openai import OpenAI
+
+    server, folder = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    messages = [{"role": "user", "content": "a prompt goes in"}]
+    prompt = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
+    ids = tokenizer(folder).encode(prompt.render(messages=messages, add_generation_prompt=True)).ids
+    text, count, finish = expected(folder, ids, 15)
+    answer = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=15,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert answer.choices[0].message.content == text
+    assert answer.choices[0].finish_reason == finish
+    assert answer.usage is not None
+    assert answer.usage.prompt_tokens == len(ids)
+    assert answer.usage.completion_tokens == count
+    streamed = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=15,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+    )
+    parts = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
+    assert "".join(parts) == text
+
+
+def test_openai_client_completion_with_seed_repeats(served: tuple[ServerProcess, Path]) -> None:
+    from openai import OpenAI
+
+    server, _ = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    runs = [
+        client.completions.create(
+            model="tiny", prompt="tokens stream", max_tokens=10, temperature=1.2, top_p=0.9,
+            seed=seed,
+        ).choices[0].text
+        for seed in (7, 7)
+    ]  # fmt: skip
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"model": "tiny", "prompt": [5] * 70, "max_tokens": 3}, 400,
+         "the prompt has 70 tokens; the model's context is 64 tokens"),
+        ({"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'"),
+        ({"model": "tiny", "prompt": "a", "temperature": 5}, 400,
+         "temperature must be from 0 to 2; got 5"),
+        ({"model": "tiny", "prompt": "a", "top_p": 2}, 400, "top_p must be from 0 to 1"),
+        ({"model": "tiny", "prompt": "a", "max_tokens": -1}, 400, "max_tokens must be from 1"),
+        ({"model": "tiny", "prompt": {"x": 1}}, 400, "prompt must be a string or a list"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_an_openai_error_object(
+    served: tuple[ServerProcess, Path], body: dict[str, Any], status: int, message: str
+) -> None:
+    server, _ = served
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10)
+    assert reply.status_code == status
+    error = reply.json()["error"]
+    assert message in error["message"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_max_tokens_past_the_context_is_clamped_to_length(
+    served: tuple[ServerProcess, Path],
+) -> None:
+    server, folder = served
+    ids = [9] * 58
+    reply = httpx.post(
+        f"{server.url}/v1/completions",
+        json={"model": "tiny", "prompt": ids, "max_tokens": 500, "temperature": 0},
+        timeout=30,
+    ).json()
+    text, count, finish = expected(folder, ids, 6)
+    assert reply["choices"][0]["text"] == text
+    assert reply["choices"][0]["finish_reason"] == finish
+    assert reply["usage"]["completion_tokens"] == count
