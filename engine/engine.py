@@ -290,7 +290,7 @@ class Engine:
         lookup = cache.get(key, expected)
         hit = await (lookup if self.tracing is None else self.tracing.stage("cache", lookup))
         if hit is not None:
-            model.stats.cache_hit.add(time.monotonic() - looked_up)
+            model.stats.cache_hit_served(time.monotonic() - looked_up)
             return hit, True
         model.stats.cache_miss.add(time.monotonic() - looked_up)
 

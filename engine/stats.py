@@ -108,6 +108,14 @@ class ModelStats:
         self.queue.add(queue_s)
         self.queue_wait.observe(queue_s)
 
+    def cache_hit_served(self, lookup_s: float) -> None:
+        """A request answered from the result cache. Triton counts a hit in `queue` too (it
+        never waited in one here), and perf_analyzer finds the model's version by the growth of
+        that count: without it, a run of only hits fails ("failed to find the requested model
+        version")."""
+        self.cache_hit.add(lookup_s)
+        self.request_dequeued(0.0)
+
     def batch_done(self, rows: int, requests: int, timings: BatchTimings, ok: bool) -> None:
         if not ok:
             return
