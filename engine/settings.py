@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -263,6 +263,13 @@ class Settings(BaseSettings):
     read yet. At the bound the server stops reading that stream until the client reads."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long queued and running requests may take to finish."""
+    workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = 1
+    """Front-end worker processes sharing the HTTP and gRPC ports, in front of one engine
+    process (admission, cache, batchers, backends); `auto` is one per core, at most 8. 1 serves
+    everything in one process (see README, Worker processes)."""
+    worker_arena_bytes: int = Field(128 * MiB, ge=MiB, le=64 * 1024 * MiB)
+    """Shared memory per worker and direction: the decoded inputs of a worker's requests in
+    flight (and their answers) must fit; past it a request is answered 503 with Retry-After."""
     strict_readiness: bool = True
     """Triton's strict readiness: the server is ready only while every model asked for serves
     (one that failed to load keeps it unready). False: ready once started; a model that failed

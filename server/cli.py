@@ -120,6 +120,11 @@ def main() -> None:
 )
 @click.option("--drain-timeout-s", type=float, help="Seconds to finish requests on SIGTERM.")
 @click.option(
+    "--workers",
+    help="Front-end worker processes sharing the ports, in front of one engine process: a "
+    "number, or 'auto' (one per core, at most 8). Default 1: one process.",
+)
+@click.option(
     "--strict-readiness/--no-strict-readiness",
     default=None,
     help="Ready only while every model asked for serves (default); or once started.",
@@ -166,6 +171,15 @@ def serve(config_file: Path | None, **flags: Any) -> None:
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from exc
     configure_logging(settings.log_level, settings.log_format)
+    from server.supervisor import worker_count
+
+    if worker_count(settings) > 1:
+        from server.supervisor import Supervisor
+
+        try:
+            sys.exit(Supervisor(settings).run())
+        except SettingsError as exc:
+            raise click.ClickException(str(exc)) from exc
     try:
         import uvloop
 

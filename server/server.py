@@ -32,6 +32,7 @@ import uvicorn
 
 from engine.auth import ensure_safe_bind, warn_plaintext_bind
 from engine.engine import Engine
+from engine.facade import EngineFacade
 from engine.keys_file import KeyFileWatcher
 from engine.settings import Settings, SettingsError
 from server.app import create_app
@@ -94,9 +95,23 @@ class _Uvicorn(uvicorn.Server):
 class Server:
     """Runs the engine and both front-ends until a signal (or `stop()`)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: EngineFacade | None = None,
+        *,
+        http_socket: socket.socket | None = None,
+        grpc_shared_port: bool = False,
+        own_signals: bool = True,
+    ) -> None:
+        """A worker process (server/workers.py) passes its proxy to the engine process, the
+        supervisor's listening socket, a gRPC port shared with the other workers, and handles
+        signals itself (the supervisor's orders come by pipe)."""
         self.settings = settings
-        self.engine = Engine(settings)
+        self.engine: EngineFacade = engine if engine is not None else Engine(settings)
+        self._http_socket = http_socket
+        self._grpc_shared_port = grpc_shared_port
+        self._own_signals = own_signals
         self._stop = asyncio.Event()
         self._signals = 0
         self.http: _Uvicorn | None = None
@@ -147,9 +162,11 @@ class Server:
         warn_plaintext_bind(self.settings.host, self.settings.tls)
         log.info("starting sluice", extra={"settings": effective_settings(self.settings)})
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop)
-        loop.add_signal_handler(signal.SIGHUP, self.reload)
+        signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if self._own_signals else ()
+        if self._own_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.stop)
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
         watch = (
             asyncio.create_task(self.keys_watcher.run(), name="keys-file")
             if self.keys_watcher is not None
@@ -163,12 +180,12 @@ class Server:
             if watch is not None:
                 watch.cancel()
             await self.engine.close()
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in signals:
                 loop.remove_signal_handler(sig)
 
     async def _serve(self) -> None:
         settings = self.settings
-        http_socket = _bind(settings.host, settings.http_port)
+        http_socket = self._http_socket or _bind(settings.host, settings.http_port)
         self.http_port = http_socket.getsockname()[1]
         metrics_task = self._start_metrics() if settings.metrics.port is not None else None
         policy = ConnectionPolicy(
@@ -262,7 +279,12 @@ class Server:
             return
         credentials = self.tls.grpc_credentials() if self.tls is not None else None
         self.grpc_clock = CallClock()
-        self.grpc, self.grpc_port = build_grpc_server(
+        build = build_grpc_server
+        if self._grpc_shared_port:  # a worker process: the port is every worker's
+            from server.workers import build_shared_grpc_server
+
+            build = build_shared_grpc_server
+        self.grpc, self.grpc_port = build(
             self.settings, self.engine, credentials, clock=self.grpc_clock
         )
         await self.grpc.start()

@@ -1,0 +1,336 @@
+"""`sluice serve --workers N`: the supervisor process.
+
+It binds the HTTP listening socket (the workers inherit it: one accept queue, so a worker that
+dies loses no queued connection) and reserves the gRPC port (every worker binds it again with
+SO_REUSEPORT), creates two shared-memory arenas per worker slot (engine/shm.py), then forks the
+engine process, waits for it to be ready, and forks the workers (server/workers.py).
+
+- A worker that dies is forked again in its slot (after a back-off while it keeps dying): the
+  engine withdraws the requests it had in flight; the other workers are unaffected.
+- The engine dying ends the server: the workers are stopped and the supervisor exits 1, so that
+  systemd or Kubernetes restarts it.
+- SIGTERM or SIGINT drains in order: the workers stop listening and finish their requests
+  (Server's shutdown order), then the engine drains its queues and exits; exit 0. A second
+  signal kills everything at once (exit 1). SIGHUP is passed to the workers (TLS, keys file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.auth import ensure_safe_bind
+from engine.settings import Settings
+from engine.shm import Arena
+
+log = logging.getLogger("sluice.supervisor")
+
+MAX_AUTO_WORKERS = 8
+RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0)
+"""Wait before forking a worker again, by how many times its slot died in the last minute."""
+STOP_GRACE_S = 5.0
+"""Beyond drain_timeout_s, how long a process may take to exit before it is killed."""
+
+
+def worker_count(settings: Settings) -> int:
+    """`workers` as a number: `auto` is one per core this process may run on, at most 8."""
+    if settings.workers == "auto":
+        return max(1, min(len(os.sched_getaffinity(0)), MAX_AUTO_WORKERS))
+    return settings.workers
+
+
+@dataclass
+class _Child:
+    pid: int
+    orders: int  # the write end of the child's order pipe
+
+
+def _fork(target: Callable[[], int], keep: set[int]) -> int:
+    """Fork a child that runs `target` and exits with its status; fds it does not need closed."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in _open_fds() - keep - {0, 1, 2}:  # another child's pipes, the wake-up pipe
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        code = target()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _open_fds() -> set[int]:
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+class Supervisor:
+    """Starts, watches and stops the engine process and the workers."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.count = worker_count(settings)
+        self._stopping = False
+        self._signals = 0
+        self._engine: _Child | None = None
+        self._workers: dict[int, _Child] = {}
+        self._deaths: dict[int, list[float]] = {i: [] for i in range(self.count)}
+        self._restart_at: dict[int, float] = {}
+        self._engine_failed = False
+        self._engine_ordered = False
+
+    def run(self) -> int:
+        settings = self.settings
+        ensure_safe_bind(settings.host, settings.auth, settings.allow_unauthenticated)
+        from server.server import _bind
+
+        http = _bind(settings.host, settings.http_port)
+        http.listen(2048)
+        grpc_reserve = self._reserve_grpc() if settings.grpc_enabled else None
+        update = {
+            "http_port": http.getsockname()[1],
+            "grpc_port": grpc_reserve.getsockname()[1] if grpc_reserve else settings.grpc_port,
+        }
+        self.worker_settings = settings.model_copy(
+            update={**update, "metrics": settings.metrics.model_copy(update={"port": None})}
+        )
+        self.engine_settings = settings.model_copy(update=update)
+        self.http = http
+        size = settings.worker_arena_bytes
+        self.arenas = [(Arena(size), Arena(size)) for _ in range(self.count)]
+        for pair in self.arenas:
+            for arena in pair:
+                os.set_inheritable(arena.fd, True)
+        self._dir = tempfile.mkdtemp(prefix="sluice-")
+        self.path = os.path.join(self._dir, "engine.sock")
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._on_signal)
+        try:
+            if not self._start_engine():
+                return 1
+            log.info(
+                "sluice serving HTTP on %s:%s%s with %d worker processes",
+                settings.host, update["http_port"],
+                f", gRPC on {settings.host}:{update['grpc_port']}" if grpc_reserve else "",
+                self.count,
+            )  # fmt: skip
+            for index in range(self.count):
+                self._start_worker(index)
+            return self._watch(wake_r)
+        finally:
+            signal.set_wakeup_fd(-1)
+            http.close()
+            if grpc_reserve is not None:
+                grpc_reserve.close()
+            for fd in (wake_r, wake_w):
+                os.close(fd)
+            for pair in self.arenas:
+                for arena in pair:
+                    arena.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            with contextlib.suppress(OSError):
+                os.rmdir(self._dir)
+
+    def _reserve_grpc(self) -> socket.socket:
+        """Bind (not listen) the gRPC port with SO_REUSEPORT: port 0 picks one for every worker,
+        and a port taken by another program fails the start here, once."""
+        from engine.settings import SettingsError
+
+        host = self.settings.host
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.bind((host, self.settings.grpc_port))
+        except OSError as exc:
+            sock.close()
+            raise SettingsError(
+                f"cannot listen on {host}:{self.settings.grpc_port} for gRPC: {exc.strerror}"
+            ) from exc
+        return sock
+
+    # -- children --------------------------------------------------------------------------------
+
+    def _arena_fds(self) -> set[int]:
+        return {arena.fd for pair in self.arenas for arena in pair}
+
+    def _start_engine(self) -> bool:
+        """Fork the engine process and wait until it serves; False if it failed to start."""
+        from server.workers import engine_main
+
+        ready_r, ready_w = os.pipe()
+        orders_r, orders_w = os.pipe()
+        fds = [(i.fd, o.fd) for i, o in self.arenas]
+        pid = _fork(
+            lambda: engine_main(self.engine_settings, fds, self.path, ready_w, orders_r),
+            {ready_w, orders_r, *self._arena_fds()},
+        )
+        os.close(ready_w)
+        os.close(orders_r)
+        self._engine = _Child(pid, orders_w)
+        ready = b""
+        while True:
+            try:
+                ready = os.read(ready_r, 1)
+                break
+            except InterruptedError:
+                continue
+        os.close(ready_r)
+        if ready != b"R":
+            code = self._reap(pid)
+            log.error("the engine process failed to start (exit status %s)", code)
+            self._engine = None
+            return False
+        return True
+
+    def _start_worker(self, index: int) -> None:
+        from server.workers import worker_main
+
+        orders_r, orders_w = os.pipe()
+        inputs, outputs = self.arenas[index]
+        pid = _fork(
+            lambda: worker_main(
+                self.worker_settings, index, (inputs.fd, outputs.fd), self.path, self.http,
+                orders_r,
+            ),
+            {orders_r, inputs.fd, outputs.fd, self.http.fileno()},
+        )  # fmt: skip
+        os.close(orders_r)
+        self._workers[index] = _Child(pid, orders_w)
+        log.info("worker %d started (pid %d)", index, pid)
+
+    def _order_stop(self, child: _Child) -> None:
+        with contextlib.suppress(OSError):
+            os.write(child.orders, b"S")
+
+    @staticmethod
+    def _reap(pid: int) -> int:
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    # -- watching --------------------------------------------------------------------------------
+
+    def _on_signal(self, sig: int, _: object) -> None:
+        if sig == signal.SIGHUP:
+            for child in self._workers.values():
+                with contextlib.suppress(OSError):
+                    os.kill(child.pid, signal.SIGHUP)
+        elif sig in (signal.SIGTERM, signal.SIGINT):
+            self._signals += 1
+            self._stopping = True
+
+    def _watch(self, wake: int) -> int:
+        selector = selectors.DefaultSelector()
+        selector.register(wake, selectors.EVENT_READ)
+        drain_started: float | None = None
+        while True:
+            if self._signals > 1:
+                log.warning("second signal: killing every process without draining")
+                self._kill_all()
+                return 1
+            if self._stopping and drain_started is None:
+                drain_started = time.monotonic()
+                log.info("shutting down: the workers finish their requests, then the engine")
+                self.http.close()  # the workers' copies stay open until each has drained
+                for child in self._workers.values():
+                    self._order_stop(child)
+            code = self._collect()
+            if code is not None:
+                return code
+            if drain_started is not None:
+                late = time.monotonic() - drain_started > self.settings.drain_timeout_s + 2 * (
+                    STOP_GRACE_S
+                )
+                if late:
+                    log.error("processes did not exit in time: killing them")
+                    self._kill_all()
+                    return 1
+            now = time.monotonic()
+            for index, when in list(self._restart_at.items()):
+                if when <= now and not self._stopping:
+                    del self._restart_at[index]
+                    self._start_worker(index)
+            timeout = 0.2
+            if self._restart_at:
+                timeout = max(0.0, min(timeout, min(self._restart_at.values()) - now))
+            for key, _ in selector.select(timeout):
+                with contextlib.suppress(OSError):
+                    os.read(key.fd, 512)
+
+    def _collect(self) -> int | None:
+        """Reap exited children; the supervisor's exit status once it should exit."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return 1
+            if pid == 0:
+                break
+            code = os.waitstatus_to_exitcode(status)
+            if self._engine is not None and pid == self._engine.pid:
+                os.close(self._engine.orders)
+                self._engine = None
+                if self._workers or not self._stopping:
+                    log.error("the engine process exited (status %s): stopping the server", code)
+                    self._stopping = True
+                    self._engine_failed = True
+                    for child in self._workers.values():
+                        self._order_stop(child)
+                    if not self._workers:
+                        return 1
+                    continue
+                return 0 if code == 0 else 1
+            for index, child in list(self._workers.items()):
+                if child.pid == pid:
+                    os.close(child.orders)
+                    del self._workers[index]
+                    if not self._stopping:
+                        self._schedule_restart(index, code)
+        if self._stopping and not self._workers:
+            if self._engine is None:
+                return 1 if self._engine_failed else 0
+            if not self._engine_ordered:
+                self._engine_ordered = True
+                log.info("workers stopped: draining the engine")
+                self._order_stop(self._engine)
+        return None
+
+    def _schedule_restart(self, index: int, code: int) -> None:
+        now = time.monotonic()
+        deaths = [t for t in self._deaths[index] if now - t < 60.0] + [now]
+        self._deaths[index] = deaths
+        wait = RESTART_BACKOFF_S[min(len(deaths) - 1, len(RESTART_BACKOFF_S) - 1)]
+        log.error("worker %d exited (status %s): starting it again in %.1f s", index, code, wait)
+        self._restart_at[index] = now + wait
+
+    def _kill_all(self) -> None:
+        children = [*self._workers.values(), *([self._engine] if self._engine else [])]
+        for child in children:
+            with contextlib.suppress(OSError):
+                os.kill(child.pid, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(OSError):
+                os.waitpid(child.pid, 0)
+        self._workers.clear()
+        self._engine = None

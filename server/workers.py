@@ -1,0 +1,223 @@
+"""The two kinds of process `sluice serve --workers N` forks (server/supervisor.py starts them):
+
+- the engine process: one `Engine` (admission, cache, batchers, backends) behind an `EngineHost`
+  on a unix socket, plus the metrics port when one is configured;
+- a worker process: the normal HTTP and gRPC front-ends (`Server`) over a `RemoteEngine`, on the
+  supervisor's inherited HTTP listening socket and a gRPC port every worker binds with
+  SO_REUSEPORT.
+
+Neither takes orders from signals: SIGTERM and SIGINT sent to the whole process group (a
+terminal's Ctrl-C, systemd's default KillMode) must not start the engine's drain before the
+workers have finished theirs. The supervisor gives orders on a pipe: a byte to stop; the end of
+the pipe (the supervisor died) stops the process too. SIGHUP still reloads a worker's TLS
+certificates and keys file."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import uvicorn
+
+from engine.facade import EngineFacade
+from engine.settings import Settings
+from engine.shm import Arena
+
+log = logging.getLogger("sluice.workers")
+
+
+def _orders(fd: int, stop: Callable[[], None]) -> None:
+    """Call `stop` when the supervisor writes to `fd` or goes away."""
+    loop = asyncio.get_running_loop()
+
+    def readable() -> None:
+        try:
+            data = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        loop.remove_reader(fd)
+        if not data:
+            log.warning("the supervisor is gone: stopping")
+        stop()
+
+    os.set_blocking(fd, False)
+    loop.add_reader(fd, readable)
+
+
+def _runner() -> asyncio.Runner:
+    try:
+        import uvloop
+
+        return asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:  # pragma: no cover - uvloop ships with uvicorn[standard]
+        return asyncio.Runner()
+
+
+def _ignore_stop_signals() -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+
+
+# -- the engine process ----------------------------------------------------------------------------
+
+
+def engine_main(
+    settings: Settings,
+    arenas: Sequence[tuple[int, int]],
+    path: str,
+    ready_fd: int,
+    orders_fd: int,
+) -> int:
+    """Run the engine until the supervisor says stop; 0 after a clean drain."""
+    _ignore_stop_signals()
+    with _runner() as runner:
+        return runner.run(_engine(settings, arenas, path, ready_fd, orders_fd))
+
+
+async def _engine(
+    settings: Settings,
+    arena_fds: Sequence[tuple[int, int]],
+    path: str,
+    ready_fd: int,
+    orders_fd: int,
+) -> int:
+    from engine.engine import Engine
+    from engine.host import EngineHost
+    from server.server import tune_gc
+
+    size = settings.worker_arena_bytes
+    engine = Engine(settings)
+    host = EngineHost(engine, [(Arena(size, i), Arena(size, o)) for i, o in arena_fds])
+    stop = asyncio.Event()
+    metrics: tuple[uvicorn.Server, asyncio.Task[None]] | None = None
+    try:
+        await engine.start()
+        await host.serve(path)
+        if settings.metrics.enabled and settings.metrics.port is not None:
+            metrics = _serve_metrics(settings, engine.metrics.asgi)
+        tune_gc()
+        os.write(ready_fd, b"R")
+        os.close(ready_fd)
+        _orders(orders_fd, stop.set)
+        await stop.wait()
+        log.info("engine process: draining (at most %.1f s)", settings.drain_timeout_s)
+        await engine.drain()
+    finally:
+        await host.close()
+        if metrics is not None:
+            metrics[0].should_exit = True
+            with contextlib.suppress(Exception):
+                await metrics[1]
+        await engine.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return 0
+
+
+def _serve_metrics(settings: Settings, app: Any) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    from server.connection import ConnectionPolicy, HttpProtocol
+    from server.server import _bind, _Uvicorn
+
+    port = settings.metrics.port
+    assert port is not None
+    sock = _bind(settings.host, port)
+    policy = ConnectionPolicy(
+        settings.http_header_timeout_s, settings.http_body_timeout_s, settings.http_max_connections
+    )
+    config = uvicorn.Config(
+        app,
+        http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]
+        interface="asgi3",
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+    )
+    server = _Uvicorn(config)  # leaves signals alone
+    return server, asyncio.create_task(server.serve(sockets=[sock]), name="metrics")
+
+
+# -- a worker process ------------------------------------------------------------------------------
+
+
+def worker_main(
+    settings: Settings,
+    index: int,
+    arenas: tuple[int, int],
+    path: str,
+    http_socket: socket.socket,
+    orders_fd: int,
+) -> int:
+    """Serve HTTP and gRPC through the engine process until the supervisor says stop."""
+    _ignore_stop_signals()
+    with _runner() as runner:
+        return runner.run(_worker(settings, index, arenas, path, http_socket, orders_fd))
+
+
+async def _worker(
+    settings: Settings,
+    index: int,
+    arena_fds: tuple[int, int],
+    path: str,
+    http_socket: socket.socket,
+    orders_fd: int,
+) -> int:
+    from engine.remote import RemoteEngine
+    from server.server import Server
+
+    size = settings.worker_arena_bytes
+    arenas = (Arena(size, arena_fds[0]), Arena(size, arena_fds[1]))
+    remote = RemoteEngine(settings, path, index, arenas)
+    server = Server(
+        settings, remote, http_socket=http_socket, grpc_shared_port=True, own_signals=False
+    )
+    loop = asyncio.get_running_loop()
+    _orders(orders_fd, server.stop)
+    loop.add_signal_handler(signal.SIGHUP, server.reload)
+    gone = asyncio.create_task(remote.engine_gone.wait())
+    # No engine: nothing left to serve (but a finished serve() cancels this: no second stop).
+    gone.add_done_callback(lambda task: None if task.cancelled() else server.stop())
+    try:
+        await server.serve()
+    finally:
+        gone.cancel()
+    return 0
+
+
+def build_shared_grpc_server(
+    settings: Settings,
+    engine: EngineFacade,
+    credentials: Any = None,
+    clock: Any = None,
+) -> tuple[Any, int]:
+    """server.grpc_service.build_grpc_server, but with SO_REUSEPORT: every worker binds the same
+    gRPC port and the kernel spreads connections across them."""
+    import grpc
+
+    from server import grpc_service
+    from server.dataplane import DataPlane
+    from server.proto import grpc_service_pb2_grpc as pb_grpc
+
+    options = [
+        (key, 1 if key == "grpc.so_reuseport" else value)
+        for key, value in grpc_service.server_options(settings)
+    ]
+    server = grpc.aio.server(options=options, interceptors=[clock] if clock else None)
+    servicer = grpc_service.GrpcService(
+        DataPlane(engine, settings), settings.grpc_stream_max_pending
+    )
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    address = f"{host}:{settings.grpc_port}"
+    port: int = (
+        server.add_secure_port(address, credentials)
+        if credentials is not None
+        else server.add_insecure_port(address)
+    )
+    return server, port

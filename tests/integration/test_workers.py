@@ -1,0 +1,223 @@
+"""`sluice serve --workers 2` end to end: two worker processes on the same HTTP and gRPC ports in
+front of one engine process (server/supervisor.py, server/workers.py, engine/host.py,
+engine/remote.py). Each client below opens its own connection, so requests spread over both
+workers; what must hold is what one process guarantees: answers match the model run in-process,
+admission is exact, batches mix the workers' requests, and every view is the whole server's."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import onnxruntime as ort
+import psutil
+import pytest
+import tritonclient.grpc as grpc_client
+import tritonclient.http as http_client
+
+from engine.demo import mlp_model
+from tests.models import write_model
+from tests.servers import ServerProcess
+
+# Concurrent requests meet in one 50 ms batch window, whichever worker they came through.
+MLP_CONFIG = (
+    "max_batch_size: 64\ndynamic_batching:\n  max_queue_delay_s: 0.05\n"
+    "  dispatch_when_idle: false\n"
+)
+CLIENTS = 24
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    write_model(tmp_path / "models", "mlp", mlp_model(), MLP_CONFIG)
+    return tmp_path / "models"
+
+
+def serve(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> ServerProcess:
+    server = ServerProcess(
+        "--workers", "2", "--drain-timeout-s", "5", *args,
+        env=env, log_path=tmp_path / f"server-{time.monotonic_ns()}.log",
+    )  # fmt: skip
+    return server.start()
+
+
+@pytest.fixture
+def server(tmp_path: Path, repo: Path) -> Iterator[ServerProcess]:
+    server = serve(tmp_path, "--model-repository", str(repo))
+    yield server
+    server.stop()
+
+
+def workers(server: ServerProcess) -> list[psutil.Process]:
+    """The supervisor's children that listen on the HTTP port (the engine process does not)."""
+    assert server.process is not None
+    found = []
+    for child in psutil.Process(server.process.pid).children():
+        try:
+            listening = child.net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            continue
+        if any(c.status == "LISTEN" and c.laddr.port == server.http_port for c in listening):
+            found.append(child)
+    return found
+
+
+def engine_process(server: ServerProcess) -> psutil.Process:
+    assert server.process is not None
+    pids = {w.pid for w in workers(server)}
+    (engine,) = [c for c in psutil.Process(server.process.pid).children() if c.pid not in pids]
+    return engine
+
+
+def wait_for(condition: object, what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout_s} s"
+        time.sleep(0.05)  # polling a condition, bounded above
+
+
+def expected(x: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(mlp_model().SerializeToString())
+    return session.run(None, {"x": x})[0]  # type: ignore[no-any-return]
+
+
+def json_body(x: np.ndarray) -> dict[str, object]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": list(x.shape),
+                        "data": x.ravel().tolist()}]}  # fmt: skip
+
+
+async def fresh_posts(url: str, bodies: list[dict[str, object]]) -> list[httpx.Response]:
+    """One request per new connection, all at once (connections land on both workers)."""
+    async with httpx.AsyncClient(
+        timeout=30, limits=httpx.Limits(max_keepalive_connections=0)
+    ) as client:
+        return await asyncio.gather(*(client.post(url, json=body) for body in bodies))
+
+
+def test_two_workers_listen_on_the_same_ports(server: ServerProcess) -> None:
+    assert len(workers(server)) == 2
+    x = np.random.default_rng(3).standard_normal((3, 16)).astype(np.float32)
+    http = http_client.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+    for binary in (True, False):
+        tensor = http_client.InferInput("x", [3, 16], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        answer = http.infer("mlp", [tensor]).as_numpy("probabilities")
+        np.testing.assert_allclose(answer, expected(x), rtol=1e-5)
+    grpc = grpc_client.InferenceServerClient(server.grpc_url)
+    tensor = grpc_client.InferInput("x", [3, 16], "FP32")
+    tensor.set_data_from_numpy(x)
+    answer = grpc.infer("mlp", [tensor]).as_numpy("probabilities")
+    np.testing.assert_allclose(answer, expected(x), rtol=1e-5)
+    assert grpc.is_server_ready()
+    assert grpc.get_model_metadata("mlp").inputs[0].shape == [-1, 16]
+
+
+async def test_requests_of_both_workers_meet_in_one_batcher(server: ServerProcess) -> None:
+    rng = np.random.default_rng(4)
+    xs = [rng.standard_normal((1, 16)).astype(np.float32) for _ in range(CLIENTS)]
+    url = f"{server.url}/v2/models/mlp/infer"
+    answers = await fresh_posts(url, [json_body(x) for x in xs])
+    for x, answer in zip(xs, answers, strict=True):
+        assert answer.status_code == 200, answer.text
+        got = np.array(answer.json()["outputs"][0]["data"], np.float32).reshape(1, 10)
+        np.testing.assert_allclose(got, expected(x), rtol=1e-5)  # each got its own answer
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        stats = (await client.get("/v2/models/mlp/stats")).json()["model_stats"][0]
+    assert stats["inference_count"] == CLIENTS
+    assert stats["execution_count"] < CLIENTS / 2  # batches mixed the workers' requests
+
+
+async def test_a_rate_limit_admits_its_burst_across_all_workers(tmp_path: Path, repo: Path) -> None:
+    env = {"SLUICE_RATE_LIMIT__DEFAULT__RATE_PER_S": "0.001",
+           "SLUICE_RATE_LIMIT__DEFAULT__BURST": "5"}  # fmt: skip
+    server = serve(tmp_path, "--model-repository", str(repo), env=env)
+    try:
+        x = np.zeros((1, 16), np.float32)
+        answers = await fresh_posts(f"{server.url}/v2/models/mlp/infer", [json_body(x)] * 20)
+        codes = sorted(a.status_code for a in answers)
+        assert codes == [200] * 5 + [429] * 15  # 5 in all, not 5 per worker
+    finally:
+        server.stop()
+
+
+async def test_every_worker_shows_the_whole_server(server: ServerProcess) -> None:
+    x = np.zeros((1, 16), np.float32)
+    answers = await fresh_posts(f"{server.url}/v2/models/mlp/infer", [json_body(x)] * CLIENTS)
+    assert {a.status_code for a in answers} == {200}
+
+    def views() -> list[tuple[float, int, bool, str]]:
+        seen = []
+        for _ in range(8):  # fresh connections: both workers answer some
+            with httpx.Client(base_url=server.url, timeout=5) as client:
+                metrics = client.get("/metrics").text
+                counted = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in metrics.splitlines()
+                    if line.startswith("sluice_requests_total{") and 'model="mlp"' in line
+                )
+                stats = client.get("/v2/models/mlp/stats").json()["model_stats"][0]
+                ready = client.get("/v2/health/ready").status_code == 200
+                index = client.post("/v2/repository/index").text
+                seen.append((counted, stats["inference_count"], ready, index))
+        return seen
+
+    # Front-end counts reach the engine within EVENTS_INTERVAL_S: poll, bounded.
+    wait_for(lambda: {v[0] for v in views()} == {float(CLIENTS)}, "every count in /metrics")
+    assert set(views()) == {(float(CLIENTS), CLIENTS, True, views()[0][3])}
+    assert '"state":"READY"' in views()[0][3]
+
+
+def owner(client_ports: set[int], candidates: list[psutil.Process]) -> psutil.Process | None:
+    """The worker holding the server end of one of `client_ports`' connections."""
+    for worker in candidates:
+        if any(c.raddr and c.raddr.port in client_ports for c in worker.net_connections("tcp")):
+            return worker
+    return None
+
+
+def my_ports(server_port: int) -> set[int]:
+    mine = psutil.Process().net_connections(kind="tcp")
+    return {c.laddr.port for c in mine if c.raddr and c.raddr.port == server_port}
+
+
+def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(
+    server: ServerProcess,
+) -> None:
+    both = workers(server)
+    x = np.ones((1, 16), np.float32)
+    for _ in range(50):  # a keep-alive connection that a known worker accepted
+        kept = httpx.Client(base_url=server.url, timeout=5)
+        assert kept.get("/v2/health/ready").status_code == 200
+        survivor = owner(my_ports(server.http_port), both)
+        if survivor is not None:
+            break
+        kept.close()
+    assert survivor is not None
+    (victim,) = [w for w in both if w.pid != survivor.pid]
+    try:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(10)
+        for _ in range(20):  # the survivor's connection is unaffected throughout
+            answer = kept.post("/v2/models/mlp/infer", json=json_body(x))
+            assert answer.status_code == 200, answer.text
+    finally:
+        kept.close()
+    wait_for(
+        lambda: len(workers(server)) == 2 and victim.pid not in {w.pid for w in workers(server)},
+        "a new worker in the dead one's place",
+    )
+    with httpx.Client(base_url=server.url, timeout=5) as client:
+        assert client.post("/v2/models/mlp/infer", json=json_body(x)).status_code == 200
+
+
+def test_the_supervisor_exits_non_zero_when_the_engine_dies(server: ServerProcess) -> None:
+    children = [*workers(server), engine_process(server)]
+    children[-1].send_signal(signal.SIGKILL)
+    assert server.wait(20) == 1
+    _, alive = psutil.wait_procs(children, timeout=5)
+    assert alive == []  # the workers stopped with it: nothing is left serving
