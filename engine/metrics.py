@@ -27,6 +27,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from engine.generation.metrics import GenerationCollector
 from engine.gpu_metrics import GpuMetrics
 from engine.stats import LATENCY_BUCKETS_S, ModelStats
 from engine.stats import Histogram as StatsHistogram
@@ -61,6 +62,7 @@ class Metrics:
         )
         self.registry.register(_EngineCollector(snapshot))
         self.registry.register(GpuMetrics())  # exports nothing without NVML
+        self.registry.register(GenerationCollector(snapshot))  # generative models only
         # Label children by key: a dict lookup is far cheaper than `labels()` on the hot path.
         self._counted: dict[tuple[str, str, str, int], Any] = {}
         self._timed: dict[tuple[str, str], Any] = {}

@@ -1,0 +1,61 @@
+"""Prometheus metrics of the generation schedulers, read at scrape time from each generative
+model's scheduler: running and waiting sequences, key/value cache bytes used and budgeted,
+generated tokens and scheduler steps (rate() of the tokens counter is tokens/s), and time to
+first token and inter-token latency as p50/p99 over each model's latest 10,000 tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+LABELS = ["model", "version"]
+
+
+class GenerationCollector:
+    """Reads `snapshot()["models"]` (LoadedModel) and reports those with a generator."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, text: str, labels: list[str] = LABELS) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"sluice_generation_{name}", text, labels=labels)
+
+        running = gauge("running_sequences", "Sequences in the decode batch.")
+        waiting = gauge("waiting_sequences", "Sequences waiting for key/value cache room.")
+        used = gauge("kv_cache_used_bytes", "Key/value cache bytes reserved by sequences.")
+        budget = gauge("kv_cache_budget_bytes", "The model's kv_cache_bytes.")
+        tokens = CounterMetricFamily(
+            "sluice_generation_tokens", "Tokens generated (rate() is tokens/s).", labels=LABELS
+        )
+        steps = CounterMetricFamily(
+            "sluice_generation_steps", "Scheduler steps (one decode batch each).", labels=LABELS
+        )
+        quantile_labels = [*LABELS, "quantile"]
+        ttft = gauge("time_to_first_token_seconds", "Time to first token.", quantile_labels)
+        itl = gauge("inter_token_seconds", "Time between a sequence's tokens.", quantile_labels)
+        for model in self._snapshot()["models"]:
+            generator = getattr(model, "generator", None)
+            if generator is None:
+                continue
+            scheduler = generator.scheduler
+            labels = [model.name, model.version]
+            running.add_metric(labels, len(scheduler.running))
+            waiting.add_metric(labels, len(scheduler.waiting))
+            used.add_metric(labels, scheduler.cache.used_bytes)
+            budget.add_metric(labels, scheduler.cache.budget_bytes)
+            tokens.add_metric(labels, scheduler.stats.generated_tokens)
+            steps.add_metric(labels, scheduler.stats.steps)
+            for family, values in ((ttft, scheduler.stats.time_to_first_token_s),
+                                   (itl, scheduler.stats.inter_token_s)):  # fmt: skip
+                if values:
+                    p50, p99 = np.quantile(np.fromiter(values, float), [0.5, 0.99])
+                    family.add_metric([*labels, "0.5"], float(p50))
+                    family.add_metric([*labels, "0.99"], float(p99))
+        yield from (running, waiting, used, budget, tokens, steps, ttft, itl)
