@@ -109,10 +109,15 @@ class DeadlineExceeded(EngineError):
 class PayloadTooLarge(EngineError):
     """The request body is over the configured limit."""
 
-    def __init__(self, size_bytes: int, limit_bytes: int) -> None:
-        super().__init__(
-            f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes"
-        )
+    def __init__(self, size_bytes: int | None, limit_bytes: int, coding: str | None = None) -> None:
+        if coding is not None:  # inflation stops at the limit: the whole size is never known
+            super().__init__(
+                f"request body exceeds the limit of {limit_bytes} bytes once inflated ({coding})"
+            )
+        else:
+            super().__init__(
+                f"request body of {size_bytes} bytes exceeds the limit of {limit_bytes} bytes"
+            )
 
 
 class BackendError(EngineError):

@@ -262,7 +262,7 @@ def decompress(
     if len(plain) > cap or inflater.unconsumed_tail:
         if cap < limit_bytes:
             return None
-        raise PayloadTooLarge(len(plain) + len(inflater.unconsumed_tail), limit_bytes)
+        raise PayloadTooLarge(None, limit_bytes, coding)
     if not inflater.eof:
         raise InvalidInput(f"body is truncated {coding} data ({len(body)} bytes)")
     if inflater.unused_data:
