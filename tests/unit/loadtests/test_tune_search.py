@@ -1,0 +1,153 @@
+"""The tune search against a synthetic machine: it finds the best candidate in far fewer trials
+than the grid, re-measures finalists beside the original, keeps to its budget, and a resumed
+search measures nothing it measured before."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from loadtests.tune.search import FINALISTS, Search, StepPoint, Trial
+from loadtests.tune.space import AUTO, Candidate, Space, build_space
+
+ORIGINAL = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_s": 0.002}}
+TRITON = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 2000}}
+
+
+def space(cores: int = 4) -> Space:
+    return build_space(ORIGINAL, TRITON, cores=cores, slo_ms=50)
+
+
+def synthetic_rps(c: Candidate) -> float:
+    """Unimodal along each axis: best at batch 32, delay 1 ms, 2 instances x 2 threads."""
+    delay = 0.0015 if c.max_queue_delay_s == AUTO else float(c.max_queue_delay_s)
+    batch = -((math.log2(c.max_batch_size) - 5) ** 2)
+    wait = -(((delay - 0.001) * 1e3) ** 2)
+    cores = -((c.instances - 2) ** 2) - (c.intra_op_threads - 2) ** 2
+    shape = {"original": 0.0, "none": 0.0, "half": -0.5, "quarter+half": -1.0}[c.preferred]
+    return 1000.0 * math.exp(0.1 * (batch + wait + cores + shape))
+
+
+class Machine:
+    """A fake Measure: the synthetic rate, a clock that each trial advances by `trial_s`."""
+
+    def __init__(self, trial_s: float = 10.0, noise: dict[str, float] | None = None) -> None:
+        self.now = 0.0
+        self.trial_s = trial_s
+        self.measured: list[tuple[str, str]] = []
+        self.noise = noise or {}
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, c: Candidate, config: dict[str, Any], phase: str, index: int) -> Trial:
+        self.now += self.trial_s
+        self.measured.append((phase, c.key))
+        rps = synthetic_rps(c) * self.noise.get(f"{phase}:{c.key}", 1.0)
+        step = StepPoint(users=16, ok_rps=rps, p99_ms=20.0, error_fraction=0.0, meets_slo=True)
+        return Trial(index, phase, c, config, ok_rps=rps, p99_ms=20.0, users=16, steps=[step])
+
+
+def test_the_search_finds_the_best_in_far_fewer_trials_than_the_grid() -> None:
+    machine = Machine()
+    search = Search(space(), machine, budget_s=10_000, clock=machine.clock)
+    winner = search.run()
+    assert winner is not None
+    assert winner.candidate == Candidate(32, 0.001, "original", 2, 2)
+    assert winner.phase == "final"
+    grid = space().grid_size()
+    assert len(machine.measured) <= search.planned() < grid / 10
+    assert search.budget_exhausted is False
+
+
+def test_the_original_and_the_finalists_are_measured_again() -> None:
+    machine = Machine()
+    search = Search(space(), machine, budget_s=10_000, clock=machine.clock)
+    search.run()
+    finals = [key for phase, key in machine.measured if phase == "final"]
+    assert finals[0] == space().baseline.key
+    assert len(finals) == 1 + FINALISTS
+
+
+def test_a_lucky_trial_does_not_beat_the_original_it_cannot_repeat() -> None:
+    # b16 measured once at 3x its rate (noise), and again at a tenth of it.
+    base = space().baseline
+    lucky = Candidate(16, 0.002, "original", 1, 1)
+    noise = {f"search:{lucky.key}": 3.0, f"final:{lucky.key}": 0.1}
+    machine = Machine(noise=noise)
+    search = Search(space(cores=1), machine, budget_s=10_000, clock=machine.clock)
+    winner = search.run()
+    assert winner is not None
+    assert winner.candidate.key != lucky.key
+    assert search.worst_ok_rps(winner.candidate.key) >= search.worst_ok_rps(base.key)
+
+
+def test_the_budget_stops_before_a_trial_that_would_not_fit() -> None:
+    machine = Machine(trial_s=10.0)
+    search = Search(space(), machine, budget_s=35, clock=machine.clock)
+    winner = search.run()
+    assert search.budget_exhausted is True
+    assert machine.now <= 35
+    assert len(machine.measured) == 3
+    assert winner is not None
+    assert winner.ok_rps == max(t.ok_rps for t in search.trials)
+
+
+def test_a_resumed_search_measures_only_what_is_left() -> None:
+    first = Machine()
+    partial = Search(space(), first, budget_s=45, clock=first.clock)
+    partial.run()
+    done = [Trial.from_dict(t.to_dict()) for t in partial.trials]  # as results.json keeps them
+    assert len(done) == 4
+    second = Machine()
+    resumed = Search(space(), second, budget_s=10_000, done=done, clock=second.clock)
+    winner = resumed.run()
+    assert resumed.reused == 4
+    assert not set(second.measured) & set(first.measured)
+    whole = Machine()
+    Search(space(), whole, budget_s=10_000, clock=whole.clock).run()
+    assert first.measured + second.measured == whole.measured  # the same search, in two parts
+    assert winner is not None
+    assert winner.candidate == Candidate(32, 0.001, "original", 2, 2)
+
+
+def test_a_candidate_that_fails_to_load_loses_and_the_search_goes_on() -> None:
+    machine = Machine()
+
+    def measure(c: Candidate, config: dict[str, Any], phase: str, index: int) -> Trial:
+        if c.instances == 2:
+            machine.now += 1
+            return Trial(index, phase, c, config, 0.0, None, None, error="load failed: boom")
+        return machine(c, config, phase, index)
+
+    search = Search(space(), measure, budget_s=10_000, clock=machine.clock)
+    winner = search.run()
+    assert winner is not None
+    assert winner.candidate.instances != 2
+    assert any(t.error == "load failed: boom" for t in search.trials)
+
+
+def test_nothing_within_the_slo_means_no_winner() -> None:
+    def measure(c: Candidate, config: dict[str, Any], phase: str, index: int) -> Trial:
+        return Trial(index, phase, c, config, ok_rps=0.0, p99_ms=90.0, users=None)
+
+    assert Search(space(), measure, budget_s=10_000).run() is None
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8])
+def test_threads_are_searched_within_what_the_instances_leave(cores: int) -> None:
+    machine = Machine()
+    search = Search(space(cores), machine, budget_s=10_000, clock=machine.clock)
+    search.run()
+    assert all(t.candidate.instances * t.candidate.intra_op_threads <= max(cores, 1) or
+               t.candidate.intra_op_threads == 1 for t in search.trials)  # fmt: skip
+
+
+def test_a_budget_too_small_for_one_trial_measures_nothing() -> None:
+    machine = Machine(trial_s=10.0)
+    search = Search(space(), machine, budget_s=8, clock=machine.clock, expected_trial_s=10)
+    assert search.run() is None
+    assert machine.measured == []
+    assert search.budget_exhausted is True
