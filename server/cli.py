@@ -18,11 +18,13 @@ LAZY_COMMANDS = {
     "convert": "converters.cli:convert",
     "keys": "server.keys:keys",
     "loadtest": "loadtests.cli:loadtest",
+    "tune": "loadtests.tune.cli:tune",
     "bundle": "server.bundle:bundle",
 }
 EXTRAS = {
     "convert": ("convert", ("torch", "onnxscript", "onnxslim", "skl2onnx", "sklearn")),
     "loadtest": ("loadtest", ("locust", "matplotlib", "httpx")),
+    "tune": ("loadtest", ("locust", "matplotlib", "httpx")),
 }
 """Subcommands that need an optional extra: (extra, the modules it installs that they import)."""
 
