@@ -151,8 +151,10 @@ class RateLimitSettings(Section):
     """Prefix of every Redis key, so several deployments can share one Redis."""
     error_log_interval_s: float = Field(30.0, gt=0)
     """Redis failures are logged at most once per this interval (all are counted)."""
-    unit: Literal["requests", "rows"] = "requests"
-    """What a token counts: one request, or one row of the batch dimension."""
+    unit: Literal["requests", "rows", "tokens"] = "requests"
+    """What a token counts: one request, one row of the batch dimension, or one text token
+    (a generation request is charged its prompt plus the completion tokens it may generate,
+    max_tokens clamped to the context, at admission; other requests count their rows)."""
     default: TenantLimits = Field(default_factory=TenantLimits)
     """Limits for tenants not listed (and the anonymous tenant when no keys are set)."""
     tenants: dict[str, TenantLimits] = Field(default_factory=dict)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -24,6 +24,7 @@ from engine.generation.generator import Generator
 from engine.generation.sampling import SamplingParams, sampling_params
 from engine.generation.scheduler import GenSequence
 from engine.limits import Limiter
+from engine.limits.limiter import Admission
 from engine.registry import ModelRegistry
 from server.errors import error_headers, http_status
 
@@ -34,6 +35,7 @@ ERROR_TYPES = {
     404: "not_found_error",
     429: "rate_limit_error",
 }
+Headers = Mapping[str, str]
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 
 
@@ -52,9 +54,13 @@ class GenerativeEngine(Protocol):
 
 
 def mount_openai(app: FastAPI, engine: object) -> None:
-    """Add the /v1 routes when `engine` is the in-process engine (not a worker's proxy)."""
+    """Add the /v1 routes and Triton's generate extension (server/triton_generate.py) when
+    `engine` is the in-process engine (not a worker's proxy to the engine process)."""
+    from server.triton_generate import generate_router
+
     if hasattr(engine, "registry") and hasattr(engine, "limiter"):
         app.include_router(openai_router(engine))  # type: ignore[arg-type]
+        app.include_router(generate_router(engine))  # type: ignore[arg-type]
 
 
 def openai_error(exc: EngineError) -> Response:
@@ -84,13 +90,41 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _generator(engine: GenerativeEngine, name: object) -> Generator:
+def find_generator(engine: GenerativeEngine, headers: Headers, name: object) -> Generator:
+    """The generator of model `name` once the caller may use it (the API key's principal),
+    the engine is not draining and the model is generative (else ModelNotFound)."""
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"model must be a model name (string); got {name!r}")
+    authenticate_headers(engine.authenticator, headers, name)
+    if engine.draining:
+        raise ShuttingDown()
     model = engine.registry.resolve(name, None)
     if model.generator is None:
         raise ModelNotFound(name, available=generative_models(engine))
     return model.generator
+
+
+async def start(
+    engine: GenerativeEngine,
+    headers: Headers,
+    name: str,
+    generator: Generator,
+    prompt: list[int],
+    params: SamplingParams,
+) -> tuple[GenSequence, Admission]:
+    """Admit the request (the limiter charges one request, or with `unit: tokens` the prompt
+    plus the completion tokens it may generate) and queue its sequence; the caller releases
+    the admission when the stream ends."""
+    tenant = authenticate_headers(engine.authenticator, headers, name).tenant
+    context = generator.options.context_length
+    tokens = len(prompt) + max(0, min(params.max_tokens, context - len(prompt)))
+    cost = tokens if engine.limiter.unit == "tokens" else 1
+    admission = await engine.limiter.admit(tenant or ANONYMOUS_TENANT, name, cost)
+    try:
+        return generator.start(prompt, params), admission
+    except BaseException:
+        admission.release()
+        raise
 
 
 def generative_models(engine: GenerativeEngine) -> list[str]:
@@ -196,25 +230,14 @@ def openai_router(engine: GenerativeEngine) -> APIRouter:
         try:
             body = await _body(request)
             name = body.get("model")
-            principal = authenticate_headers(
-                engine.authenticator, request.headers, name if isinstance(name, str) else None
-            )
-            if engine.draining:
-                raise ShuttingDown()
-            generator = _generator(engine, name)
+            generator = find_generator(engine, request.headers, name)
             params = _params(body, generator)
             prompt = generator.chat_ids(_messages(body)) if chat else _prompt(body, generator)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise InvalidInput(f"stream must be true or false; got {stream!r}")
-            admission = await engine.limiter.admit(
-                principal.tenant or ANONYMOUS_TENANT, str(name), 1
-            )
-            try:
-                sequence = generator.start(prompt, params)
-            except BaseException:
-                admission.release()
-                raise
+            sequence, admission = await start(engine, request.headers, str(name), generator,
+                                              prompt, params)  # fmt: skip
         except EngineError as exc:
             return openai_error(exc)
         answer = Completion(chat, str(name), len(prompt))

@@ -120,7 +120,7 @@ class Limiter:
 
     @property
     def unit(self) -> str:
-        """`requests` or `rows`: what a token and a quota unit count."""
+        """`requests`, `rows` or `tokens`: what a token and a quota unit count."""
         return self._settings.unit
 
     def limits_for(self, tenant: str) -> TenantLimits:
@@ -141,7 +141,7 @@ class Limiter:
         plan = self._plan(tenant, model)
         if plan.unlimited:
             return Admission(priority=plan.priority)
-        units = max(1, rows) if self._settings.unit == "rows" else 1
+        units = max(1, rows) if self._settings.unit in ("rows", "tokens") else 1
         smallest = plan.smallest_bucket
         if smallest is not None and units > smallest.burst:
             self._reject(tenant, "too_large")

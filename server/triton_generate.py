@@ -1,0 +1,117 @@
+"""Triton's generate extension for generative models: `POST /v2/models/{name}/generate` answers
+`{"model_name", "model_version", "text_output", "finish_reason", "usage"}`, and
+`/generate_stream` sends one server-sent event per token batch with the new `text_output`.
+The request is `{"text_input": ..., "parameters": {...}}` as Triton's LLM backends take it
+(max_tokens, temperature, top_k, top_p, seed, stop, at the top level or in `parameters`).
+Errors are the v2 `{"error": "..."}` body with the status engine errors map to."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from engine.errors import EngineError, InvalidInput
+from engine.generation.sampling import sampling_params
+from engine.generation.scheduler import GenSequence
+from server.errors import error_headers, http_status
+from server.openai import SAMPLING_KEYS, GenerativeEngine, find_generator, start
+
+
+def v2_error(exc: EngineError) -> Response:
+    body = orjson.dumps({"error": exc.message})
+    return Response(body, http_status(exc), error_headers(exc), "application/json")
+
+
+def _request(body: Any) -> tuple[str, dict[str, Any]]:
+    if not isinstance(body, dict):
+        raise InvalidInput(f"the request body must be a JSON object; got {type(body).__name__}")
+    text = body.get("text_input")
+    if not isinstance(text, str):
+        raise InvalidInput(f"text_input must be a string; got {type(text).__name__}")
+    parameters = body.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidInput("parameters must be an object")
+    merged = {**{k: body[k] for k in SAMPLING_KEYS if k in body}, **parameters}
+    unknown = sorted(set(merged) - {*SAMPLING_KEYS, "stream"})
+    if unknown:
+        raise InvalidInput(
+            f"unknown generate parameter '{unknown[0]}'; allowed: {', '.join(SAMPLING_KEYS)}"
+        )
+    return text, merged
+
+
+def generate_router(engine: GenerativeEngine) -> APIRouter:
+    """The /v2/models/{name}/generate[_stream] routes over `engine`'s generative models."""
+    router = APIRouter()
+
+    async def begin(request: Request, name: str) -> tuple[GenSequence, Any, Any]:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError as exc:
+            raise InvalidInput(f"the request body is not JSON: {exc}") from exc
+        text, options = _request(body)
+        options.pop("stream", None)
+        generator = find_generator(engine, request.headers, name)
+        options.setdefault("max_tokens", generator.options.default_max_tokens)
+        params = sampling_params(**{k: v for k, v in options.items() if v is not None})
+        sequence, admission = await start(
+            engine, request.headers, name, generator, generator.prompt_ids(text), params
+        )
+        return sequence, generator, admission
+
+    def answer(name: str, text: str, sequence: GenSequence, final: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model_name": name, "model_version": "", "text_output": text}
+        if final:
+            body["finish_reason"] = sequence.finish_reason
+            body["usage"] = {
+                "prompt_tokens": len(sequence.prompt),
+                "completion_tokens": len(sequence.generated),
+            }
+        return body
+
+    @router.post("/v2/models/{name}/generate")
+    async def generate(request: Request, name: str) -> Response:
+        try:
+            sequence, generator, admission = await begin(request, name)
+        except EngineError as exc:
+            return v2_error(exc)
+        parts = []
+        try:
+            async for chunk in sequence.stream():
+                if chunk.error is not None:
+                    return v2_error(chunk.error)
+                parts.append(chunk.text)
+        finally:
+            generator.cancel(sequence)
+            admission.release()
+        return Response(orjson.dumps(answer(name, "".join(parts), sequence, True)),
+                        media_type="application/json")  # fmt: skip
+
+    @router.post("/v2/models/{name}/generate_stream")
+    async def generate_stream(request: Request, name: str) -> Response:
+        try:
+            sequence, generator, admission = await begin(request, name)
+        except EngineError as exc:
+            return v2_error(exc)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in sequence.stream():
+                    if chunk.error is not None:
+                        yield b"data: " + orjson.dumps({"error": chunk.error.message}) + b"\n\n"
+                        return
+                    final = chunk.finish_reason is not None
+                    if chunk.text or final:
+                        event = answer(name, chunk.text, sequence, final)
+                        yield b"data: " + orjson.dumps(event) + b"\n\n"
+            finally:
+                generator.cancel(sequence)
+                admission.release()
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return router

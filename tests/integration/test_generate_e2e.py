@@ -1,0 +1,119 @@
+"""Triton's generate extension and token-counted admission end to end, on a real `sluice serve`
+with the tiny GPT-2: `/v2/models/{m}/generate` and `/generate_stream` answer what transformers
+`generate` gives, errors are the v2 `{"error"}` body, and `rate_limit.unit: tokens` charges
+prompt plus completion tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.generative import publish_tiny, reference_greedy
+from tests.integration.helpers_e2e import write_settings
+from tests.servers import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("generate")
+    publish_tiny(root / "hf", root / "models")
+    return root / "hf", root / "models"
+
+
+def serve(repository: Path, folder: Path, settings: dict[str, Any] | None = None) -> ServerProcess:
+    args = ["--model-repository", str(repository)]
+    if settings is not None:
+        args += ["--config", str(write_settings(folder / "server.yaml", settings))]
+    return ServerProcess(*args, log_path=folder / "server.log", grpc=False).start(timeout_s=90)
+
+
+@pytest.fixture(scope="module")
+def server(
+    repository: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    process = serve(repository[1], tmp_path_factory.mktemp("generate-server"))
+    yield process
+    process.stop()
+
+
+def expected_text(folder: Path, text: str, max_tokens: int) -> tuple[str, int]:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tokens = reference_greedy(folder, tokenizer.encode(text).ids, max_tokens)
+    if 0 in tokens:
+        tokens = tokens[: tokens.index(0)]
+    return tokenizer.decode(tokens), len(tokens)
+
+
+def test_generate_matches_transformers(
+    server: ServerProcess, repository: tuple[Path, Path]
+) -> None:
+    body = {"text_input": "the lazy dog", "parameters": {"max_tokens": 18, "temperature": 0}}
+    reply = httpx.post(f"{server.url}/v2/models/tiny/generate", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    text, count = expected_text(repository[0], "the lazy dog", 18)
+    assert answer["text_output"] == text
+    assert answer["usage"]["completion_tokens"] == count
+    assert answer["model_name"] == "tiny"
+
+
+def test_generate_stream_sends_the_same_text_in_events(
+    server: ServerProcess, repository: tuple[Path, Path]
+) -> None:
+    body = {"text_input": "one batch", "max_tokens": 22, "temperature": 0}
+    reply = httpx.post(f"{server.url}/v2/models/tiny/generate_stream", json=body, timeout=30)
+    assert reply.status_code == 200
+    events = [orjson.loads(part[6:]) for part in reply.text.split("\n\n") if part]
+    text, count = expected_text(repository[0], "one batch", 22)
+    assert "".join(e["text_output"] for e in events) == text
+    assert events[-1]["finish_reason"] in ("stop", "length")
+    assert events[-1]["usage"]["completion_tokens"] == count
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "message"),
+    [
+        ("tiny/generate", {"text_input": "a " * 80, "max_tokens": 2}, 400,
+         "the model's context is 64 tokens"),
+        ("nope/generate", {"text_input": "a"}, 404, "unknown model 'nope'"),
+        ("tiny/generate", {"text_input": "a", "parameters": {"top_k": -3}}, 400, "top_k"),
+        ("tiny/generate_stream", {"text_input": 5}, 400, "text_input must be a string"),
+        ("tiny/generate", {"text_input": "a", "parameters": {"beams": 2}}, 400,
+         "unknown generate parameter 'beams'"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_a_v2_error(
+    server: ServerProcess, path: str, body: dict[str, Any], status: int, message: str
+) -> None:
+    reply = httpx.post(f"{server.url}/v2/models/{path}", json=body, timeout=10)
+    assert reply.status_code == status
+    assert set(reply.json()) == {"error"}
+    assert message in reply.json()["error"]
+
+
+def test_rate_limit_in_tokens_charges_prompt_and_completion(
+    repository: tuple[Path, Path], tmp_path: Path
+) -> None:
+    limits = {"rate_limit": {"unit": "tokens", "default": {"rate_per_s": 0.01, "burst": 50}}}
+    process = serve(repository[1], tmp_path, limits)
+    try:
+        url = f"{process.url}/v1/completions"
+        ten = list(range(1, 11))
+        first = httpx.post(url, json={"model": "tiny", "prompt": ten, "max_tokens": 30})
+        assert first.status_code == 200, first.text  # 40 of the 50 tokens
+        second = httpx.post(url, json={"model": "tiny", "prompt": ten, "max_tokens": 30})
+        assert second.status_code == 429
+        assert "Retry-After" in second.headers
+        assert second.json()["error"]["type"] == "rate_limit_error"
+        huge = httpx.post(url, json={"model": "tiny", "prompt": ten, "max_tokens": 50})
+        assert huge.status_code == 400
+        assert "request of 60 tokens exceeds" in huge.json()["error"]["message"]
+    finally:
+        process.stop()
