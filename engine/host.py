@@ -116,6 +116,9 @@ class EngineHost:
         self._state: dict[str, Any] = {}
         self._state_task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.no_workers = asyncio.Event()
+        """Set while no worker is connected (the engine drains once its workers are gone)."""
+        self.no_workers.set()
 
     async def serve(self, path: str) -> None:
         """Listen on `path` (returns once listening)."""
@@ -193,6 +196,7 @@ class EngineHost:
             self._gone(slots.peer)
         peer = slots.peer = _Peer(writer, slots)
         self._peers.add(peer)
+        self.no_workers.clear()
         held = [[offset, size] for offset, size in slots.held_in.items()]
         peer.send(Kind.WELCOME, {"held": held, "state": self._state})
         return peer
@@ -212,6 +216,8 @@ class EngineHost:
             peer.out_slots.clear()
             if slots.peer is peer:
                 slots.peer = None
+            if all(w.peer is None for w in self.workers):
+                self.no_workers.set()
 
     def _dispatch(self, peer: _Peer, kind: Kind, message: Any) -> None:
         if kind is Kind.INFER and peer.slots is not None:

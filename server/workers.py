@@ -107,6 +107,10 @@ async def _engine(
         os.close(ready_fd)
         _orders(orders_fd, stop.set)
         await stop.wait()
+        # Ordered after the workers exited, none is left; if the supervisor died, the workers
+        # are finishing their requests now: let them, within the drain bound.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(host.no_workers.wait(), settings.drain_timeout_s)
         log.info("engine process: draining (at most %.1f s)", settings.drain_timeout_s)
         await engine.drain()
     finally:
@@ -178,11 +182,19 @@ async def _worker(
         settings, remote, http_socket=http_socket, grpc_shared_port=True, own_signals=False
     )
     loop = asyncio.get_running_loop()
-    _orders(orders_fd, server.stop)
+    stopping = False
+
+    def stop_once() -> None:  # a second Server.stop() would exit without draining
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            server.stop()
+
+    _orders(orders_fd, stop_once)
     loop.add_signal_handler(signal.SIGHUP, server.reload)
     gone = asyncio.create_task(remote.engine_gone.wait())
-    # No engine: nothing left to serve (but a finished serve() cancels this: no second stop).
-    gone.add_done_callback(lambda task: None if task.cancelled() else server.stop())
+    # No engine: nothing left to serve (a finished serve() cancels this).
+    gone.add_done_callback(lambda task: None if task.cancelled() else stop_once())
     try:
         await server.serve()
     finally:

@@ -221,3 +221,31 @@ def test_the_supervisor_exits_non_zero_when_the_engine_dies(server: ServerProces
     assert server.wait(20) == 1
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == []  # the workers stopped with it: nothing is left serving
+
+
+async def test_a_model_loaded_through_one_worker_serves_on_every_worker(
+    tmp_path: Path, repo: Path
+) -> None:
+    server = serve(tmp_path, "--model-repository", str(repo), "--model-control-mode", "explicit")
+    try:
+        url = f"{server.url}/v2/models/mlp/infer"
+        x = np.zeros((1, 16), np.float32)
+        assert {a.status_code for a in await fresh_posts(url, [json_body(x)] * 8)} == {404}
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            assert (await client.post("/v2/repository/models/mlp/load")).status_code == 200
+        # The other worker learns of it within the engine's state push (100 ms): poll, bounded.
+        deadline = time.monotonic() + 5
+        while {a.status_code for a in await fresh_posts(url, [json_body(x)] * 8)} != {200}:
+            assert time.monotonic() < deadline, "a worker never served the loaded model"
+        async with httpx.AsyncClient(
+            base_url=server.url, limits=httpx.Limits(max_keepalive_connections=0)
+        ) as client:
+            usages = [(await client.get("/v2/tenants/self/usage")) for _ in range(4)]
+            assert {u.status_code for u in usages} == {200}
+            assert len({u.text for u in usages}) == 1
+            assert (await client.post("/v2/repository/models/mlp/unload")).status_code == 200
+        deadline = time.monotonic() + 5
+        while {a.status_code for a in await fresh_posts(url, [json_body(x)] * 8)} != {404}:
+            assert time.monotonic() < deadline, "a worker still served the unloaded model"
+    finally:
+        server.stop()
