@@ -39,7 +39,9 @@ AUTO = "auto"
 
 SLACK = 0.25
 """Part of the predicted compute kept in reserve when planning against a deadline (the fit is a
-mean, and the loop needs time to hand the batch over)."""
+mean, and the loop needs time to hand the batch over)..."""
+MIN_RESERVE_S = 0.002
+"""...and at least this much: a busy event loop wakes a few milliseconds late."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +226,8 @@ class Batcher:
                 if not self._gate.is_set():
                     continue
                 batch = self.queue.take(head.group, policy.max_batch_size)
-                if policy.auto:
-                    batch = self._shed(batch)
+            if policy.auto:
+                batch = self._shed(batch)
             if batch:
                 return batch
 
@@ -242,7 +244,7 @@ class Batcher:
             return head.enqueued
         if head.deadline is None:
             return head.enqueued + predicted
-        return head.deadline - predicted * (1 + SLACK)
+        return head.deadline - predicted - max(predicted * SLACK, MIN_RESERVE_S)
 
     def _shed(self, batch: list[Pending]) -> list[Pending]:
         """Answer DeadlineExceeded, without running it, the most urgent request whose deadline

@@ -132,13 +132,13 @@ async def test_auto_waits_for_rows_while_the_deadline_allows() -> None:
 
 async def test_auto_sends_a_partial_batch_in_time_for_its_deadline() -> None:
     recorder = Recorder()
-    batcher = auto(recorder, cost_s=0.01, latency_target_s=0.05, dispatch_when_idle=False)
+    batcher = auto(recorder, cost_s=0.04, latency_target_s=0.2, dispatch_when_idle=False)
     started = time.monotonic()
     result = await batcher.submit(rows(1), 1)
     waited = time.monotonic() - started
     assert int(result["y"][0, 0]) == 2
-    # The window ends at 50 ms - 10 ms x (1 + slack): the batch went well before its deadline.
-    assert 0.02 <= waited < 0.05
+    # The window ends at 200 ms - 40 ms x (1 + slack): it waited, and went in time.
+    assert 0.1 <= waited < 0.2
     assert recorder.batches == [[1]]
     await batcher.close()
 
@@ -170,4 +170,19 @@ async def test_a_fixed_delay_never_sheds() -> None:
     result = await batcher.submit(rows(3), 1, deadline=time.monotonic() + 0.05)
     assert int(result["y"][0, 0]) == 6
     assert batcher.shed == 0
+    await batcher.close()
+
+
+async def test_an_unbatched_model_sheds_too() -> None:
+    recorder = Recorder()
+    batcher = auto(recorder, max_batch_size=0)
+    for _ in range(3):
+        batcher.cost.observe(1, 0.2)
+    batcher.pause()
+    task = asyncio.create_task(batcher.submit(rows(1), 1, deadline=time.monotonic() + 0.05))
+    await settle()
+    batcher.resume()
+    with pytest.raises(DeadlineExceeded, match="cannot meet its deadline"):
+        await task
+    assert recorder.batches == []
     await batcher.close()
