@@ -54,7 +54,13 @@ def train_tokenizer(folder: Path) -> Any:
     return tokenizer
 
 
-def tiny_gpt2(folder: Path, n_layer: int = 2, n_embd: int = 32, n_head: int = 2) -> Path:
+def tiny_gpt2(
+    folder: Path,
+    n_layer: int = 2,
+    n_embd: int = 32,
+    n_head: int = 2,
+    n_positions: int = N_POSITIONS,
+) -> Path:
     """Write a tiny random GPT-2 causal LM with its tokenizer into `folder`; returns `folder`."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -64,7 +70,7 @@ def tiny_gpt2(folder: Path, n_layer: int = 2, n_embd: int = 32, n_head: int = 2)
     torch.manual_seed(SEED)
     config = GPT2Config(
         vocab_size=tokenizer.get_vocab_size(),
-        n_positions=N_POSITIONS,
+        n_positions=n_positions,
         n_embd=n_embd,
         n_layer=n_layer,
         n_head=n_head,
