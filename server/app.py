@@ -18,11 +18,11 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
-from engine.auth import Principal, authenticate_headers
 from engine.errors import EngineError
 from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import ModelMetadata
+from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
 from server.infer_route import InferRoute
 from server.logs import RequestIdMiddleware
@@ -57,11 +57,12 @@ def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
 
 def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
     """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
-    hot path skips FastAPI's layers (see server/infer_route.py)."""
-    return InferRoute(fastapi_app(settings, engine), engine, settings)
+    hot path skips FastAPI's layers (see server/infer_route.py), both over one data plane."""
+    plane = DataPlane(engine, settings)
+    return InferRoute(fastapi_app(settings, plane), plane, settings)
 
 
-def fastapi_app(settings: Settings, engine: EngineFacade) -> FastAPI:
+def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
     """Every endpoint but inference: health, metadata, usage, metrics, Triton extensions."""
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdMiddleware)
@@ -86,56 +87,47 @@ def fastapi_app(settings: Settings, engine: EngineFacade) -> FastAPI:
 
     @app.get("/v2/health/live")
     async def live() -> Response:
-        return json_response({"live": engine.live}, 200 if engine.live else 503)
+        return json_response({"live": plane.live}, 200 if plane.live else 503)
 
     @app.get("/v2/health/ready")
     async def ready() -> Response:
-        return json_response({"ready": engine.ready}, 200 if engine.ready else 503)
-
-    def principal(request: Request, model: str | None = None) -> Principal:
-        return authenticate_headers(engine.authenticator, request.headers, model)
+        return json_response({"ready": plane.ready}, 200 if plane.ready else 503)
 
     # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
-    app.include_router(triton_router(engine))
-    mount_openai(app, engine)  # /v1: OpenAI-compatible generation (server/openai.py)
+    app.include_router(triton_router(plane))
+    mount_openai(app, plane.engine)  # /v1: OpenAI-compatible generation (server/openai.py)
 
     @app.get("/v2")
     async def server_metadata(request: Request) -> Response:
-        principal(request)
-        return json_response(engine.server_metadata())
+        return json_response(plane.server_metadata(request.headers))
 
     @app.get("/v2/tenants/self/usage")
     async def usage(request: Request) -> Response:
-        return json_response(await engine.usage(principal(request).tenant))
+        return json_response(await plane.usage(request.headers))
 
     @app.get("/v2/models/{name}")
     @app.get("/v2/models/{name}/versions/{version}")
     async def model_metadata(request: Request, name: str) -> Response:
         version = request.path_params.get("version")
-        principal(request, name)
-        return json_response(metadata_json(engine.model_metadata(name, version)))
+        return json_response(metadata_json(plane.model_metadata(request.headers, name, version)))
 
     @app.get("/v2/models/{name}/ready")
     @app.get("/v2/models/{name}/versions/{version}/ready")
     async def model_ready(request: Request, name: str) -> Response:
         version = request.path_params.get("version")
-        principal(request, name)
-        engine.model_metadata(name, version)  # unknown model or version: 404
-        is_ready = engine.model_ready(name, version)
+        is_ready = plane.model_ready(request.headers, name, version, unknown_is_error=True)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(request: Request) -> Response:
-        principal(request)  # any valid key: the schema is no secret, but not for strangers
+        plane.authenticate(request.headers)  # any valid key: no secret, but not for strangers
         return json_response(app.openapi())
 
     if settings.metrics.enabled:
-        require_key = settings.metrics.require_key
 
         @app.get("/metrics")
         async def metrics(request: Request) -> Response:
-            if require_key:
-                principal(request).require_admin_role("/metrics (metrics.require_key)")
-            return Response(engine.metrics.exposition(), media_type="text/plain; version=0.0.4")
+            exposition = plane.metrics(request.headers)
+            return Response(exposition, media_type="text/plain; version=0.0.4")
 
     return app

@@ -20,26 +20,51 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf import json_format
-from grpc.aio import ServicerContext as Context
 
-from engine.auth import Principal, admin_action, authenticate_headers
 from engine.errors import BackendError, DeadlineExceeded, EngineError
 from engine.facade import EngineFacade
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
+from engine.validate import InputCheck
 from server import grpc_tensors, raw_tensors
-from server.errors import error_headers, grpc_code, http_status
+from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
+from server.errors import error_headers, grpc_code
 from server.logs import choose_request_id, request_id
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
 from server.proto import model_config_pb2
 
 log = logging.getLogger("sluice.grpc")
+
+Trailing = Sequence[tuple[str, str]]
+
+
+class Context(Protocol):
+    """What the servicer uses of grpc.aio's ServicerContext (grpcio ships no type hints)."""
+
+    def invocation_metadata(self) -> Metadata | None:
+        """The caller's metadata as (key, value) pairs."""
+        ...
+
+    def set_trailing_metadata(self, trailing_metadata: Trailing) -> None:
+        """Metadata sent with the status."""
+        ...
+
+    async def abort(
+        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Trailing = ()
+    ) -> NoReturn:
+        """End the call with `code` (raises grpc.aio.AbortError)."""
+        ...
+
+    def time_remaining(self) -> float | None:
+        """Seconds left before the call's deadline; None without one."""
+        ...
+
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -59,28 +84,42 @@ async def abort(context: Context, exc: EngineError) -> NoReturn:
     if rid is not None:  # abort's metadata replaces what was set before: repeat the id
         metadata = (*metadata, ("x-request-id", rid))
     await context.abort(grpc_code(exc), exc.message, trailing_metadata=metadata)
-    raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
+
+
+def metadata(context: Context) -> Metadata:
+    """The call's invocation metadata ((key, value) pairs, possibly none)."""
+    return context.invocation_metadata() or ()
 
 
 def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    """Map engine errors to gRPC statuses; anything else is logged and answered INTERNAL."""
+    """Bind the call's request id; map engine errors to gRPC statuses; anything else is logged
+    and answered INTERNAL."""
 
     @functools.wraps(method)
     async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp:
-        token = request_id.set(self._bind_request_id(context))
+        token = request_id.set(_bind_request_id(context))
         try:
             return await method(self, request, context)
         except EngineError as exc:
             await abort(context, exc)
         except grpc.aio.AbortError:
             raise
-        except Exception:
+        except Exception:  # a bug (inference's own are logged and mapped by the data plane)
             log.exception("gRPC %s failed", method.__name__)
-            await abort(context, BackendError("internal error"))
+            await abort(context, BackendError(INTERNAL_ERROR))
         finally:
             request_id.reset(token)
 
     return wrapper
+
+
+def _bind_request_id(context: Context) -> str:
+    """The call's request id (the caller's `x-request-id` if sane), also sent back as trailing
+    metadata."""
+    given = next((v for k, v in metadata(context) if k == "x-request-id"), None)
+    rid = choose_request_id(given if isinstance(given, str) else None)
+    context.set_trailing_metadata((("x-request-id", rid),))
+    return rid
 
 
 class _LogThrottle:
@@ -106,7 +145,7 @@ def _unimplemented(name: str, why: str) -> Handler[Any, NoReturn]:
     log line per interval instead of grpc's traceback per call."""
 
     async def method(self: GrpcService, request: Any, context: Context) -> NoReturn:
-        self._principal(context)
+        self._plane.authenticate(metadata(context))
         skipped = self._unimplemented_log.due(name)
         if skipped is not None:
             log.warning(
@@ -118,7 +157,6 @@ def _unimplemented(name: str, why: str) -> Handler[Any, NoReturn]:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED, f"sluice does not implement {name}: {why}"
         )
-        raise AssertionError("unreachable: context.abort raises")  # pragma: no cover
 
     method.__name__ = method.__qualname__ = name
     return _guarded(method)
@@ -127,174 +165,123 @@ def _unimplemented(name: str, why: str) -> Handler[Any, NoReturn]:
 _SHARED_MEMORY = "send tensor data in the request (raw_input_contents)"
 
 
+class GrpcCall:
+    """One ModelInfer request as the data plane sees it (server.dataplane.InferCall)."""
+
+    __slots__ = ("_context", "_request", "headers", "model", "version")
+    protocol = "grpc"
+    span_name = INFER_SPAN
+
+    def __init__(self, request: pb.ModelInferRequest, context: Context) -> None:
+        self._request, self._context = request, context
+        self.headers = metadata(context)
+        self.model, self.version = request.model_name, request.model_version or None
+
+    @property
+    def access(self) -> str:
+        return f"gRPC ModelInfer {self.model}"
+
+    async def decode(self, check: InputCheck) -> InferRequest:
+        request = self._request
+        decoded = await raw_tensors.off_loop(
+            request.ByteSize(), grpc_tensors.decode_request, request, check
+        )
+        remaining = self._context.time_remaining()
+        if remaining is not None:
+            # The call's own deadline bounds the engine's: no answer is useful after it.
+            if remaining <= 0:
+                raise DeadlineExceeded("the call's deadline passed before it was queued")
+            budget = decoded.timeout_s
+            decoded.timeout_s = remaining if budget is None else min(budget, remaining)
+        return decoded
+
+    def encode(self, response: InferResponse) -> pb.ModelInferResponse:
+        return grpc_tensors.encode_response(response)
+
+    async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
+        return await answer  # a cancelled call cancels the engine's request (the batcher drops it)
+
+
 class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
-    """The servicer: every RPC of `inference.GRPCInferenceService`; those sluice does not serve
-    (shared memory, trace and log settings) answer UNIMPLEMENTED.
+    """The servicer: every RPC of `inference.GRPCInferenceService` over the data plane; those
+    sluice does not serve (shared memory, trace and log settings) answer UNIMPLEMENTED.
 
     `stream_max_pending` bounds each ModelStreamInfer stream: requests running plus answers not
     yet sent to the client. At the bound the stream is not read, so HTTP/2 flow control holds
     the client's writes until it reads its answers."""
 
-    def __init__(self, engine: EngineFacade, stream_max_pending: int = 64) -> None:
-        self._engine = engine
+    def __init__(self, plane: DataPlane, stream_max_pending: int = 64) -> None:
+        self._plane = plane
         self._stream_max_pending = stream_max_pending
         self._unimplemented_log = _LogThrottle(UNIMPLEMENTED_LOG_INTERVAL_S)
-
-    def _bind_request_id(self, context: Context) -> str:
-        """The call's request id (the caller's `x-request-id` if sane), also sent back as
-        trailing metadata."""
-        given = next(
-            (v for k, v in context.invocation_metadata() or () if k == "x-request-id"), None
-        )
-        rid = choose_request_id(given if isinstance(given, str) else None)
-        context.set_trailing_metadata((("x-request-id", rid),))
-        return rid
-
-    def _principal(self, context: Context) -> Principal:
-        return authenticate_headers(self._engine.authenticator, context.invocation_metadata() or ())
 
     # -- health and metadata ---------------------------------------------------------------------
 
     @_guarded
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> Any:
-        return pb.ServerLiveResponse(live=self._engine.live)
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Context
+    ) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._plane.live)
 
     @_guarded
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> Any:
-        return pb.ServerReadyResponse(ready=self._engine.ready)
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: Context
+    ) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._plane.ready)
 
     @_guarded
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> Any:
-        self._principal(context).check_model(request.name)
-        ready = self._engine.model_ready(request.name, request.version or None)
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Context
+    ) -> pb.ModelReadyResponse:
+        ready = self._plane.model_ready(metadata(context), request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @_guarded
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> Any:
-        self._principal(context)
-        meta = self._engine.server_metadata()
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: Context
+    ) -> pb.ServerMetadataResponse:
+        meta = self._plane.server_metadata(metadata(context))
         return pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
     @_guarded
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> Any:
-        self._principal(context).check_model(request.name)
-        meta = self._engine.model_metadata(request.name, request.version or None)
-
-        def tensors(specs: Any) -> list[Any]:
-            return [
-                pb.ModelMetadataResponse.TensorMetadata(
-                    name=s.name, datatype=s.datatype, shape=list(s.shape)
-                )
-                for s in specs
-            ]
-
-        return pb.ModelMetadataResponse(
-            name=meta.name,
-            versions=list(meta.versions),
-            platform=meta.platform,
-            inputs=tensors(meta.inputs),
-            outputs=tensors(meta.outputs),
-        )
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: Context
+    ) -> pb.ModelMetadataResponse:
+        meta = self._plane.model_metadata(metadata(context), request.name, request.version or None)
+        return grpc_tensors.metadata_response(meta)
 
     # -- inference -------------------------------------------------------------------------------
 
-    async def _infer(self, request: Any, context: Context, principal: Principal | None) -> Any:
-        """Answer one inference request (authenticating it unless `principal` is given), counted
-        in the metrics, logged at debug level and traced."""
-        started = time.monotonic()
-        engine = self._engine
-        tracing = engine.tracing
-        span = None
-        if tracing is not None:
-            carrier = dict(context.invocation_metadata() or ())
-            span = tracing.begin(INFER_SPAN, "grpc", request.model_name, carrier)
-        status, served = 200, ""
-        try:
-            if principal is None:
-                principal = self._principal(context)
-            response = await self._run(request, context, principal)
-            served = response.model_version
-            encode_started = time.monotonic()
-            size = sum(array.nbytes for array in response.outputs.values())
-            encode = functools.partial(grpc_tensors.encode_response, response)
-            answer = await raw_tensors.off_loop(size, encode)
-            encoded = time.monotonic()
-            engine.metrics.encoded("grpc", encoded - encode_started)
-            if tracing is not None:
-                tracing.record("encode", encode_started, encoded)
-            return answer
-        except EngineError as exc:
-            status = http_status(exc)
-            if status == 500:
-                log.error("inference failed: %s", exc.message, extra={"model": request.model_name})
-            raise
-        except asyncio.CancelledError:
-            status = 499  # the client went away (or cancelled the call)
-            raise
-        except Exception:
-            status = 500
-            raise
-        finally:
-            elapsed = time.monotonic() - started
-            label = engine.label_for(request.model_name)
-            engine.metrics.request(label, served, "grpc", status, elapsed)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "gRPC ModelInfer %s -> %d in %.3f ms", request.model_name, status,
-                    elapsed * 1e3,
-                    extra={"model": request.model_name, "status": status,
-                           "duration_ms": round(elapsed * 1e3, 3)},
-                )  # fmt: skip
-            if span is not None and tracing is not None:
-                tracing.end(span, status)
-
-    async def _run(self, request: Any, context: Context, principal: Principal) -> InferResponse:
-        principal.check_model(request.model_name)
-        check = self._engine.input_check(request.model_name, request.model_version or None)
-        decode = functools.partial(grpc_tensors.decode_request, request, check)
-        infer_request: InferRequest = await raw_tensors.off_loop(request.ByteSize(), decode)
-        infer_request.tenant = principal.tenant
-        remaining = context.time_remaining()
-        if remaining is not None:
-            # The call's own deadline bounds the engine's: no answer is useful after it.
-            if remaining <= 0:
-                raise DeadlineExceeded("the call's deadline passed before it was queued")
-            budget = infer_request.timeout_s
-            infer_request.timeout_s = remaining if budget is None else min(budget, remaining)
-        return await self._engine.infer(infer_request)
-
     @_guarded
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> Any:
-        return await self._infer(request, context, None)
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: Context
+    ) -> pb.ModelInferResponse:
+        return await self._plane.infer(GrpcCall(request, context))
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[Any], context: Context
-    ) -> AsyncIterator[Any]:
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request is answered as soon as it completes (out of order, matched by `id`); a
         failed request answers `error_message` and the stream carries on. The stream has one
         request id, shared by the log lines and spans of all its requests. At most
         `stream_max_pending` requests are running or answered-but-unsent: then the stream is not
         read until the client reads."""
-        request_id.set(self._bind_request_id(context))  # this call's own context: no reset
+        request_id.set(_bind_request_id(context))  # this call's own context: no reset
         try:
-            principal = self._principal(context)
+            principal = self._plane.authenticate(metadata(context))
         except EngineError as exc:
             await _reject_stream(request_iterator, context, exc, self._stream_max_pending)
-        results: asyncio.Queue[Any] = asyncio.Queue()
+        results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._stream_max_pending)
 
-        async def one(request: Any) -> None:
+        async def one(request: pb.ModelInferRequest) -> None:
             try:
-                answer = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, context, principal)
-                )
-            except EngineError as exc:
+                response = await self._plane.infer(GrpcCall(request, context), principal)
+                answer = pb.ModelStreamInferResponse(infer_response=response)
+            except EngineError as exc:  # a bug too, logged by the data plane
                 answer = _stream_error(request, exc.message)
-            except Exception:
-                log.exception("gRPC ModelStreamInfer request failed")
-                answer = _stream_error(request, "internal error")
             results.put_nowait(answer)
 
         async def feed() -> None:
@@ -336,72 +323,54 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     )
 
     @_guarded
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> Any:
-        principal = self._principal(context)
-        principal.require_admin("config")
-        principal.check_model(request.name)
-        config = self._engine.model_config(request.name, request.version or None)
-        message = json_format.ParseDict(
-            config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True
-        )
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: Context
+    ) -> pb.ModelConfigResponse:
+        config = self._plane.model_config(metadata(context), request.name, request.version or None)
+        message = model_config_pb2.ModelConfig()
+        json_format.ParseDict(config, message, ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=message)
 
     @_guarded
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> Any:
-        principal = self._principal(context)
-        principal.require_admin("statistics")
-        if request.name:
-            principal.check_model(request.name)
-        stats = self._engine.statistics(request.name or None, request.version or None)
-        visible = [entry for entry in stats["model_stats"] if principal.may_use(entry["name"])]
-        return json_format.ParseDict(
-            {"model_stats": visible}, pb.ModelStatisticsResponse(), ignore_unknown_fields=True
-        )
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Context
+    ) -> pb.ModelStatisticsResponse:
+        name, version = request.name or None, request.version or None
+        stats = self._plane.statistics(metadata(context), name, version)
+        message = pb.ModelStatisticsResponse()
+        json_format.ParseDict(stats, message, ignore_unknown_fields=True)
+        return message
 
     @_guarded
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> Any:
-        self._principal(context).require_admin("repository")
-        rows = self._engine.repository_index(ready_only=request.ready)
-        return pb.RepositoryIndexResponse(
-            models=[pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
-        )
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Context
+    ) -> pb.RepositoryIndexResponse:
+        rows = self._plane.repository_index(metadata(context), ready_only=request.ready)
+        models = [pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
+        return pb.RepositoryIndexResponse(models=models)
 
     @_guarded
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Context
-    ) -> Any:
-        principal = self._principal(context)
-        principal.require_admin("repository")
-        principal.check_model(request.model_name)
-        with admin_action(principal, "load", model=request.model_name, protocol="grpc"):
-            await self._engine.load_model(
-                request.model_name, _repository_parameters(request.parameters)
-            )
+    ) -> pb.RepositoryModelLoadResponse:
+        parameters = grpc_tensors.parameters(request.parameters)
+        await self._plane.load_model(metadata(context), request.model_name, parameters, "grpc")
         return pb.RepositoryModelLoadResponse()
 
     @_guarded
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: Context
-    ) -> Any:
-        principal = self._principal(context)
-        principal.require_admin("repository")
-        principal.check_model(request.model_name)
-        with admin_action(principal, "unload", model=request.model_name, protocol="grpc"):
-            await self._engine.unload_model(request.model_name, list(request.parameters))
+    ) -> pb.RepositoryModelUnloadResponse:
+        names = list(request.parameters)
+        await self._plane.unload_model(metadata(context), request.model_name, names, "grpc")
         return pb.RepositoryModelUnloadResponse()
 
 
-def _repository_parameters(parameters: Any) -> dict[str, Any]:
-    """A load request's parameters as plain values (a `config` JSON string, file bytes...)."""
-    values = {}
-    for key, parameter in parameters.items():
-        choice = parameter.WhichOneof("parameter_choice")
-        values[key] = None if choice is None else getattr(parameter, choice)
-    return values
-
-
 async def _reject_stream(
-    request_iterator: AsyncIterator[Any], context: Context, exc: EngineError, most: int
+    request_iterator: AsyncIterator[pb.ModelInferRequest],
+    context: Context,
+    exc: EngineError,
+    most: int,
 ) -> NoReturn:
     """End a stream with `exc` before serving it, once the client has finished writing (up to
     `most` messages, dropped, or STREAM_SETTLE_S). A grpc.aio client whose write is in flight when
@@ -417,7 +386,7 @@ async def _reject_stream(
     await abort(context, exc)
 
 
-def _stream_error(request: Any, message: str) -> Any:
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
     return pb.ModelStreamInferResponse(
         error_message=message,
         infer_response=pb.ModelInferResponse(
@@ -465,7 +434,7 @@ def build_grpc_server(
     server = grpc.aio.server(
         options=server_options(settings), interceptors=[clock] if clock is not None else None
     )
-    servicer = GrpcService(engine, settings.grpc_stream_max_pending)
+    servicer = GrpcService(DataPlane(engine, settings), settings.grpc_stream_max_pending)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"

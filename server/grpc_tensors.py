@@ -8,18 +8,19 @@ zero-copy) or each in its typed `contents` field; outputs always go back in
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput
-from engine.types import InferRequest, InferResponse
+from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, scheduling
 from server.proto import grpc_service_pb2 as pb
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
-__all__ = ["decode_request", "encode_response", "parameters"]
+__all__ = ["decode_request", "encode_response", "metadata_response", "parameters"]
 
 # The typed contents field of each datatype and the numpy type protobuf hands it over as.
 _CONTENTS: dict[str, tuple[str, type[np.generic]]] = {
@@ -164,7 +165,27 @@ def decode_request(request: Any, check: InputCheck | None = None) -> InferReques
     )
 
 
-def encode_response(response: InferResponse) -> Any:
+def metadata_response(meta: ModelMetadata) -> pb.ModelMetadataResponse:
+    """The ModelMetadataResponse for a model's metadata."""
+
+    def tensors(specs: Iterable[TensorSpec]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+        return [
+            pb.ModelMetadataResponse.TensorMetadata(
+                name=s.name, datatype=s.datatype, shape=list(s.shape)
+            )
+            for s in specs
+        ]
+
+    return pb.ModelMetadataResponse(
+        name=meta.name,
+        versions=list(meta.versions),
+        platform=meta.platform,
+        inputs=tensors(meta.inputs),
+        outputs=tensors(meta.outputs),
+    )
+
+
+def encode_response(response: InferResponse) -> pb.ModelInferResponse:
     """The ModelInferResponse for an engine response, outputs in raw_output_contents."""
     message = pb.ModelInferResponse(
         model_name=response.model_name, model_version=response.model_version, id=response.id or ""

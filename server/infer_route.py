@@ -10,22 +10,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.auth import authenticate_headers
-from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
-from engine.facade import EngineFacade
+from engine.errors import EngineError, InvalidInput, PayloadTooLarge
 from engine.settings import Settings
-from engine.types import InferRequest
+from engine.types import InferRequest, InferResponse
+from engine.validate import InputCheck
 from server import binary, codec, raw_tensors
+from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
 from server.logs import choose_request_id, request_id
 
 log = logging.getLogger("sluice.http")
+T = TypeVar("T")
 
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 INFER_SPAN = "POST /v2/models/{name}/infer"
@@ -39,15 +40,16 @@ SINGLE_HEADERS = (
 
 
 class InferRoute:
-    """ASGI middleware serving the infer endpoint; everything else goes to `app`."""
+    """ASGI middleware serving the infer endpoint over the data plane; everything else goes to
+    `app`."""
 
-    def __init__(self, app: ASGIApp, engine: EngineFacade, settings: Settings) -> None:
+    def __init__(self, app: ASGIApp, plane: DataPlane, settings: Settings) -> None:
         self.app = app
-        self.engine = engine
+        self.plane = plane
         self.limit = settings.max_request_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and self.engine.draining:
+        if scope["type"] == "http" and self.plane.draining:
             send = _closing(send)
         match = INFER_PATH.fullmatch(scope["path"]) if scope["type"] == "http" else None
         if match is None:
@@ -64,118 +66,109 @@ class InferRoute:
     async def handle(
         self, scope: Scope, receive: Receive, send: Send, name: str, version: str | None
     ) -> None:
-        started = time.monotonic()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        rid = choose_request_id(headers.get("x-request-id"))
+        call = HttpCall(scope, receive, name, version, self.limit)
+        rid = choose_request_id(call.header("x-request-id"))
         token = request_id.set(rid)
-        tracing = self.engine.tracing
-        span = None if tracing is None else tracing.begin(INFER_SPAN, "http", name, headers)
-        status, served = 200, ""
         try:
-            if len(headers) != len(scope["headers"]):  # a header came more than once
-                _check_single(scope["headers"])
-            body, extra, served = await self.infer(headers, receive, name, version)
+            status = 200
+            body, extra = await self.plane.infer(call)
         except EngineError as exc:
-            status = http_status(exc)
-            body, extra = _error_body(exc.message), error_headers(exc)
-            if status == 500:
-                log.error("inference failed: %s", exc.message, extra={"model": name})
+            status, body, extra = http_status(exc), _error_body(exc.message), error_headers(exc)
         except ClientGone:
-            status = 499  # nobody is left to answer: the request was withdrawn, not computed
-            return
-        except asyncio.CancelledError:
-            status = 499  # cancelled by the server's shutdown: no answer was sent
-            raise
-        except Exception as exc:  # a bug: log the traceback, answer JSON
-            log.error("unhandled error in inference", exc_info=exc)
-            status = 500
-            body, extra = _error_body("internal server error (see the server log)"), {}
+            return  # nobody is left to answer
         finally:
-            elapsed = time.monotonic() - started
-            label = self.engine.label_for(name)
-            self.engine.metrics.request(label, served, "http", status, elapsed)
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "POST %s -> %d in %.3f ms", scope["path"], status, elapsed * 1e3,
-                    extra={"path": scope["path"], "status": status,
-                           "duration_ms": round(elapsed * 1e3, 3)},
-                )  # fmt: skip
-            if span is not None and tracing is not None:
-                tracing.end(span, status)
             request_id.reset(token)
-        extra.setdefault("content-type", "application/json")
         response_headers = [
             (b"content-length", str(len(body)).encode()),
             (b"x-request-id", rid.encode()),
             *((k.lower().encode(), v.encode()) for k, v in extra.items()),
         ]
+        if "content-type" not in extra:  # encode's headers are lower-case; errors have none
+            response_headers.append((b"content-type", b"application/json"))
         await send({"type": "http.response.start", "status": status, "headers": response_headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def infer(
-        self, headers: dict[str, str], receive: Receive, name: str, version: str | None
-    ) -> tuple[bytes, dict[str, str], str]:
-        """The encoded response, its headers, and the version that answered."""
-        if self.engine.draining:  # refuse before reading and decoding the body
-            raise ShuttingDown()
-        tenant = authenticate_headers(self.engine.authenticator, headers, name).tenant
-        check = self.engine.input_check(name, version)
-        body = await self.read_body(headers, receive)
+
+class HttpCall:
+    """One `POST .../infer` as the data plane sees it (server.dataplane.InferCall)."""
+
+    protocol = "http"
+    span_name = INFER_SPAN
+
+    def __init__(
+        self, scope: Scope, receive: Receive, name: str, version: str | None, limit: int
+    ) -> None:
+        raw = scope["headers"]
+        mapped = {k.decode("latin-1"): v.decode("latin-1") for k, v in raw}
+        self.model, self.version, self.access = name, version, f"POST {scope['path']}"
+        self._raw, self._mapped = raw, mapped
+        # A header sent twice is ambiguous: the pairs go to authentication, which refuses two
+        # keys, and decode refuses the others (SINGLE_HEADERS).
+        self.headers: Headers = (
+            mapped
+            if len(mapped) == len(raw)
+            else [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
+        )
+        self._receive = receive
+        self._limit = limit
+        self._split: binary.BinaryRequest | None = None
+
+    def header(self, name: str) -> str | None:
+        """A request header by its lower-case name (the last one when sent twice)."""
+        return self._mapped.get(name)
+
+    async def decode(self, check: InputCheck) -> InferRequest:
+        if len(self._mapped) != len(self._raw):
+            _check_single(self._raw)
+        body = await self.read_body()
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")
-
+        headers, limit = self._mapped, self._limit
         # The decompressed size decides where decoding runs: here, only a bounded prefix of a
         # compressed body is inflated; a body that holds more is inflated in a worker thread.
         encoding = headers.get("content-encoding")
-        plain = binary.decompress(body, encoding, self.limit, raw_tensors.OFFLOAD_BYTES)
+        plain = binary.decompress(body, encoding, limit, raw_tensors.OFFLOAD_BYTES)
 
         def decode() -> tuple[InferRequest, binary.BinaryRequest]:
-            full = binary.decompress(body, encoding, self.limit) if plain is None else plain
+            full = binary.decompress(body, encoding, limit) if plain is None else plain
             split = binary.split_request(full, headers, lambda h: codec.check_header(h, check))
-            return codec.decode_request(split.header, name, version, split.arrays), split
+            return codec.decode_request(split.header, self.model, self.version, split.arrays), split
 
         size = raw_tensors.OFFLOAD_BYTES + 1 if plain is None else len(plain)
-        request, split = await raw_tensors.off_loop(size, decode)
-        request.tenant = tenant
-        response = await _unless_disconnected(receive, self.engine.infer(request))
-        size = sum(array.nbytes for array in response.outputs.values())
-        encode_started = time.monotonic()
-        content, extra = await raw_tensors.off_loop(
-            size,
-            binary.encode_response,
-            response,
-            split.binary_outputs(response.outputs),
-            codec.json_data,
-            headers.get("accept-encoding"),
-        )
-        encoded = time.monotonic()
-        self.engine.metrics.encoded("http", encoded - encode_started)
-        if self.engine.tracing is not None:
-            self.engine.tracing.record("encode", encode_started, encoded)
-        headers_out = {key.lower(): value for key, value in extra.items()}
-        return content, headers_out, response.model_version
+        request, self._split = await raw_tensors.off_loop(size, decode)
+        return request
 
-    async def read_body(self, headers: dict[str, str], receive: Receive) -> bytes:
+    def encode(self, response: InferResponse) -> tuple[bytes, dict[str, str]]:
+        """The response body and its (lower-case) headers."""
+        assert self._split is not None
+        content, extra = binary.encode_response(
+            response,
+            self._split.binary_outputs(response.outputs),
+            codec.json_data,
+            self._mapped.get("accept-encoding"),
+        )
+        return content, {key.lower(): value for key, value in extra.items()}
+
+    async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
+        return await _unless_disconnected(self._receive, answer)
+
+    async def read_body(self) -> bytes:
         """The whole body, or PayloadTooLarge as soon as it passes the limit."""
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.limit:
-            raise PayloadTooLarge(int(declared), self.limit)
+        declared = self._mapped.get("content-length", "")
+        if declared.isdigit() and int(declared) > self._limit:
+            raise PayloadTooLarge(int(declared), self._limit)
         chunks, size = [], 0
         while True:
-            message = await receive()
+            message = await self._receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.limit:
-                raise PayloadTooLarge(size, self.limit)
+            if size > self._limit:
+                raise PayloadTooLarge(size, self._limit)
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-
-class ClientGone(Exception):
-    """The client disconnected before its answer was ready."""
 
 
 def _check_single(raw_headers: list[tuple[bytes, bytes]]) -> None:
@@ -201,7 +194,7 @@ def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-async def _unless_disconnected(receive: Receive, work: Any) -> Any:
+async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it (the batcher withdraws the
     request). One watcher task per request, cancelled as soon as the work is done."""
     current = asyncio.current_task()

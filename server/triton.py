@@ -21,10 +21,9 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from engine.auth import Principal, admin_action, authenticate_headers
 from engine.errors import InvalidInput
-from engine.facade import EngineFacade
 from server import codec
+from server.dataplane import DataPlane
 
 
 def _json(body: Any) -> Response:
@@ -44,63 +43,44 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def triton_router(engine: EngineFacade) -> APIRouter:
-    """The router serving Triton's extensions from `engine`."""
+def triton_router(plane: DataPlane) -> APIRouter:
+    """The router serving Triton's extensions over the data plane."""
     router = APIRouter()
-
-    def principal(request: Request) -> Principal:
-        return authenticate_headers(engine.authenticator, request.headers)
 
     @router.get("/v2/models/stats")
     async def all_statistics(request: Request) -> Response:
-        caller = principal(request)
-        caller.require_admin("statistics")
-        stats = engine.statistics()
-        visible = [entry for entry in stats["model_stats"] if caller.may_use(entry["name"])]
-        return _json({"model_stats": visible})
+        return _json(plane.statistics(request.headers))
 
     @router.get("/v2/models/{name}/stats")
     @router.get("/v2/models/{name}/versions/{version}/stats")
     async def model_statistics(request: Request, name: str) -> Response:
         version = request.path_params.get("version")  # never from the query string
-        caller = principal(request)
-        caller.require_admin("statistics")
-        caller.check_model(name)
-        return _json(engine.statistics(name, version))
+        return _json(plane.statistics(request.headers, name, version))
 
     @router.get("/v2/models/{name}/config")
     @router.get("/v2/models/{name}/versions/{version}/config")
     async def model_config(request: Request, name: str) -> Response:
         version = request.path_params.get("version")  # never from the query string
-        caller = principal(request)
-        caller.require_admin("config")
-        caller.check_model(name)
-        return _json(engine.model_config(name, version))
+        return _json(plane.model_config(request.headers, name, version))
 
     @router.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
-        principal(request).require_admin("repository")
+        caller = plane.repository_caller(request.headers)  # a stranger's body is never read
         ready = (await _body(request)).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidInput(f"'ready' must be true or false, got {ready!r:.60}")
-        return _json(engine.repository_index(ready_only=ready))
+        return _json(plane.repository_index(caller, ready_only=ready))
 
     @router.post("/v2/repository/models/{name}/load")
     async def load(request: Request, name: str) -> Response:
-        caller = principal(request)
-        caller.require_admin("repository")
-        caller.check_model(name)
-        with admin_action(caller, "load", model=name, protocol="http"):
-            await engine.load_model(name, list(_parameters(await _body(request))))
+        caller = plane.repository_caller(request.headers, name)  # before the body is read
+        await plane.load_model(caller, name, _parameters(await _body(request)), "http")
         return Response(status_code=200)
 
     @router.post("/v2/repository/models/{name}/unload")
     async def unload(request: Request, name: str) -> Response:
-        caller = principal(request)
-        caller.require_admin("repository")
-        caller.check_model(name)
-        with admin_action(caller, "unload", model=name, protocol="http"):
-            await engine.unload_model(name, list(_parameters(await _body(request))))
+        caller = plane.repository_caller(request.headers, name)  # before the body is read
+        await plane.unload_model(caller, name, _parameters(await _body(request)), "http")
         return Response(status_code=200)
 
     return router

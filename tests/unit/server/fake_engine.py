@@ -84,6 +84,7 @@ class FakeEngine:
         self.loaded = set(self.sessions)
         self.live = True
         self.ready = True
+        self.draining = False
         self.fail_next: BaseException | None = None
         self.requests: list[InferRequest] = []
         self.counts: dict[str, int] = dict.fromkeys(self.sessions, 0)
@@ -93,6 +94,9 @@ class FakeEngine:
 
         self.tracing = None
         self.metrics = Metrics(lambda: {"models": [], "index": [], "in_flight": 0})
+
+    async def usage(self, tenant: str) -> dict[str, Any]:
+        return {"tenant": tenant}
 
     def label_for(self, name: str) -> str:
         return name if name in self.sessions else "_unknown"

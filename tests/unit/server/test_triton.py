@@ -12,15 +12,16 @@ from fastapi.responses import Response
 
 from engine.auth import digest_key
 from engine.errors import EngineError
-from engine.settings import ApiKey, AuthSettings
+from engine.settings import ApiKey, AuthSettings, Settings
 from server.app import error_response
+from server.dataplane import DataPlane
 from server.triton import triton_router
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
 
 def make_app(engine: FakeEngine) -> FastAPI:
     app = FastAPI()
-    app.include_router(triton_router(engine))  # type: ignore[arg-type]
+    app.include_router(triton_router(DataPlane(engine, Settings())))  # type: ignore[arg-type]
 
     @app.get("/v2/models/{name}")
     async def metadata(name: str) -> dict[str, str]:  # the core route the router must precede

@@ -1,0 +1,284 @@
+"""The data plane: the work every request shares, whichever transport carried it.
+
+HTTP (server/infer_route.py, server/app.py, server/triton.py) and gRPC (server/grpc_service.py)
+convert wire <-> engine types and nothing else; they call one `DataPlane`, which authenticates
+and authorizes the caller, calls the engine facade (this process's `Engine`, or a proxy to the
+engine process with `--workers`), and for inference times, traces, counts and logs the request
+once. Errors stay typed `EngineError`s here; each transport renders them through the one table
+in server/errors.py.
+
+    plane = DataPlane(engine, settings)
+    meta = plane.model_metadata(headers, "demo", None)      # 401 / 403 / 404 as EngineError
+    answer = await plane.infer(call)                         # call: an InferCall of the wire
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from engine.auth import Principal, admin_action, authenticate_headers
+from engine.errors import BackendError, EngineError, ShuttingDown
+from engine.facade import EngineFacade
+from engine.settings import Settings
+from engine.types import InferRequest, InferResponse, ModelMetadata
+from engine.validate import InputCheck
+from server.errors import http_status
+from server.raw_tensors import off_loop
+
+W = TypeVar("W")
+W_co = TypeVar("W_co", covariant=True)
+
+Metadata = Sequence[tuple[str, str | bytes]]
+"""gRPC invocation metadata: (key, value) pairs, a key possibly more than once."""
+
+Headers = Mapping[str, str] | Metadata
+"""HTTP headers, or gRPC invocation metadata."""
+
+Caller = Headers | Principal
+"""Who calls: the headers to authenticate, or a principal the data plane authenticated before
+(a transport that must know the caller before it reads a body; each message of a stream)."""
+
+CLIENT_GONE = 499
+"""The status counted for a request whose caller went away (or was cancelled) before its answer:
+nobody is left to answer, and it was withdrawn, not computed."""
+
+INTERNAL_ERROR = "internal error"
+"""What a caller is told about a bug (the traceback is in the server log)."""
+
+_LOGS = {"http": logging.getLogger("sluice.http"), "grpc": logging.getLogger("sluice.grpc")}
+
+
+class ClientGone(Exception):
+    """The caller disconnected before its answer was ready."""
+
+
+class InferCall(Protocol[W_co]):
+    """One inference call as a transport holds it: where it came from and how to convert it."""
+
+    @property
+    def protocol(self) -> str:
+        """ "http" or "grpc": the metrics label, span attribute and logger."""
+        ...
+
+    @property
+    def model(self) -> str:
+        """The model named on the wire (metrics label, span attribute, authorization)."""
+        ...
+
+    @property
+    def version(self) -> str | None:
+        """The version named on the wire, or None for the model's default."""
+        ...
+
+    @property
+    def headers(self) -> Headers:
+        """The caller's headers or metadata: its API key and W3C trace context."""
+        ...
+
+    @property
+    def span_name(self) -> str:
+        """The root span's name."""
+        ...
+
+    @property
+    def access(self) -> str:
+        """What the access log line names: the HTTP path or `gRPC ModelInfer <model>`."""
+        ...
+
+    async def decode(self, check: InputCheck) -> InferRequest:
+        """The engine's request; `check` runs on declared shapes before any tensor is built."""
+        ...
+
+    def encode(self, response: InferResponse) -> W_co:
+        """The wire answer (run in a worker thread when the outputs are large)."""
+        ...
+
+    async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
+        """The engine's answer; may raise ClientGone when the caller leaves first."""
+        ...
+
+
+class DataPlane:
+    """Authenticate, authorize and call the engine; inference also timed, traced, counted."""
+
+    def __init__(self, engine: EngineFacade, settings: Settings) -> None:
+        self.engine = engine
+        self._metrics_need_key = settings.metrics.require_key
+
+    # -- identity --------------------------------------------------------------------------------
+
+    def authenticate(self, who: Caller, model: str | None = None) -> Principal:
+        """The caller behind `who` (authenticated once: a Principal is taken as it is);
+        Forbidden when it may not use `model`."""
+        if isinstance(who, Principal):
+            if model is not None:
+                who.check_model(model)
+            return who
+        return authenticate_headers(self.engine.authenticator, who, model)
+
+    def repository_caller(self, who: Caller, name: str | None = None) -> Principal:
+        """The caller, once it may change the repository (and `name`): before a body is read."""
+        caller = self.authenticate(who)
+        caller.require_admin("repository")
+        if name is not None:
+            caller.check_model(name)
+        return caller
+
+    # -- health and metadata ---------------------------------------------------------------------
+
+    @property
+    def live(self) -> bool:
+        """Liveness: the process serves (no key needed)."""
+        return self.engine.live
+
+    @property
+    def ready(self) -> bool:
+        """Readiness: started and not draining (no key needed)."""
+        return self.engine.ready
+
+    @property
+    def draining(self) -> bool:
+        """A drain has begun: new requests are refused."""
+        return self.engine.draining
+
+    def server_metadata(self, who: Caller) -> dict[str, Any]:
+        """Name, version and extensions, for any valid key."""
+        self.authenticate(who)
+        return self.engine.server_metadata()
+
+    def model_metadata(self, who: Caller, name: str, version: str | None) -> ModelMetadata:
+        """A model's tensors, for a caller that may use it; ModelNotFound when unknown."""
+        self.authenticate(who, name)
+        return self.engine.model_metadata(name, version)
+
+    def model_ready(
+        self, who: Caller, name: str, version: str | None, unknown_is_error: bool = False
+    ) -> bool:
+        """Whether the model version serves; an unknown one is not ready, or (HTTP, with
+        `unknown_is_error`) ModelNotFound."""
+        self.authenticate(who, name)
+        if unknown_is_error:
+            self.engine.model_metadata(name, version)
+        return self.engine.model_ready(name, version)
+
+    async def usage(self, who: Caller) -> dict[str, Any]:
+        """The caller's own quotas, buckets and slots."""
+        return await self.engine.usage(self.authenticate(who).tenant)
+
+    def metrics(self, who: Caller) -> bytes:
+        """The Prometheus exposition; with `metrics.require_key`, for admin keys only."""
+        if self._metrics_need_key:
+            self.authenticate(who).require_admin_role("/metrics (metrics.require_key)")
+        return self.engine.metrics.exposition()
+
+    # -- Triton extensions -----------------------------------------------------------------------
+
+    def model_config(self, who: Caller, name: str, version: str | None) -> dict[str, Any]:
+        """The effective config in Triton's JSON shape (the `config` admin group)."""
+        caller = self.authenticate(who)
+        caller.require_admin("config")
+        caller.check_model(name)
+        return self.engine.model_config(name, version)
+
+    def statistics(
+        self, who: Caller, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
+        """Triton statistics of the models the caller may use (the `statistics` group)."""
+        caller = self.authenticate(who)
+        caller.require_admin("statistics")
+        if name is not None:
+            caller.check_model(name)
+        stats = self.engine.statistics(name, version)
+        return {"model_stats": [s for s in stats["model_stats"] if caller.may_use(s["name"])]}
+
+    def repository_index(self, who: Caller, ready_only: bool) -> list[dict[str, str]]:
+        """The repository's models (the `repository` group)."""
+        self.repository_caller(who)
+        return self.engine.repository_index(ready_only=ready_only)
+
+    async def load_model(
+        self, who: Caller, name: str, parameters: Mapping[str, Any], protocol: str
+    ) -> None:
+        """Load or reload a model (the `repository` group), with an audit line; `parameters`
+        are Triton's load parameters as plain values (a `config` JSON string)."""
+        caller = self.repository_caller(who, name)
+        with admin_action(caller, "load", model=name, protocol=protocol):
+            await self.engine.load_model(name, parameters)
+
+    async def unload_model(
+        self, who: Caller, name: str, parameters: Iterable[str], protocol: str
+    ) -> None:
+        """Unload a model (the `repository` group), with an audit line."""
+        caller = self.repository_caller(who, name)
+        with admin_action(caller, "unload", model=name, protocol=protocol):
+            await self.engine.unload_model(name, list(parameters))
+
+    # -- inference -------------------------------------------------------------------------------
+
+    async def infer(self, call: InferCall[W], principal: Principal | None = None) -> W:
+        """Answer one inference call (authenticating it unless `principal` is given, as for
+        each message of a stream), counted in the metrics, logged at debug level and traced.
+        Errors reach the transport as EngineErrors: a bug is logged here with its traceback
+        and becomes BackendError(INTERNAL_ERROR)."""
+        started = time.monotonic()
+        engine = self.engine
+        tracing = engine.tracing
+        span = None
+        if tracing is not None:
+            headers = call.headers
+            carrier = (
+                headers
+                if isinstance(headers, Mapping)
+                else {key: value for key, value in headers if isinstance(value, str)}
+            )
+            span = tracing.begin(call.span_name, call.protocol, call.model, carrier)
+        status, served = 200, ""
+        try:
+            if engine.draining:  # refuse before reading and decoding the request
+                raise ShuttingDown()
+            if principal is None:
+                principal = self.authenticate(call.headers, call.model)
+            else:
+                principal.check_model(call.model)
+            request = await call.decode(engine.input_check(call.model, call.version))
+            request.tenant = principal.tenant
+            response = await call.wait(engine.infer(request))
+            served = response.model_version
+            encode_started = time.monotonic()
+            size = sum(array.nbytes for array in response.outputs.values())
+            answer = await off_loop(size, call.encode, response)
+            encoded = time.monotonic()
+            engine.metrics.encoded(call.protocol, encoded - encode_started)
+            if tracing is not None:
+                tracing.record("encode", encode_started, encoded)
+            return answer
+        except EngineError as exc:
+            status = http_status(exc)
+            if status == 500:
+                _LOGS[call.protocol].error(
+                    "inference failed: %s", exc.message, extra={"model": call.model}
+                )
+            raise
+        except (ClientGone, asyncio.CancelledError):
+            status = CLIENT_GONE
+            raise
+        except Exception as exc:  # a bug: the traceback goes to the log, the caller a 500
+            status = 500
+            _LOGS[call.protocol].error("unhandled error in inference", exc_info=exc)
+            raise BackendError(INTERNAL_ERROR) from exc
+        finally:
+            elapsed = time.monotonic() - started
+            engine.metrics.request(
+                engine.label_for(call.model), served, call.protocol, status, elapsed
+            )
+            log = _LOGS[call.protocol]
+            if log.isEnabledFor(logging.DEBUG):
+                duration_ms = round(elapsed * 1e3, 3)
+                fields = {"model": call.model, "status": status, "duration_ms": duration_ms}
+                log.debug("%s -> %d in %.3f ms", call.access, status, duration_ms, extra=fields)
+            if span is not None and tracing is not None:
+                tracing.end(span, status)

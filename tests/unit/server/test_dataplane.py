@@ -1,0 +1,199 @@
+"""The data plane over FakeEngine: authentication and authorization, inference counted, logged
+and mapped once, whichever transport calls."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.auth import digest_key
+from engine.errors import (
+    BackendError,
+    Forbidden,
+    InvalidInput,
+    ModelNotFound,
+    ShuttingDown,
+    Unauthenticated,
+)
+from engine.settings import ApiKey, AuthSettings, MetricsSettings, Settings
+from engine.types import InferRequest, InferResponse
+from engine.validate import InputCheck
+from server.dataplane import ClientGone, DataPlane, Headers
+from tests.unit.server.fake_engine import FakeEngine
+
+KEYS = [
+    ApiKey(digest=digest_key("user"), tenant="acme", models=["double"]),
+    ApiKey(digest=digest_key("root"), tenant="ops", role="admin"),
+]
+USER: Headers = {"x-api-key": "user"}
+ROOT: Headers = [("x-api-key", "root")]  # gRPC metadata: pairs
+
+
+class Call:
+    """An InferCall of a made-up transport: decodes to a fixed request, encodes to a dict."""
+
+    protocol = "grpc"
+    span_name = "test"
+
+    def __init__(self, model: str = "double", headers: Headers = USER, **behaviour: Any) -> None:
+        self.model, self.version, self.headers = model, None, headers
+        self.access = f"test {model}"
+        self.decoded = 0
+        self.behaviour = behaviour
+
+    async def decode(self, check: InputCheck) -> InferRequest:
+        self.decoded += 1
+        x = np.ones((2, 4), np.float32)
+        check({"x": x.shape}, {"x": "FP32"})
+        if "decode_error" in self.behaviour:
+            raise self.behaviour["decode_error"]
+        return InferRequest(
+            model_name=self.model, model_version=None, inputs={"x": x}, datatypes={"x": "FP32"}
+        )
+
+    def encode(self, response: InferResponse) -> dict[str, Any]:
+        if "encode_error" in self.behaviour:
+            raise self.behaviour["encode_error"]
+        return {"y": response.outputs["y"].tolist(), "version": response.model_version}
+
+    async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
+        if self.behaviour.get("gone"):
+            answer.close()  # type: ignore[attr-defined]
+            raise ClientGone
+        return await answer
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(AuthSettings(keys=KEYS, admin_endpoints=["repository", "statistics"]))
+
+
+@pytest.fixture
+def plane(engine: FakeEngine) -> DataPlane:
+    return DataPlane(engine, Settings())  # type: ignore[arg-type]
+
+
+def counted(engine: FakeEngine) -> dict[tuple[str, ...], float]:
+    """sluice_requests_total by (model, version, protocol, status)."""
+    return {
+        (s.labels["model"], s.labels["version"], s.labels["protocol"], s.labels["status"]): s.value
+        for metric in engine.metrics.registry.collect()
+        if metric.name == "sluice_requests"
+        for s in metric.samples
+        if s.name == "sluice_requests_total"
+    }
+
+
+async def test_infer_answers_with_the_tenant_and_counts_once(
+    plane: DataPlane, engine: FakeEngine
+) -> None:
+    answer = await plane.infer(Call())
+    assert answer == {"y": [[2.0] * 4] * 2, "version": "1"}
+    assert engine.requests[-1].tenant == "acme"
+    assert counted(engine) == {("double", "1", "grpc", "200"): 1.0}
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "status"),
+    [
+        (Call(headers={"x-api-key": "nope"}), Unauthenticated, "401"),
+        (Call(model="echo"), Forbidden, "403"),  # acme may use only double
+        (Call(decode_error=InvalidInput("bad x")), InvalidInput, "400"),
+        (Call(headers=ROOT, model="nope"), ModelNotFound, "404"),
+    ],
+)
+async def test_each_refusal_is_its_engine_error_counted_under_its_status(
+    plane: DataPlane, engine: FakeEngine, call: Call, error: type[Exception], status: str
+) -> None:
+    with pytest.raises(error):
+        await plane.infer(call)
+    [(labels, count)] = counted(engine).items()
+    assert (labels[2:], count) == (("grpc", status), 1.0)
+    assert labels[1] == ""  # no version answered
+
+
+async def test_a_bug_is_logged_once_and_answered_as_an_internal_error(
+    plane: DataPlane, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, "sluice.grpc"), pytest.raises(BackendError) as caught:
+        await plane.infer(Call(encode_error=ZeroDivisionError("secret detail")))
+    assert caught.value.message == "internal error"
+    assert [r.getMessage() for r in caplog.records] == ["unhandled error in inference"]
+    assert caplog.records[0].exc_info is not None
+    assert counted(engine) == {("double", "1", "grpc", "500"): 1.0}
+
+
+async def test_a_caller_that_leaves_is_499(plane: DataPlane, engine: FakeEngine) -> None:
+    with pytest.raises(ClientGone):
+        await plane.infer(Call(gone=True))
+    assert counted(engine) == {("double", "", "grpc", "499"): 1.0}
+
+
+async def test_a_cancelled_call_is_499(plane: DataPlane, engine: FakeEngine) -> None:
+    call = asyncio.ensure_future(plane.infer(Call(model="slow", headers=ROOT)))
+    await asyncio.wait_for(engine.started.wait(), 5)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert counted(engine) == {("slow", "", "grpc", "499"): 1.0}
+
+
+async def test_draining_refuses_before_decoding(plane: DataPlane, engine: FakeEngine) -> None:
+    engine.draining = True
+    call = Call()
+    with pytest.raises(ShuttingDown):
+        await plane.infer(call)
+    assert call.decoded == 0
+    assert counted(engine) == {("double", "", "grpc", "503"): 1.0}
+
+
+async def test_a_given_principal_is_authorized_not_authenticated_again(
+    plane: DataPlane, engine: FakeEngine
+) -> None:
+    caller = plane.authenticate(USER)
+    # No key in the headers: authenticating them again would be Unauthenticated.
+    assert (await plane.infer(Call(headers={}), caller))["version"] == "1"
+    with pytest.raises(Forbidden, match="tenant 'acme' may use models \\[double\\]; got 'echo'"):
+        await plane.infer(Call(model="echo", headers={}), caller)
+
+
+def test_metadata_and_readiness(plane: DataPlane) -> None:
+    assert plane.model_metadata(USER, "double", None).name == "double"
+    with pytest.raises(Forbidden):
+        plane.model_metadata(USER, "echo", None)
+    assert plane.model_ready(ROOT, "nope", None) is False  # gRPC: unknown is not ready
+    with pytest.raises(ModelNotFound):
+        plane.model_ready(ROOT, "nope", None, unknown_is_error=True)  # HTTP: 404
+    assert plane.server_metadata(USER)["name"] == "sluice"
+    with pytest.raises(Unauthenticated):
+        plane.server_metadata({})
+
+
+def test_admin_groups_and_visible_statistics(plane: DataPlane) -> None:
+    with pytest.raises(Forbidden, match="statistics endpoints need an admin key"):
+        plane.statistics(USER)
+    names = [s["name"] for s in plane.statistics(ROOT)["model_stats"]]
+    assert names == ["double", "echo", "slow", "types"]
+    with pytest.raises(Forbidden, match="repository endpoints need an admin key"):
+        plane.repository_caller(USER, "double")
+    assert plane.model_config(USER, "double", None)["name"] == "double"  # config: not admin
+
+
+async def test_load_passes_the_parameters_values_on(plane: DataPlane) -> None:
+    with pytest.raises(InvalidInput, match="got int"):
+        await plane.load_model(ROOT, "echo", {"config": 3}, "grpc")
+    await plane.load_model(ROOT, "echo", {"config": '{"max_batch_size": 4}'}, "grpc")
+
+
+def test_metrics_need_an_admin_key_only_when_configured(engine: FakeEngine) -> None:
+    open_plane = DataPlane(engine, Settings())  # type: ignore[arg-type]
+    assert b"sluice_requests" in open_plane.metrics({})
+    locked = DataPlane(engine, Settings(metrics=MetricsSettings(require_key=True)))  # type: ignore[arg-type]
+    with pytest.raises(Forbidden, match=r"/metrics \(metrics.require_key\) needs an admin key"):
+        locked.metrics(USER)
+    assert b"sluice_requests" in locked.metrics(ROOT)
