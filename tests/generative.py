@@ -87,6 +87,34 @@ def tiny_gpt2(
     return folder
 
 
+def tiny_llama(folder: Path) -> Path:
+    """A tiny random Llama-style causal LM (rotary positions, grouped-query attention: 4 heads
+    over 2 key/value heads) with the same tokenizer, written into `folder`."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = train_tokenizer(folder)
+    eos = tokenizer.token_to_id(EOS)
+    torch.manual_seed(SEED)
+    config = LlamaConfig(
+        vocab_size=tokenizer.get_vocab_size(),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=N_POSITIONS,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # sharper logits, as for tiny_gpt2
+        for parameter in model.parameters():
+            parameter.mul_(4.0)
+    model.save_pretrained(folder)
+    return folder
+
+
 @functools.cache
 def _reference_model(folder: Path) -> Any:
     from transformers import AutoModelForCausalLM

@@ -16,7 +16,7 @@ from engine.generation.scheduler import Chunk, GenSequence
 from engine.model import LoadedModel, load_model
 from engine.model_config import load_model_config
 from engine.settings import BatchingDefaults
-from tests.generative import SENTENCES, publish_tiny, reference_greedy
+from tests.generative import SENTENCES, publish_tiny, reference_greedy, tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,26 @@ async def test_sixteen_concurrent_sequences_match_transformers(
     assert not scheduler.running
     # Continuous batching really batched: far fewer steps than tokens.
     assert scheduler.stats.steps < sum(len(c) for c in results) / 3
+
+
+async def test_llama_style_decoder_with_grouped_query_attention_matches_transformers(
+    tmp_path: Path,
+) -> None:
+    version = publish_tiny(tiny_llama(tmp_path / "hf"), tmp_path / "models", name="llama")
+    loaded = await load(version)
+    try:
+        generator = loaded.generator
+        assert generator is not None
+        assert generator.scheduler.layout.kv_heads == 2
+        cases = [([5, 6, 7], 12), (list(range(10, 31)), 20), ([42], 9), ([3] * 40, 24)]
+        sequences = [generator.start(ids, sampling_params(n, temperature=0)) for ids, n in cases]
+        results = await asyncio.gather(*(collect(s) for s in sequences))
+        for (ids, max_tokens), chunks in zip(cases, results, strict=True):
+            want, reason = expected(reference_greedy(tmp_path / "hf", ids, 40), max_tokens)
+            assert [t for c in chunks for t in c.tokens] == want
+            assert chunks[-1].finish_reason == reason
+    finally:
+        await loaded.close()
 
 
 async def test_prompt_past_the_context_is_invalid_and_names_both_lengths(
