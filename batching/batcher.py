@@ -10,14 +10,16 @@ at once. A request is never split across batches; requests whose shapes differ a
 batch of n rows costs from its own recent batches (`batching.cost`) and waits for more rows only
 while the oldest queued request, after the predicted compute, still meets its deadline (its own
 timeout, else `latency_target_s` after it was queued). A request that can no longer meet its
-deadline when its batch forms is answered DeadlineExceeded without being run (it is "shed").
+deadline when its batch forms is answered DeadlinePassed without being run (it is "shed").
+
+Requests are answered with batching.errors (QueueFull, BatcherClosed, DeadlinePassed,
+BatchFailed); the engine translates them (engine.errors.from_batching).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,10 +29,8 @@ import numpy as np
 
 from batching.assembly import Padding, SplitError, Tensors, concat, group_key, split
 from batching.cost import BatchCost
+from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed
 from batching.queue import QUEUED, RUNNING, Pending, RequestQueue
-from engine.errors import BackendError, DeadlineExceeded, EngineError, ShuttingDown
-
-log = logging.getLogger("sluice.batching")
 
 RunBatch = Callable[[Tensors], Awaitable[Tensors]]
 
@@ -118,7 +118,7 @@ class Batcher:
         self.cost = BatchCost()
         """What a batch costs here, fitted from the batches this batcher ran."""
         self.shed = 0
-        """Requests answered DeadlineExceeded unrun because their batch could not meet it."""
+        """Requests answered DeadlinePassed unrun because their batch could not meet it."""
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -136,11 +136,11 @@ class Batcher:
         """Queue one request and wait for its outputs. `priority` is a level from 1 (highest) to
         `policy.priority_levels`; `deadline` is on time.monotonic()."""
         if self._closing:
-            raise ShuttingDown()
+            raise BatcherClosed()
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if deadline is not None and deadline <= now:
-            raise DeadlineExceeded(f"request reached {self.label} past its timeout; it was not run")
+            raise DeadlinePassed(f"request reached {self.label} past its timeout; it was not run")
         limit = "timeout"
         if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
             deadline, limit = now + self.policy.latency_target_s, "latency target"
@@ -158,7 +158,7 @@ class Batcher:
                 if item.state == RUNNING:
                     return await asyncio.shield(item.future)
                 self.queue.cancel(item)
-                raise DeadlineExceeded(
+                raise DeadlinePassed(
                     f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
                     f"past its {limit} of {deadline - now:.3f} s; it was not run"
                 ) from None
@@ -187,7 +187,7 @@ class Batcher:
                 await asyncio.sleep(0.001)  # the owner is forming the next batch
 
     async def close(self) -> None:
-        """Stop at once: queued and running requests are answered ShuttingDown."""
+        """Stop at once: queued and running requests are answered BatcherClosed."""
         self._closing = True
         self._owner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -196,7 +196,7 @@ class Batcher:
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         for item in self.queue.withdraw_all():
-            _settle(item, exc=ShuttingDown("server shut down before this request ran"))
+            _settle(item, exc=BatcherClosed("server shut down before this request ran"))
 
     async def _own(self) -> None:
         while True:
@@ -247,7 +247,7 @@ class Batcher:
         return head.deadline - predicted - max(predicted * SLACK, MIN_RESERVE_S)
 
     def _shed(self, batch: list[Pending]) -> list[Pending]:
-        """Answer DeadlineExceeded, without running it, the most urgent request whose deadline
+        """Answer DeadlinePassed, without running it, the most urgent request whose deadline
         falls before the batch's predicted end; the batch shrinks and its prediction with it,
         so repeat until every request left can make it."""
         now = time.monotonic()
@@ -263,7 +263,7 @@ class Batcher:
             left_ms = max(0.0, (item.deadline or now) - now) * 1e3
             _settle(
                 item,
-                exc=DeadlineExceeded(
+                exc=DeadlinePassed(
                     f"request to {self.label} cannot meet its deadline: {left_ms:.1f} ms left, "
                     f"its batch would take {predicted * 1e3:.1f} ms; it was not run"
                 ),
@@ -308,7 +308,7 @@ class Batcher:
             self._wakeup.set()  # a model that went idle may send its next batch at once
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():
-                    _settle(item, exc=ShuttingDown("server shut down while this request ran"))
+                    _settle(item, exc=BatcherClosed("server shut down while this request ran"))
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
@@ -339,13 +339,12 @@ class Batcher:
         for item, outputs in zip(batch, parts, strict=True):
             _settle(item, result=outputs)
 
-    def _backend_error(self, exc: Exception) -> EngineError:
-        if isinstance(exc, EngineError):
-            return exc
+    def _backend_error(self, exc: Exception) -> BatchFailed:
         if isinstance(exc, SplitError):
-            return BackendError(f"{self.label} returned outputs that do not match its batch: {exc}")
-        log.error("%s failed a batch", self.label, exc_info=exc)
-        return BackendError(f"{self.label} failed: {type(exc).__name__}: {exc}")
+            message = f"{self.label} returned outputs that do not match its batch: {exc}"
+        else:
+            message = f"{self.label} failed: {type(exc).__name__}: {exc}"
+        return BatchFailed(message, exc)
 
 
 def _settle(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.errors import Overloaded
+from batching.errors import QueueFull
 
 QUEUED, RUNNING, CANCELLED = "queued", "running", "cancelled"
 
@@ -51,18 +51,18 @@ class RequestQueue:
         self._levels: list[dict[str, deque[Pending]]] = [{} for _ in range(levels)]
 
     def put(self, item: Pending) -> None:
-        """Queue `item`; Overloaded at once when the queue or the tenant's share is full."""
+        """Queue `item`; QueueFull at once when the queue or the tenant's share is full."""
         if not 1 <= item.priority <= self.levels:  # the caller checks requests; this is a bug
             raise ValueError(f"priority level {item.priority} is not in 1..{self.levels}")
         if self.rows + item.rows > self.max_rows:
-            raise Overloaded(
+            raise QueueFull(
                 f"queue is full: {self.rows} of {self.max_rows} rows queued, "
                 f"request has {item.rows}"
             )
         share = int(self._tenant_share(item.tenant) * self.max_rows)
         held = self._tenant_rows[item.tenant]
         if held + item.rows > share:
-            raise Overloaded(
+            raise QueueFull(
                 f"tenant '{item.tenant}' holds {held} queued rows of this model; its share is "
                 f"{share} of {self.max_rows}"
             )

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from batching.errors import BatchingError
 from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import (
     CachedResult,
@@ -33,6 +34,7 @@ from engine.errors import (
     Forbidden,
     InvalidInput,
     ShuttingDown,
+    from_batching,
 )
 from engine.limits import Limiter, build_limiter
 from engine.metrics import Metrics
@@ -235,7 +237,10 @@ class Engine:
             )
             if self.tracing is not None:
                 submit = self.tracing.batched(submit, model.last_run)
-            outputs = await submit
+            try:
+                outputs = await submit
+            except BatchingError as exc:
+                raise from_batching(exc) from exc
             finish = getattr(model.backend, "finish_request", None)  # e.g. a tokenizer's
             if finish is not None:  # padding cut back to this request's own rows
                 outputs = finish(outputs)

@@ -14,12 +14,20 @@ status and a gRPC code.
     ├── ModelNotReady                503 / UNAVAILABLE
     ├── PayloadTooLarge              413 / RESOURCE_EXHAUSTED
     └── BackendError                 500 / INTERNAL (message is generic; cause is logged)
+
+The batcher raises its own errors (batching/errors.py); `from_batching` translates them where
+the engine calls it, keeping their messages.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
+
+from batching import errors as batching
+
+log = logging.getLogger("sluice.engine")
 
 
 class EngineError(Exception):
@@ -122,3 +130,20 @@ class PayloadTooLarge(EngineError):
 
 class BackendError(EngineError):
     """The backend failed to run a batch. The client sees `message`; the cause goes to logs."""
+
+
+def from_batching(exc: batching.BatchingError) -> EngineError:
+    """The engine error for what the batcher answered: a full queue is Overloaded, a closed
+    batcher ShuttingDown, a passed deadline DeadlineExceeded, a failed batch the EngineError its
+    run function raised, else BackendError (its cause logged with the traceback)."""
+    if isinstance(exc, batching.QueueFull):
+        return Overloaded(exc.message, exc.retry_after_s)
+    if isinstance(exc, batching.BatcherClosed):
+        return ShuttingDown(exc.message)
+    if isinstance(exc, batching.DeadlinePassed):
+        return DeadlineExceeded(exc.message)
+    cause = exc.cause if isinstance(exc, batching.BatchFailed) else exc
+    if isinstance(cause, EngineError):  # the run function's own answer (a pipeline step's)
+        return cause
+    log.error("%s", exc.message, exc_info=cause)
+    return BackendError(exc.message)

@@ -25,8 +25,16 @@ from typing import Any
 import numpy as np
 
 from batching.batcher import Batcher, BatchPolicy
+from batching.errors import BatchingError
 from engine.backends.tokenizer import TRUNCATED
-from engine.errors import BackendError, EngineError, InvalidInput, ModelNotFound, ModelNotReady
+from engine.errors import (
+    BackendError,
+    EngineError,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    from_batching,
+)
 from engine.model import LoadedModel, fingerprint
 from engine.model_config import ModelConfig, effective_batching
 from engine.settings import BatchingDefaults
@@ -129,7 +137,10 @@ class PipelineRunner:
                 feed = {given: tensors[tensor] for given, tensor in step.inputs.items()}
                 rows = _rows(feed) if model.max_batch_size else 1
                 level = min(priority, model.config.dynamic_batching.priority_levels)
-                outputs = await model.batcher.submit(feed, rows, level, tenant, deadline)
+                try:
+                    outputs = await model.batcher.submit(feed, rows, level, tenant, deadline)
+                except BatchingError as exc:
+                    raise from_batching(exc) from exc
                 finish = getattr(model.backend, "finish_request", None)
                 if finish is not None:
                     outputs = finish(outputs)

@@ -10,7 +10,7 @@ import pytest
 
 from batching.assembly import Padding
 from batching.batcher import Batcher, BatchPolicy, BatchTimings
-from engine.errors import BackendError, DeadlineExceeded, Overloaded, ShuttingDown
+from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed, QueueFull
 
 Tensors = dict[str, np.ndarray]
 
@@ -169,7 +169,7 @@ async def test_tenant_share_caps_queued_rows(recorder: Recorder) -> None:
     )
     batcher.pause()
     tasks = await submit_all(batcher, [rows(i) for i in range(3)], tenant="flood")
-    with pytest.raises(Overloaded, match="tenant 'flood' holds 3 queued rows"):
+    with pytest.raises(QueueFull, match="tenant 'flood' holds 3 queued rows"):
         await batcher.submit(rows(9), 1, tenant="flood")
     other = await submit_all(batcher, [rows(50)], tenant="other")
     batcher.resume()
@@ -182,7 +182,7 @@ async def test_full_queue_rejects_at_once(recorder: Recorder) -> None:
     batcher = make(recorder, max_queue_size=4, max_queue_delay_s=0.05)
     batcher.pause()
     tasks = await submit_all(batcher, [rows(1, 3)])
-    with pytest.raises(Overloaded, match="3 of 4 rows queued, request has 2"):
+    with pytest.raises(QueueFull, match="3 of 4 rows queued, request has 2"):
         await batcher.submit(rows(2, 2), 2)
     batcher.resume()
     await asyncio.gather(*tasks)
@@ -191,7 +191,7 @@ async def test_full_queue_rejects_at_once(recorder: Recorder) -> None:
 
 async def test_request_past_its_deadline_on_arrival_is_never_queued(recorder: Recorder) -> None:
     batcher = make(recorder)
-    with pytest.raises(DeadlineExceeded, match="past its timeout"):
+    with pytest.raises(DeadlinePassed, match="past its timeout"):
         await batcher.submit(rows(7), 1, deadline=time.monotonic() - 1)
     assert batcher.queue.requests == 0
     assert recorder.batches == []
@@ -212,7 +212,7 @@ async def test_unbatched_model_serves_tenants_round_robin(recorder: Recorder) ->
 async def test_deadline_in_queue_answers_and_never_runs(recorder: Recorder) -> None:
     batcher = make(recorder)
     batcher.pause()
-    with pytest.raises(DeadlineExceeded, match="it was not run"):
+    with pytest.raises(DeadlinePassed, match="it was not run"):
         await batcher.submit(rows(7), 1, deadline=time.monotonic() + 0.01)
     assert batcher.queue.requests == 0
     batcher.resume()
@@ -266,7 +266,7 @@ async def test_failure_fails_only_the_bad_request(recorder: Recorder) -> None:
     tasks = await submit_all(batcher, [rows(1), rows(-1), rows(3), rows(4)])
     batcher.resume()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert isinstance(results[1], BackendError)
+    assert isinstance(results[1], BatchFailed)
     assert "row with -1" in results[1].message
     assert [int(r["y"][0, 0]) for i, r in enumerate(results) if i != 1] == [2, 6, 8]  # type: ignore[index]
     await batcher.close()
@@ -277,7 +277,7 @@ async def test_row_count_mismatch_is_a_clear_error() -> None:
         return {"y": inputs["x"][:1]}
 
     batcher = Batcher(wrong, BatchPolicy(max_batch_size=4, max_queue_delay_s=0.01))
-    with pytest.raises(BackendError, match="output 'y' has 1 rows; the batch has 2 rows"):
+    with pytest.raises(BatchFailed, match="output 'y' has 1 rows; the batch has 2 rows"):
         await batcher.submit(rows(1, 2), 2)
     await batcher.close()
 
@@ -361,7 +361,7 @@ async def test_drain_answers_everything_queued(recorder: Recorder) -> None:
     late = await asyncio.wait_for(batcher.submit(rows(5), 1), 5)
     assert int(late["y"][0, 0]) == 10
     await batcher.close()
-    with pytest.raises(ShuttingDown):
+    with pytest.raises(BatcherClosed):
         await batcher.submit(rows(1), 1)
 
 
@@ -371,7 +371,7 @@ async def test_close_answers_queued_requests_shutting_down(recorder: Recorder) -
     tasks = await submit_all(batcher, [rows(1), rows(2)])
     await batcher.close()
     for task in tasks:
-        with pytest.raises(ShuttingDown):
+        with pytest.raises(BatcherClosed):
             await task
     assert recorder.batches == []
 

@@ -1,5 +1,5 @@
 """`max_queue_delay_s: auto`: windows planned from deadlines and the fitted batch cost, and
-requests that cannot meet their deadline answered DeadlineExceeded before they run. pause()
+requests that cannot meet their deadline answered DeadlinePassed before they run. pause()
 holds batch formation, so what is shed and what runs is exact."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from batching.batcher import Batcher, BatchPolicy
-from engine.errors import DeadlineExceeded
+from batching.errors import DeadlinePassed
 
 Tensors = dict[str, np.ndarray]
 
@@ -62,7 +62,7 @@ async def test_a_request_that_cannot_meet_its_deadline_is_shed_unrun() -> None:
     fine = asyncio.create_task(batcher.submit(rows(2), 1, deadline=time.monotonic() + 30))
     await settle()
     batcher.resume()
-    with pytest.raises(DeadlineExceeded, match=r"batch would take 200\.0 ms; it was not run"):
+    with pytest.raises(DeadlinePassed, match=r"batch would take 200\.0 ms; it was not run"):
         await doomed
     assert int((await fine)["y"][0, 0]) == 4
     assert recorder.batches == [[2]]  # the model never saw row 1
@@ -77,7 +77,7 @@ async def test_the_latency_target_is_the_deadline_of_requests_without_a_timeout(
     task = asyncio.create_task(batcher.submit(rows(1), 1))
     await settle()
     batcher.resume()
-    with pytest.raises(DeadlineExceeded, match="cannot meet its deadline"):
+    with pytest.raises(DeadlinePassed, match="cannot meet its deadline"):
         await task
     assert recorder.batches == []
     assert batcher.shed == 1
@@ -88,7 +88,7 @@ async def test_a_latency_target_passed_in_the_queue_answers_unrun() -> None:
     recorder = Recorder()
     batcher = auto(recorder, cost_s=0.001, latency_target_s=0.02)
     batcher.pause()
-    with pytest.raises(DeadlineExceeded, match=r"past its latency target of 0\.020 s"):
+    with pytest.raises(DeadlinePassed, match=r"past its latency target of 0\.020 s"):
         await batcher.submit(rows(1), 1)
     batcher.resume()
     assert recorder.batches == []
@@ -112,7 +112,7 @@ async def test_shedding_shrinks_the_batch_until_the_rest_can_make_it() -> None:
     await settle()
     batcher.resume()
     results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert [type(r).__name__ for r in results[:2]] == ["DeadlineExceeded"] * 2
+    assert [type(r).__name__ for r in results[:2]] == ["DeadlinePassed"] * 2
     assert [int(r["y"][0, 0]) for r in results[2:]] == [6, 8]  # type: ignore[index]
     assert recorder.batches == [[3, 4]]
     await batcher.close()
@@ -182,7 +182,7 @@ async def test_an_unbatched_model_sheds_too() -> None:
     task = asyncio.create_task(batcher.submit(rows(1), 1, deadline=time.monotonic() + 0.05))
     await settle()
     batcher.resume()
-    with pytest.raises(DeadlineExceeded, match="cannot meet its deadline"):
+    with pytest.raises(DeadlinePassed, match="cannot meet its deadline"):
         await task
     assert recorder.batches == []
     await batcher.close()
