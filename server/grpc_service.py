@@ -21,10 +21,11 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from engine.errors import BackendError, DeadlineExceeded, EngineError
 from engine.facade import EngineFacade
@@ -68,7 +69,7 @@ class Context(Protocol):
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
-Handler = Callable[[Any, Req, Context], Awaitable[Resp]]
+Handler = Callable[["GrpcService", Req, Context], Awaitable[Resp]]
 INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
 UNIMPLEMENTED_LOG_INTERVAL_S = 60.0
 """At most one log line per unimplemented RPC per this many seconds (callers can repeat them)."""
@@ -140,11 +141,11 @@ class _LogThrottle:
         return self._skipped.pop(key, 0)
 
 
-def _unimplemented(name: str, why: str) -> Handler[Any, NoReturn]:
+def _unimplemented(name: str, why: str) -> Handler[Message, NoReturn]:
     """An RPC sluice does not serve: authenticated like the others, then UNIMPLEMENTED, with one
     log line per interval instead of grpc's traceback per call."""
 
-    async def method(self: GrpcService, request: Any, context: Context) -> NoReturn:
+    async def method(self: GrpcService, request: Message, context: Context) -> NoReturn:
         self._plane.authenticate(metadata(context))
         skipped = self._unimplemented_log.due(name)
         if skipped is not None:
@@ -395,7 +396,7 @@ def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStream
     )
 
 
-def server_options(settings: Settings) -> list[tuple[str, Any]]:
+def server_options(settings: Settings) -> list[tuple[str, int]]:
     """grpc.aio server options: message size limits, and no SO_REUSEPORT (a second server on the
     same port must fail to start, not silently share it)."""
     return [

@@ -8,7 +8,7 @@ zero-copy) or each in its typed `contents` field; outputs always go back in
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,9 @@ from server.proto import grpc_service_pb2 as pb
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
 __all__ = ["decode_request", "encode_response", "metadata_response", "parameters"]
+
+InputTensor = pb.ModelInferRequest.InferInputTensor
+Parameter = pb.InferParameter | pb.ModelRepositoryParameter
 
 # The typed contents field of each datatype and the numpy type protobuf hands it over as.
 _CONTENTS: dict[str, tuple[str, type[np.generic]]] = {
@@ -39,8 +42,9 @@ _CONTENTS: dict[str, tuple[str, type[np.generic]]] = {
 }
 
 
-def parameters(params: Any) -> dict[str, Any]:
-    """A protobuf map<string, InferParameter> as plain Python values."""
+def parameters(params: Mapping[str, Parameter]) -> dict[str, Any]:
+    """A protobuf map<string, InferParameter> (or ModelRepositoryParameter) as plain Python
+    values."""
     out = {}
     for key, param in params.items():
         which = param.WhichOneof("parameter_choice")
@@ -48,7 +52,7 @@ def parameters(params: Any) -> dict[str, Any]:
     return out
 
 
-def _set_parameter(param: Any, value: Any) -> None:
+def _set_parameter(param: pb.InferParameter, value: object) -> None:
     if isinstance(value, bool):
         param.bool_param = value
     elif isinstance(value, int):
@@ -62,11 +66,11 @@ def _set_parameter(param: Any, value: Any) -> None:
         param.string_param = str(value)
 
 
-def _shape(tensor: Any) -> tuple[int, ...]:
+def _shape(tensor: InputTensor) -> tuple[int, ...]:
     return check_shape(tensor.name, list(tensor.shape))
 
 
-def _typed(tensor: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+def _typed(tensor: InputTensor, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     name = tensor.name
     used = [field.name for field, _ in tensor.contents.ListFields()]
     if datatype not in _CONTENTS:
@@ -104,7 +108,7 @@ def _typed(tensor: Any, datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     return array.reshape(shape)
 
 
-def decode_request(request: Any, check: InputCheck | None = None) -> InferRequest:
+def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = None) -> InferRequest:
     """The engine's request for a ModelInferRequest; InvalidInput names what is malformed.
     `check` sees every input's declared shape and datatype before any array is built."""
     raw = request.raw_input_contents
