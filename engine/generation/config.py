@@ -23,5 +23,10 @@ class GenerativeOptions(BaseModel):
     prefill_chunk_tokens: int = Field(256, gt=0)
     """Prompt tokens prefilled per scheduler step, so a long prompt is spread over several
     steps and running streams keep getting a token every step."""
+    prefix_caching: bool = True
+    """Keep the keys/values of prompt prefixes (within kv_cache_bytes, evicted first when a
+    sequence needs room) so prompts that start the same way skip prefilling that part."""
+    prefix_block_tokens: int = Field(16, gt=0, le=4096)
+    """Tokens per prefix-cache block: a prompt reuses whole blocks of an earlier one."""
     default_max_tokens: int = Field(16, gt=0)
     """Completion tokens when a request sets no max_tokens (clamped to the context)."""

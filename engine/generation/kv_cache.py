@@ -45,6 +45,9 @@ class KVCacheManager:
         self.layout = layout
         self.budget_bytes = budget_bytes
         self.used_bytes = 0
+        """Bytes in use: sequences' slots and blocks taken by the prefix cache."""
+        self.slot_bytes = 0
+        """Bytes of sequences' slots alone."""
         self.slots = 0
 
     def bytes_for(self, tokens: int) -> int:
@@ -62,12 +65,29 @@ class KVCacheManager:
         kv = np.empty((2 * layout.layers, layout.kv_heads, tokens, layout.head_dim), np.float32)
         slot = Slot(tokens, kv)
         self.used_bytes += slot.nbytes
+        self.slot_bytes += slot.nbytes
         self.slots += 1
         return slot
+
+    @property
+    def free_bytes(self) -> int:
+        return self.budget_bytes - self.used_bytes
+
+    def take(self, nbytes: int) -> bool:
+        """Account `nbytes` held outside slots (the prefix cache's blocks) if they fit."""
+        if nbytes > self.free_bytes:
+            return False
+        self.used_bytes += nbytes
+        return True
+
+    def give(self, nbytes: int) -> None:
+        """Give back bytes taken with `take`."""
+        self.used_bytes -= nbytes
 
     def release(self, slot: Slot) -> None:
         """Give a slot's bytes back (once; a second release is ignored)."""
         if slot.nbytes:
             self.used_bytes -= slot.nbytes
+            self.slot_bytes -= slot.nbytes
             self.slots -= 1
             slot.nbytes = 0

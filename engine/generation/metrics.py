@@ -1,6 +1,7 @@
 """Prometheus metrics of the generation schedulers, read at scrape time from each generative
 model's scheduler: running and waiting sequences, key/value cache bytes used and budgeted,
-generated tokens and scheduler steps (rate() of the tokens counter is tokens/s), and time to
+generated tokens and scheduler steps (rate() of the tokens counter is tokens/s), prefix-cache
+bytes, hit tokens and prompt tokens (their ratio is the hit rate), and time to
 first token and inter-token latency as p50/p99 over each model's latest 10,000 tokens."""
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ class GenerationCollector:
         running = gauge("running_sequences", "Sequences in the decode batch.")
         waiting = gauge("waiting_sequences", "Sequences waiting for key/value cache room.")
         used = gauge("kv_cache_used_bytes", "Key/value cache bytes reserved by sequences.")
+        prefix = gauge("prefix_cache_bytes", "Key/value cache bytes of cached prompt prefixes.")
+        hits = CounterMetricFamily(
+            "sluice_generation_prefix_hit_tokens",
+            "Prompt tokens taken from the prefix cache instead of prefilled.",
+            labels=LABELS,
+        )
+        prompts = CounterMetricFamily(
+            "sluice_generation_prompt_tokens",
+            "Prompt tokens admitted (prefix_hit_tokens / prompt_tokens is the hit rate).",
+            labels=LABELS,
+        )
         budget = gauge("kv_cache_budget_bytes", "The model's kv_cache_bytes.")
         tokens = CounterMetricFamily(
             "sluice_generation_tokens", "Tokens generated (rate() is tokens/s).", labels=LABELS
@@ -48,7 +60,11 @@ class GenerationCollector:
             labels = [model.name, model.version]
             running.add_metric(labels, len(scheduler.running))
             waiting.add_metric(labels, len(scheduler.waiting))
-            used.add_metric(labels, scheduler.cache.used_bytes)
+            used.add_metric(labels, scheduler.cache.slot_bytes)
+            cached = scheduler.prefix
+            prefix.add_metric(labels, cached.bytes if cached is not None else 0)
+            hits.add_metric(labels, cached.hit_tokens if cached is not None else 0)
+            prompts.add_metric(labels, cached.prompt_tokens if cached is not None else 0)
             budget.add_metric(labels, scheduler.cache.budget_bytes)
             tokens.add_metric(labels, scheduler.stats.generated_tokens)
             steps.add_metric(labels, scheduler.stats.steps)
@@ -59,3 +75,4 @@ class GenerationCollector:
                     family.add_metric([*labels, "0.5"], float(p50))
                     family.add_metric([*labels, "0.99"], float(p99))
         yield from (running, waiting, used, budget, tokens, steps, ttft, itl)
+        yield from (prefix, hits, prompts)

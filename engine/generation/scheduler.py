@@ -28,6 +28,7 @@ import numpy as np
 from engine.errors import BackendError, EngineError, InvalidInput, Overloaded, ShuttingDown
 from engine.generation.config import GenerativeOptions
 from engine.generation.kv_cache import CacheLayout, KVCacheManager, Slot
+from engine.generation.prefix_cache import PrefixCache
 from engine.generation.sampling import Sampler, SamplingParams
 from engine.generation.stats import GenerationStats
 from engine.generation.text import Detokenizer
@@ -99,6 +100,9 @@ class GenerationScheduler:
         self._executor = executor
         self.label = label
         self.cache = KVCacheManager(layout, options.kv_cache_bytes)
+        self.prefix = (
+            PrefixCache(self.cache, options.prefix_block_tokens) if options.prefix_caching else None
+        )
         self.stats = GenerationStats()
         self.waiting: deque[GenSequence] = deque()
         self.running: list[GenSequence] = []
@@ -198,6 +202,10 @@ class GenerationScheduler:
                 failure.__cause__ = exc
                 self._fail([s for s, _ in prefill] + decode, failure)
                 continue
+            if self.prefix is not None:
+                for sequence, _ in prefill:
+                    if sequence.prefilled and sequence.slot is not None:
+                        self.prefix.store(sequence.prompt, sequence.slot)
             now = time.monotonic()
             for sequence, row in logits:
                 self._emit(sequence, sequence.sampler(row), now)
@@ -210,10 +218,16 @@ class GenerationScheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.options.max_running_sequences:
             sequence = self.waiting[0]
-            slot = self.cache.reserve(len(sequence.prompt) + sequence.max_tokens)
+            tokens = len(sequence.prompt) + sequence.max_tokens
+            need = self.cache.bytes_for(tokens)
+            if self.prefix is not None and self.cache.budget_bytes - self.cache.slot_bytes >= need:
+                self.prefix.evict(need)  # cached prefixes yield to sequences, when that helps
+            slot = self.cache.reserve(tokens)
             if slot is None:
                 return  # first come, first served: a small one does not overtake
             self.waiting.popleft()
+            if self.prefix is not None:
+                self.prefix.fill(sequence.prompt, slot)
             sequence.slot = slot
             self.running.append(sequence)
 

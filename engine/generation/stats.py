@@ -13,7 +13,6 @@ class GenerationStats:
     """Generated tokens and steps since load; the latest TTFT and inter-token gaps, seconds."""
 
     generated_tokens: int = 0
-    prompt_tokens: int = 0
     steps: int = 0
     time_to_first_token_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
     inter_token_s: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))

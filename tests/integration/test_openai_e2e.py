@@ -235,3 +235,16 @@ def test_a_disconnected_stream_leaves_no_cache_reserved(served: tuple[ServerProc
         time.sleep(0.05)
     assert metric(server, "sluice_generation_running_sequences") == 0
     assert metric(server, "sluice_generation_tokens_total") > 0
+    assert metric(server, "sluice_generation_prompt_tokens_total") > 0
+
+
+def test_a_repeated_prompt_prefix_is_a_prefix_cache_hit(served: tuple[ServerProcess, Path]) -> None:
+    server, folder = served
+    shared = list(range(150, 190))  # 40 tokens: two whole 16-token blocks
+    url = f"{server.url}/v1/completions"
+    httpx.post(url, json={"model": "tiny", "prompt": [*shared, 1], "max_tokens": 2}, timeout=30)
+    before = metric(server, "sluice_generation_prefix_hit_tokens_total")
+    body = {"model": "tiny", "prompt": [*shared, 2, 3], "max_tokens": 8, "temperature": 0}
+    reply = httpx.post(url, json=body, timeout=30).json()
+    assert metric(server, "sluice_generation_prefix_hit_tokens_total") - before == 32
+    assert reply["choices"][0]["text"] == expected(folder, [*shared, 2, 3], 8)[0]

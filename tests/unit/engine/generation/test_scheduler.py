@@ -97,7 +97,7 @@ async def test_sixteen_concurrent_sequences_match_transformers(
         text = "".join(chunk.text for chunk in chunks)
         assert text == generator.text.decode(want)
     scheduler = generator.scheduler
-    assert scheduler.cache.used_bytes == 0
+    assert scheduler.cache.slot_bytes == 0
     assert not scheduler.running
     # Continuous batching really batched: far fewer steps than tokens.
     assert scheduler.stats.steps < sum(len(c) for c in results) / 3
@@ -119,6 +119,53 @@ async def test_llama_style_decoder_with_grouped_query_attention_matches_transfor
             want, reason = expected(reference_greedy(tmp_path / "hf", ids, 40), max_tokens)
             assert [t for c in chunks for t in c.tokens] == want
             assert chunks[-1].finish_reason == reason
+    finally:
+        await loaded.close()
+
+
+async def test_a_shared_prompt_prefix_reuses_its_cache_and_still_matches(
+    model: LoadedModel, tiny: tuple[Path, Path]
+) -> None:
+    generator = model.generator
+    assert generator is not None
+    prefix = generator.scheduler.prefix
+    assert prefix is not None
+    shared = list(range(100, 140))  # 40 tokens: two whole blocks of 16
+    params = sampling_params(10, temperature=0)
+    first = await collect(generator.start([*shared, 7], params))
+    assert prefix.hit_tokens == 0
+    assert prefix.bytes == 2 * 16 * generator.scheduler.layout.bytes_per_token
+    second = generator.start([*shared, 8, 9], params)
+    chunks = await collect(second)
+    assert prefix.hit_tokens == 32
+    for ids, got in (([*shared, 7], first), ([*shared, 8, 9], chunks)):
+        want, reason = expected(reference_greedy(tiny[0], ids, 40), 10)
+        assert [t for c in got for t in c.tokens] == want
+        assert got[-1].finish_reason == reason
+    other = await collect(generator.start([1, *shared], params))  # same tokens, shifted
+    assert prefix.hit_tokens == 32
+    assert other[-1].finish_reason is not None
+
+
+async def test_cached_prefixes_give_way_to_a_sequence_that_needs_the_room(
+    tiny: tuple[Path, Path],
+) -> None:
+    layout_bytes = 2 * 2 * 2 * 16 * 4  # per token: layers x (k, v) x kv_heads x head_dim x fp32
+    loaded = await load(tiny[1], kv_cache_bytes=80 * layout_bytes)
+    try:
+        generator = loaded.generator
+        assert generator is not None
+        prefix = generator.scheduler.prefix
+        assert prefix is not None
+        await collect(generator.start(list(range(1, 41)), sampling_params(2, temperature=0)))
+        assert prefix.bytes == 32 * layout_bytes  # two blocks kept after the sequence ended
+        # 10 + 54 tokens fit in the 80 only once a block is gone.
+        chunks = await asyncio.wait_for(
+            collect(generator.start(list(range(200, 210)), sampling_params(54, temperature=0))),
+            10,
+        )
+        assert chunks[-1].finish_reason in ("stop", "length")
+        assert prefix.bytes < 32 * layout_bytes
     finally:
         await loaded.close()
 
@@ -151,11 +198,11 @@ async def test_cancelling_a_stream_frees_its_slot_at_the_next_step(
     sequence = generator.start([3, 4, 5], sampling_params(50, temperature=0))
     first = await sequence.events.get()
     assert first.finish_reason is None
-    assert scheduler.cache.used_bytes > 0
+    assert scheduler.cache.slot_bytes > 0
     generator.cancel(sequence)
     chunks = await asyncio.wait_for(collect(sequence), 5)
     assert chunks[-1].finish_reason == "cancelled"
-    assert scheduler.cache.used_bytes == 0
+    assert scheduler.cache.slot_bytes == 0
     assert scheduler.cache.slots == 0
     assert len(sequence.generated) < 50
 
@@ -179,7 +226,7 @@ async def test_a_full_cache_queues_then_admits(tiny: tuple[Path, Path]) -> None:
         chunks = await asyncio.wait_for(collect(second), 10)
         assert chunks[-1].finish_reason in ("stop", "length")
         assert second.slot is not None
-        assert generator.scheduler.cache.used_bytes == 0
+        assert generator.scheduler.cache.slot_bytes == 0
     finally:
         await loaded.close()
 
