@@ -159,11 +159,16 @@ def convert(**params: Any) -> None:
 
     SOURCE is path/to/file.py:callable or package.module:callable (a factory returning a
     torch.nn.Module), a TorchScript file (.pt/.ts), an exported program (.pt2), a scikit-learn
-    pickle (.pkl/.joblib, needs --trust-pickle), an ONNX file (.onnx), or a Hugging Face
-    causal-LM folder (config.json of a *ForCausalLM and tokenizer.json: a generative model).
+    pickle (.pkl/.joblib, needs --trust-pickle), an ONNX file (.onnx), a Hugging Face
+    causal-LM folder (config.json of a *ForCausalLM and tokenizer.json: a generative model), or
+    a Hugging Face encoder folder (a sentence-transformers folder with modules.json, or a
+    *ForSequenceClassification, with tokenizer.json: a text pipeline, text in and embeddings or
+    logits and labels out).
     """
     from converters.causal_lm import convert_causal_lm, is_causal_lm_folder
+    from converters.encoder_conversion import convert_encoder
     from converters.errors import ConversionError
+    from converters.hf_encoder import is_encoder_folder
     from converters.options import ConvertOptions
     from converters.pipeline import convert_model
     from converters.report import Report, Steps, console_for, progress_bar, render
@@ -210,7 +215,11 @@ def convert(**params: Any) -> None:
         with progress_bar(console_for(stderr=True)) as progress:
             # A Hugging Face causal-LM folder becomes a generative model (past key/values in
             # and out, tokenizer beside it); everything else is a single-shot model.
+            # An encoder folder (sentence-transformers, *ForSequenceClassification) becomes a
+            # text pipeline: tokenizer step -> encoder.
             run = convert_causal_lm if is_causal_lm_folder(options.source) else convert_model
+            if run is convert_model and is_encoder_folder(options.source):
+                run = convert_encoder
             run(options, Steps(report, progress))
     except ConversionError as exc:
         report.status, report.error = "error", exc.message
