@@ -164,6 +164,12 @@ def build(run: TuneRun, plots: Sequence[Image]) -> list[Block]:
     winner = next((t for t in run.trials if t.candidate.key == run.winner), None)
     if winner is None:
         verdict = f"No candidate met the p99 SLO of {s['slo_p99_ms']:g} ms."
+        if any(t.passed for t in run.trials) and any(t.phase == "final" for t in run.trials):
+            verdict = (
+                f"No candidate met the p99 SLO of {s['slo_p99_ms']:g} ms in both its search and "
+                "final measurements (the final round missed it for every finalist, the original "
+                "included: the machine's load changed during the run); no config.yaml is written."
+            )
     else:
         verdict = f"Winner: `{winner.candidate.key}` ({winner.candidate.describe()})."
         if original is not None and original.passed and run.winner != run.baseline:

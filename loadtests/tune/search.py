@@ -236,9 +236,12 @@ class Search:
 
     def _trial(self, candidate: Candidate, phase: str) -> Trial:
         key = (phase, candidate.key)
+        config = self.space.config(candidate)
         for trial in self.trials:
-            if (trial.phase, trial.candidate.key) == key:
-                return trial  # already measured in this run (a climb revisits its start)
+            # Measured already in this phase: a climb revisits its start, and two candidates may
+            # make the same config (preferred "none" where the original lists none).
+            if trial.phase == phase and (trial.candidate.key == key[1] or trial.config == config):
+                return trial
         index = len(self.trials) + 1
         reused = self._done.get(key)
         if reused is not None:
@@ -254,7 +257,7 @@ class Search:
         if self._observer is not None:
             self._observer.trial_started(index, self.planned(), candidate)
         started = self._clock()
-        trial = self._measure(candidate, self.space.config(candidate), phase, index)
+        trial = self._measure(candidate, config, phase, index)
         trial.seconds = self._clock() - started
         self._longest_s = max(self._longest_s, trial.seconds)
         self._record(trial)

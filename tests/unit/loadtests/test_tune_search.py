@@ -4,6 +4,7 @@ search measures nothing it measured before."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -151,3 +152,15 @@ def test_a_budget_too_small_for_one_trial_measures_nothing() -> None:
     assert search.run() is None
     assert machine.measured == []
     assert search.budget_exhausted is True
+
+
+def test_two_candidates_making_the_same_config_are_measured_once() -> None:
+    # The original lists no preferred sizes, so preferred "none" is the same config.
+    machine = Machine()
+    search = Search(space(cores=1), machine, budget_s=10_000, clock=machine.clock)
+    search.run()
+    searched = [key for phase, key in machine.measured if phase == "search"]
+    assert not any("-pnone-" in key for key in searched)
+    configs = [json.dumps(t.config, sort_keys=True) for t in search.trials if t.phase == "search"]
+    measured = {json.dumps(t.config, sort_keys=True) for t in search.trials}
+    assert len(searched) == len(measured & set(configs))
