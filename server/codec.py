@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import array
+import itertools
 import math
 from typing import Any
 
@@ -82,10 +84,82 @@ def check_header(payload: dict[str, Any], check: InputCheck) -> None:
 def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
     """A JSON `data` field (flat or nested, or RawData still to parse) as an array of `shape`;
     every value is type- and range-checked, so nothing is silently coerced (no bools as
-    numbers, no overflow to inf)."""
-    where = f"input '{name}'"
+    numbers, no overflow to inf).
+
+    The same array, or the same InvalidInput, as `walk_data`, without a Python step per value
+    (`vectorized_data`); data those checks cannot vouch for is handed to `walk_data`, which
+    names the problem."""
     if isinstance(data, RawData):
         data = data.parse()
+    decoded = vectorized_data(datatype, shape, data) if isinstance(data, list) else None
+    return walk_data(name, datatype, shape, data) if decoded is None else decoded
+
+
+def vectorized_data(datatype: str, shape: list[int], data: list[Any]) -> np.ndarray | None:
+    """Numeric `data` as `walk_data` decodes it, or None when only `walk_data` can say.
+
+    Nested lists are checked and flattened a level at a time. The values are read into a C
+    array of 64-bit numbers by the `array` module, which refuses text, null, objects and lists
+    (and fractions, for an integer datatype) and numbers that do not fit. It takes bools as 1
+    and 0, so only the values read as 0 or 1 are looked at again. Ranges and the overflow of a
+    cast to a narrower float are checked on the numpy array. BOOL data is left to the walk."""
+    target = datatypes.NUMPY_DTYPES.get(datatype)
+    if target is None or target.kind not in "iuf":
+        return None
+    flat = _flat_values(data)
+    if flat is None or len(flat) != math.prod(shape):
+        return None
+    code = "d" if target.kind == "f" else "Q" if target == np.uint64 else "q"
+    try:
+        values = np.frombuffer(array.array(code, flat), dtype=code)
+    except (TypeError, OverflowError):
+        return None
+    if _holds_bool(flat, values):
+        return None
+    if target.kind in "iu":
+        info = np.iinfo(target.str)
+        if values.size and (values.min() < info.min or values.max() > info.max):
+            return None
+        return values.astype(target).reshape(shape)
+    if target.itemsize < 8:  # a double may not fit: inf, refused below
+        with np.errstate(over="ignore"):
+            values = values.astype(target)
+    if not np.isfinite(values).all():
+        return None
+    return values.reshape(shape)
+
+
+def _flat_values(data: list[Any]) -> list[Any] | None:
+    """The values of regularly nested lists in row-major order; None when the lists at one
+    depth differ in length or mix with values, or nest deeper than any shape."""
+    items = data
+    for _ in range(datatypes.MAX_DIMS):
+        if not items or type(items[0]) is not list:
+            return items  # a list among these values is refused by array.array
+        if set(map(type, items)) != {list} or len(set(map(len, items))) != 1:
+            return None
+        items = list(itertools.chain.from_iterable(items))
+    return None
+
+
+_SCAN_BELOW = 128
+"""Fewer values than this are scanned for bools one by one: cheaper than numpy's calls."""
+
+
+def _holds_bool(flat: list[Any], values: np.ndarray) -> bool:
+    """Whether a JSON `true` or `false` is among the values, read as 1 and 0 in `values`."""
+    if len(flat) < _SCAN_BELOW:
+        return bool in set(map(type, flat))
+    suspects = np.flatnonzero((values == 0) | (values == 1)).tolist()
+    return bool in set(map(type, map(flat.__getitem__, suspects)))
+
+
+def walk_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
+    """`decode_data` by a walk over every value in Python: the reference that `decode_data` is
+    tested against, and the decoder of the data its checks cannot vouch for, whose InvalidInput
+    names the problem (the first value of a wrong kind or out of range, the raggedness, the
+    count against the shape)."""
+    where = f"input '{name}'"
     flat = _flatten(where, data) if isinstance(data, list) else [data]
     count = math.prod(shape)
     if len(flat) != count:

@@ -1,21 +1,30 @@
 """JSON tensors: request decoding (every datatype, every kind of wrong input) and response
-encoding, with a Hypothesis round trip decode(encode(x)) == x."""
+encoding, with a Hypothesis round trip decode(encode(x)) == x, and Hypothesis checks that the
+vectorized decoder and the reference element walk agree on every input."""
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
 
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
 from engine.types import InferResponse
 from server import binary
-from server.codec import decode_data, decode_request, json_data, parse_json
+from server.codec import (
+    decode_data,
+    decode_request,
+    json_data,
+    parse_json,
+    vectorized_data,
+    walk_data,
+)
 from tests.models import DATATYPES, NUMERIC_DATATYPES, NUMPY_TYPES, sample
 
 
@@ -449,8 +458,231 @@ def test_round_trip_bytes(words: list[str]) -> None:
     assert decode_data("y", "BYTES", output["shape"], output["data"]).tolist() == array.tolist()
 
 
+@pytest.mark.parametrize("depth", [63, 64, 65, 66])
+def test_decoders_agree_at_the_nesting_limit(depth: int) -> None:
+    data: Any = [0.5, 1]
+    for _ in range(depth - 1):
+        data = [data]
+    assert_agree("FP32", [2], data)
+
+
 def test_data_nested_deeper_than_any_shape_is_invalid_input() -> None:
     data: Any = 1.0
     for _ in range(200):
         data = [data]
     assert "nested deeper than 64 levels" in data_rejected("FP32", [1], data)
+
+
+# -- the vectorized decoder against the reference walk ------------------------------------------
+
+
+def outcome(decoder: Any, datatype: str, shape: list[int], data: Any) -> Any:
+    """What a decoder makes of `data`: its InvalidInput message, or the array's dtype, shape and
+    values, bit for bit (so -0.0 and 0.0, or two roundings of one value, differ)."""
+    try:
+        array = decoder("x", datatype, shape, data)
+    except InvalidInput as exc:
+        return exc.message
+    values = array.tolist() if array.dtype == object else array.tobytes()
+    return array.dtype, array.shape, values
+
+
+def assert_agree(datatype: str, shape: list[int], data: Any) -> None:
+    expected = outcome(walk_data, datatype, shape, data)
+    assert outcome(decode_data, datatype, shape, data) == expected
+    if isinstance(data, list):  # the fast path alone vouches only for what the walk accepts
+        fast = vectorized_data(datatype, shape, data)
+        if fast is not None:
+            assert not isinstance(expected, str), expected
+            assert (fast.dtype, fast.shape, fast.tobytes()) == expected
+
+
+# Values that numpy reads as numbers of some kind but the walk may refuse, or that sit at a range
+# or rounding boundary: each is dropped into otherwise valid data.
+POISON: list[Any] = [
+    True,
+    False,
+    None,
+    "1",
+    "a",
+    {},
+    [],
+    [1],
+    0,
+    1,
+    -1,
+    0.0,
+    1.0,
+    -0.0,
+    1.5,
+    70000,
+    1e300,
+    2**31,
+    2**53 + 1,
+    2**54 + 2**30 + 1,
+    2**63,
+    2**64 - 1,
+    -(2**63) - 1,
+    2**64,
+    65520.0,
+]
+
+
+def _array_for(datatype: str) -> st.SearchStrategy[np.ndarray]:
+    dtype = np.dtype(NUMPY_TYPES[datatype])
+    elements = None
+    if dtype.kind == "f":
+        width = {2: 16, 4: 32, 8: 64}[dtype.itemsize]
+        elements = st.floats(allow_nan=False, allow_infinity=False, width=width)  # type: ignore[arg-type]
+    shapes = st.one_of(
+        hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=6),
+        # past _SCAN_BELOW, flat and nested
+        st.tuples(st.integers(128, 400)),
+        st.tuples(st.integers(64, 150), st.integers(1, 3)),
+    )
+    return hnp.arrays(dtype, shapes, elements=elements)
+
+
+def _poison(data: Any, position: int, value: Any) -> Any:
+    """`data` (nested lists) with its value at flat `position` replaced by `value`."""
+    if not isinstance(data, list) or not data:
+        return data
+    if not isinstance(data[0], list):
+        return [*data[:position], value, *data[position + 1 :]] if position < len(data) else data
+    width = max(1, int(np.prod(np.shape(data[0]))))
+    row, rest = divmod(position, width)
+    if row >= len(data):
+        return data
+    return [*data[:row], _poison(data[row], rest, value), *data[row + 1 :]]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(NUMERIC_DATATYPES).flatmap(_array_for), st.data())
+def test_vectorized_decoder_agrees_with_the_walk(array: np.ndarray, draw: st.DataObject) -> None:
+    # Valid data of one datatype, sent as another, nested or flat, under its own shape or one
+    # that does not fit, with one value poisoned or none.
+    datatype = draw.draw(st.sampled_from(NUMERIC_DATATYPES))
+    data = array.tolist() if draw.draw(st.booleans()) else array.ravel().tolist()
+    if draw.draw(st.booleans()):
+        data = _poison(
+            data, draw.draw(st.integers(0, array.size)), draw.draw(st.sampled_from(POISON))
+        )
+    shape = draw.draw(st.sampled_from([list(array.shape), [array.size], [array.size + 1]]))
+    assert_agree(datatype, shape, data)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(NUMERIC_DATATYPES).flatmap(_array_for), st.data())
+def test_a_bool_anywhere_is_refused_by_both(array: np.ndarray, draw: st.DataObject) -> None:
+    datatype = draw.draw(st.sampled_from(NUMERIC_DATATYPES))
+    data = array.tolist() if draw.draw(st.booleans()) else array.ravel().tolist()
+    data = _poison(
+        data, draw.draw(st.integers(0, max(0, array.size - 1))), draw.draw(st.booleans())
+    )
+    assert_agree(datatype, list(array.shape), data)
+
+
+_JSON = st.recursive(
+    st.one_of(
+        st.integers(-(2**65), 2**65), st.floats(allow_nan=False, allow_infinity=False),
+        st.booleans(), st.none(), st.text(max_size=3), st.sampled_from(POISON),
+    ),
+    lambda children: st.lists(children, max_size=4),
+    max_leaves=24,
+)  # fmt: skip
+
+
+# Nested numbers only, ragged or not: valid values in every shape of list.
+_NESTED_NUMBERS = st.recursive(
+    st.one_of(st.integers(-3, 3), st.floats(-2, 2)),
+    lambda children: st.lists(children, max_size=3),
+    max_leaves=12,
+)
+
+
+def _leaves(data: Any) -> int:
+    return sum(map(_leaves, data)) if isinstance(data, list) else 1
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(DATATYPES),
+    st.one_of(_JSON, _NESTED_NUMBERS),
+    st.one_of(st.lists(st.integers(0, 4), max_size=3), st.sampled_from(["own", "leaves"])),
+)
+def test_decoders_agree_on_any_json(datatype: str, data: Any, shape: list[int] | str) -> None:
+    if shape == "own":  # the data's shape, where numpy sees one
+        shape = list(np.shape(np.array(data, dtype=object))) if isinstance(data, list) else []
+    elif shape == "leaves":  # as many values as the data holds, ragged or not
+        shape = [_leaves(data)]
+    assert isinstance(shape, list)
+    assert_agree(datatype, shape, data)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "data"),
+    [
+        ("FP32", [4], [0.5, -1.25, 3.0, 7.5]),
+        ("FP32", [2, 2], [[0.5, -1.25], [3, 7.5]]),
+        ("FP32", [1, 3], [0.0, 1.0, 1]),  # zeros and ones that are numbers, not bools
+        ("FP32", [300], [1.0] * 300),
+        ("FP16", [2], [65504.0, -65504]),
+        ("FP64", [2, 1, 2], [[[1e300], [-1e-300]], [[0.0], [2**60]]]),
+        ("INT64", [3], [-(2**63), 0, 2**63 - 1]),
+        ("UINT64", [2], [2**63, 2**64 - 1]),
+        ("INT8", [2, 2], [[-128, 127], [0, 1]]),
+        ("UINT8", [200], [0, 1, 255, 7] * 50),
+        ("FP32", [0, 3], []),
+        ("INT32", [2, 0], [[], []]),
+    ],
+)
+def test_the_fast_path_vouches_for_valid_data(datatype: str, shape: list[int], data: Any) -> None:
+    fast = vectorized_data(datatype, shape, data)
+    assert fast is not None
+    assert fast.flags.writeable
+    walked = walk_data("x", datatype, shape, data)
+    assert (fast.dtype, fast.shape, fast.tobytes()) == (
+        walked.dtype,
+        walked.shape,
+        walked.tobytes(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [
+        (
+            "FP32",
+            [0.5] * 150 + [True] + [0.5] * 150,
+        ),  # past _SCAN_BELOW: only 0s and 1s are looked at
+        ("FP32", [1.0] * 150 + [True]),
+        ("INT32", [1] * 500 + [False]),
+        ("FP32", [[0.5, 1.0]] * 100 + [[0.5, True]]),
+        ("INT64", [[0, 1]] * 100 + [[True, 1]]),
+    ],
+)
+def test_a_bool_among_many_numbers_is_refused(datatype: str, data: list[Any]) -> None:
+    shape = list(np.shape(data))
+    assert vectorized_data(datatype, shape, data) is None
+    assert "data holds a boolean" in data_rejected(datatype, shape, data)
+
+
+def test_ints_are_rounded_to_floats_as_python_casts_them() -> None:
+    # Through a double first: int64 -> float32 directly would round this up to 2**54 + 2**31.
+    value = 2**54 + 2**30 + 1
+    assert decode_data("x", "FP32", [1], [value]).tolist() == [float(2**54)]
+    assert decode_data("x", "FP32", [2], [value, 0.5]).tolist() == [float(2**54), 0.5]
+
+
+def test_text_among_numbers_costs_no_memory_beyond_the_data() -> None:
+    # numpy's own type discovery would make this a text array: 5,001 values of 20,000
+    # characters, 400 MB from a 120 kB body.
+    data = ["x" * 20_000] + [0.5] * 5_000
+    tracemalloc.start()
+    try:
+        message = data_rejected("FP32", [len(data)], data)
+        _, peak_bytes = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message.startswith("input 'x': data holds text; datatype FP32 needs numbers")
+    assert peak_bytes < 10_000_000

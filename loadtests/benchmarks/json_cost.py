@@ -1,0 +1,240 @@
+"""The per-core cost of JSON tensors: sluice serving the CNN and the tiny MLP over JSON against a
+plain FastAPI + onnxruntime server and the HTTP floor (a no-op ASGI app), in one run, each server
+on core 0 and wrk on core 1, with one worker; plus decode alone, in process, on core 0: the
+reference element walk (`codec.walk_data`) against the vectorized decoder (`codec.decode_data`).
+
+    python -m loadtests.benchmarks.json_cost [--out DIR] [--seconds 5] [--rounds 5]
+
+Each round loads every server in turn; the machine is shared, so `--rounds` (5) rounds are run
+and the table gives each figure's median and its range over the rounds. The bodies are what a
+client sends: orjson text of normally distributed values rounded to 4 decimals (the CNN's
+12,288 values are a 91 kB body). Writes json_cost.json and json_cost.md. Needs wrk and taskset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import timeit
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+
+from loadtests.benchmarks.batching import SERVER_CORE, free_port, machine, pinned, wrk
+from loadtests.benchmarks.models import MODELS, write_repository
+from server import codec
+
+CONCURRENCY = 16
+KINDS = ("sluice", "plain", "floor")
+
+
+def json_body(model: str) -> bytes:
+    """One request for `model` with input `x` of batch 1, as JSON text."""
+    shape = [1, *MODELS[model][1]]
+    data = np.round(np.random.default_rng(1).standard_normal(shape), 4)
+    tensor = {"name": "x", "shape": shape, "datatype": "FP32", "data": data.ravel().tolist()}
+    return orjson.dumps({"inputs": [tensor]})
+
+
+def per_call_us(func: Callable[[], object], seconds: float = 0.5) -> float:
+    """The best of five timings of `func`, in microseconds per call."""
+    calls = max(1, int(seconds / max(timeit.timeit(func, number=1), 1e-7)))
+    return min(timeit.repeat(func, number=calls, repeat=5)) / calls * 1e6
+
+
+def decode_costs() -> list[dict[str, Any]]:
+    """Parse, reference walk and vectorized decode of each model's body, µs per body, on core 0.
+    The two decoders are checked to agree before they are timed."""
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {int(SERVER_CORE)})
+    rows = []
+    try:
+        for model in MODELS:
+            body = json_body(model)
+            tensor = orjson.loads(body)["inputs"][0]
+            args = ("x", tensor["datatype"], tensor["shape"], tensor["data"])
+            walked, decoded = codec.walk_data(*args), codec.decode_data(*args)
+            if decoded.dtype != walked.dtype or not np.array_equal(decoded, walked):
+                raise AssertionError(f"{model}: decode_data and walk_data disagree")
+            row = {
+                "model": model,
+                "body_bytes": len(body),
+                "values": decoded.size,
+                "parse_us": per_call_us(lambda b=body: orjson.loads(b)),  # type: ignore[misc]
+                "walk_us": per_call_us(lambda a=args: codec.walk_data(*a)),  # type: ignore[misc]
+                "decode_us": per_call_us(lambda a=args: codec.decode_data(*a)),  # type: ignore[misc]
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        os.sched_setaffinity(0, affinity)
+    return rows
+
+
+@contextmanager
+def started(kind: str, repo: Path) -> Iterator[tuple[str, int]]:
+    """One server on SERVER_CORE (sluice with one worker): its base URL and process id."""
+    port = free_port()
+    if kind == "sluice":
+        command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
+                   "--http-port", str(port), "--grpc-port", str(free_port()), "--workers", "1",
+                   "--log-level", "warning"]  # fmt: skip
+    else:
+        command = [
+            sys.executable,
+            "-m",
+            "loadtests.benchmarks.baseline",
+            kind,
+            str(repo),
+            str(port),
+        ]
+    process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:  # sluice must be ready; the peers have no health route (any answer will do)
+                if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200 or (
+                    kind != "sluice"
+                ):
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"{kind} server did not start")
+            time.sleep(0.1)
+        yield url, process.pid  # taskset execs the server: the same process
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU time (user + system, every thread) that process `pid` has used, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throughput(repo: Path, rounds: int, seconds: float) -> list[dict[str, Any]]:
+    """Every server runs for the whole benchmark (idle ones cost nothing) and each round loads
+    them in turn, so the figures a ratio compares are measured seconds apart. Besides req/s,
+    each row has the server's CPU time per request: other work on the shared core lowers req/s
+    but hardly changes what each request costs."""
+    rows: list[dict[str, Any]] = []
+    with ExitStack() as stack:
+        servers = {kind: stack.enter_context(started(kind, repo)) for kind in KINDS}
+        for round_ in range(rounds):
+            for model in MODELS:
+                for kind, (url, pid) in servers.items():
+                    target = f"{url}/v2/models/{model}/infer"
+                    used = cpu_s(pid)
+                    result = wrk(target, json_body(model), CONCURRENCY, seconds, {})
+                    answered = result["requests"] - result["non2xx"]
+                    result["cpu_us"] = (cpu_s(pid) - used) / max(answered, 1) * 1e6
+                    result["per_core"] = 1e6 / result["cpu_us"]
+                    rows.append({"round": round_, "server": kind, "model": model, **result})
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def ratios(rows: list[dict[str, Any]], field: str) -> dict[str, dict[str, list[float]]]:
+    """Per model, sluice's `field` (req/s, or requests per CPU second) over each peer's, one
+    value per round."""
+    rate = {(r["round"], r["server"], r["model"]): r[field] for r in rows}
+    rounds = sorted({r["round"] for r in rows})
+    return {
+        model: {
+            peer: [rate[(n, "sluice", model)] / rate[(n, peer, model)] for n in rounds]
+            for peer in KINDS[1:]
+        }
+        for model in MODELS
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    for tool in ("wrk", "taskset"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is needed (apt-get install wrk util-linux)")
+    decode = decode_costs()
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = throughput(write_repository(Path(tmp)), args.rounds, args.seconds)
+    report = {"decode": decode, "rows": rows, "machine": machine(), "seconds": args.seconds,
+              "concurrency": CONCURRENCY, "ratios": ratios(rows, "throughput"),
+              "per_core_ratios": ratios(rows, "per_core")}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "json_cost.json").write_text(json.dumps(report, indent=1))
+    text = table(report)
+    (args.out / "json_cost.md").write_text(text)
+    print(text)
+
+
+def _spread(values: list[float], digits: int) -> str:
+    middle = statistics.median(values)
+    return f"{middle:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+
+
+def table(report: dict[str, Any]) -> str:
+    rounds = len({r["round"] for r in report["rows"]})
+
+    def values(kind: str, model: str, field: str) -> list[float]:
+        return [r[field] for r in report["rows"] if (r["server"], r["model"]) == (kind, model)]
+
+    lines = [
+        "# JSON cost benchmark",
+        "",
+        f"Command: `python -m loadtests.benchmarks.json_cost --seconds {report['seconds']:g} "
+        f"--rounds {rounds}`; JSON bodies, {report['concurrency']} connections, one sluice "
+        f"worker; servers on core {SERVER_CORE}, wrk on the other core; {report['machine']}. "
+        f"Each figure is the median of {rounds} rounds, with the range in brackets.",
+        "",
+        "| model | body | measure | sluice | plain FastAPI | floor | sluice x plain "
+        "| sluice / floor |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for model in MODELS:
+        size = next(d["body_bytes"] for d in report["decode"] if d["model"] == model)
+        for label, field, key in (
+            ("req/s", "throughput", "ratios"),
+            ("req per CPU second", "per_core", "per_core_ratios"),
+        ):
+            vs = report[key][model]
+            lines.append(
+                f"| {model} | {size / 1e3:,.1f} kB | {label} | "
+                + " | ".join(_spread(values(kind, model, field), 0) for kind in KINDS)
+                + f" | {_spread(vs['plain'], 2)} | {_spread(vs['floor'], 2)} |"
+            )
+    lines += [
+        "",
+        f"Decode alone (in process, core {SERVER_CORE}, best of 5), µs per body:",
+        "",
+        "| model | values | orjson.loads | reference walk (`walk_data`) "
+        "| vectorized (`decode_data`) | speed-up |",
+        "|---|---|---|---|---|---|",
+    ]
+    for d in report["decode"]:
+        lines.append(
+            f"| {d['model']} | {d['values']:,} | {d['parse_us']:,.1f} | {d['walk_us']:,.1f} | "
+            f"{d['decode_us']:,.1f} | {d['walk_us'] / d['decode_us']:.1f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
