@@ -134,7 +134,10 @@ class Engine:
         models = self.registry.all()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.settings.drain_timeout_s):
-                await asyncio.gather(*(m.batcher.drain() for m in models))
+                await asyncio.gather(
+                    *(m.batcher.drain() for m in models),
+                    *(m.generator.drain() for m in models if m.generator is not None),
+                )
                 # Requests accepted before the drain may still be in admission or the cache
                 # lookup: they reach a batcher that sends at once, and are answered.
                 await self._idle.wait()

@@ -241,6 +241,8 @@ class ModelRegistry:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.drain_timeout_s):
                     await model.batcher.drain()
+                    if model.generator is not None:  # streams finish on the old version
+                        await model.generator.drain()
             await model.close()
 
     async def _poll(self) -> None:

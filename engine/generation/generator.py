@@ -70,5 +70,9 @@ class Generator:
     def cancel(self, sequence: GenSequence) -> None:
         self.scheduler.cancel(sequence)
 
+    async def drain(self) -> None:
+        """Refuse new sequences; return once the accepted ones have finished."""
+        await self.scheduler.drain()
+
     async def close(self) -> None:
         await self.scheduler.close()

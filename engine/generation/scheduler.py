@@ -107,6 +107,7 @@ class GenerationScheduler:
         self.waiting: deque[GenSequence] = deque()
         self.running: list[GenSequence] = []
         self._wake = asyncio.Event()
+        self._idle = asyncio.Event()  # set when a sequence finishes (drain re-checks)
         self._closed = False
         self._task: asyncio.Task[None] | None = None
         self._past_names = [
@@ -161,6 +162,14 @@ class GenerationScheduler:
             self.waiting.remove(sequence)
             self._finish(sequence, "cancelled")
         self._wake.set()
+
+    async def drain(self) -> None:
+        """Refuse new sequences and return once every accepted one has finished (bound it with
+        a timeout; close() then ends the rest)."""
+        self._closed = True
+        while self.waiting or self.running:
+            self._idle.clear()
+            await self._idle.wait()
 
     async def close(self) -> None:
         """Stop: every sequence not yet finished ends with ShuttingDown."""
@@ -342,6 +351,7 @@ class GenerationScheduler:
             text += sequence.detokenizer.flush()
         sequence.events.put_nowait(Chunk(tokens or [], text, reason, error))
         self._wake.set()
+        self._idle.set()
 
     def _fail(self, sequences: list[GenSequence], error: EngineError) -> None:
         for sequence in sequences:

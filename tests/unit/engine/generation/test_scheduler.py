@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import InvalidInput, Overloaded
+from engine.errors import InvalidInput, Overloaded, ShuttingDown
 from engine.generation.sampling import sampling_params
 from engine.generation.scheduler import Chunk, GenSequence
 from engine.model import LoadedModel, load_model
@@ -168,6 +168,36 @@ async def test_cached_prefixes_give_way_to_a_sequence_that_needs_the_room(
         assert prefix.bytes < 32 * layout_bytes
     finally:
         await loaded.close()
+
+
+async def test_drain_finishes_accepted_sequences_and_refuses_new_ones(
+    model: LoadedModel,
+) -> None:
+    generator = model.generator
+    assert generator is not None
+    running = generator.start([3, 4, 5], sampling_params(30, temperature=0))
+    waiting = generator.start([6, 7, 8], sampling_params(30, temperature=0))
+    await asyncio.wait_for(generator.drain(), 10)
+    for sequence in (running, waiting):
+        assert sequence.finish_reason in ("stop", "length")
+    with pytest.raises(ShuttingDown):
+        generator.start([1, 2], sampling_params(3))
+
+
+async def test_engine_drain_waits_for_running_generations(tiny: tuple[Path, Path]) -> None:
+    from engine.engine import Engine
+    from engine.settings import load_settings
+
+    engine = Engine(load_settings(model_repository=tiny[1].parent.parent, log_level="error"))
+    await engine.start()
+    try:
+        generator = engine.registry.resolve("tiny", None).generator
+        assert generator is not None
+        sequence = generator.start([3, 4, 5], sampling_params(40, temperature=0))
+        await engine.drain()
+        assert sequence.finish_reason in ("stop", "length")
+    finally:
+        await engine.close()
 
 
 async def test_prompt_past_the_context_is_invalid_and_names_both_lengths(
