@@ -35,6 +35,7 @@ from engine.validate import InputCheck
 from server import grpc_tensors, raw_tensors
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.errors import error_headers, grpc_code
+from server.grpc_generate import is_generative, stream_generation
 from server.logs import choose_request_id, request_id
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
@@ -69,7 +70,10 @@ class Context(Protocol):
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
+Method = Callable[["GrpcService", Req, Context, Metadata], Awaitable[Resp]]
+"""A servicer method as written here: it also gets the call's metadata, read once."""
 Handler = Callable[["GrpcService", Req, Context], Awaitable[Resp]]
+"""A servicer method as grpc calls it."""
 INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
 UNIMPLEMENTED_LOG_INTERVAL_S = 60.0
 """At most one log line per unimplemented RPC per this many seconds (callers can repeat them)."""
@@ -92,15 +96,16 @@ def metadata(context: Context) -> Metadata:
     return context.invocation_metadata() or ()
 
 
-def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
-    """Bind the call's request id; map engine errors to gRPC statuses; anything else is logged
-    and answered INTERNAL."""
+def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
+    """Read the call's metadata once and bind its request id; map engine errors to gRPC
+    statuses; anything else is logged and answered INTERNAL."""
 
     @functools.wraps(method)
     async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp:
-        token = request_id.set(_bind_request_id(context))
+        caller = metadata(context)
+        token = request_id.set(_bind_request_id(context, caller))
         try:
-            return await method(self, request, context)
+            return await method(self, request, context, caller)
         except EngineError as exc:
             await abort(context, exc)
         except grpc.aio.AbortError:
@@ -114,10 +119,10 @@ def _guarded(method: Handler[Req, Resp]) -> Handler[Req, Resp]:
     return wrapper
 
 
-def _bind_request_id(context: Context) -> str:
+def _bind_request_id(context: Context, caller: Metadata) -> str:
     """The call's request id (the caller's `x-request-id` if sane), also sent back as trailing
     metadata."""
-    given = next((v for k, v in metadata(context) if k == "x-request-id"), None)
+    given = next((v for k, v in caller if k == "x-request-id"), None)
     rid = choose_request_id(given if isinstance(given, str) else None)
     context.set_trailing_metadata((("x-request-id", rid),))
     return rid
@@ -145,8 +150,10 @@ def _unimplemented(name: str, why: str) -> Handler[Message, NoReturn]:
     """An RPC sluice does not serve: authenticated like the others, then UNIMPLEMENTED, with one
     log line per interval instead of grpc's traceback per call."""
 
-    async def method(self: GrpcService, request: Message, context: Context) -> NoReturn:
-        self._plane.authenticate(metadata(context))
+    async def method(
+        self: GrpcService, request: Message, context: Context, caller: Metadata
+    ) -> NoReturn:
+        self._plane.authenticate(caller)
         skipped = self._unimplemented_log.due(name)
         if skipped is not None:
             log.warning(
@@ -173,9 +180,9 @@ class GrpcCall:
     protocol = "grpc"
     span_name = INFER_SPAN
 
-    def __init__(self, request: pb.ModelInferRequest, context: Context) -> None:
+    def __init__(self, request: pb.ModelInferRequest, context: Context, caller: Metadata) -> None:
         self._request, self._context = request, context
-        self.headers = metadata(context)
+        self.headers = caller
         self.model, self.version = request.model_name, request.model_version or None
 
     @property
@@ -184,9 +191,12 @@ class GrpcCall:
 
     async def decode(self, check: InputCheck) -> InferRequest:
         request = self._request
-        decoded = await raw_tensors.off_loop(
-            request.ByteSize(), grpc_tensors.decode_request, request, check
-        )
+        raw = request.raw_input_contents  # the bulk of a large request; ByteSize would encode it
+        size = sum(map(len, raw)) if raw else request.ByteSize()
+        if size > raw_tensors.OFFLOAD_BYTES:
+            decoded = await asyncio.to_thread(grpc_tensors.decode_request, request, check)
+        else:
+            decoded = grpc_tensors.decode_request(request, check)
         remaining = self._context.time_remaining()
         if remaining is not None:
             # The call's own deadline bounds the engine's: no answer is useful after it.
@@ -220,46 +230,46 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ServerLive(
-        self, request: pb.ServerLiveRequest, context: Context
+        self, request: pb.ServerLiveRequest, context: Context, caller: Metadata
     ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self._plane.live)
 
     @_guarded
     async def ServerReady(
-        self, request: pb.ServerReadyRequest, context: Context
+        self, request: pb.ServerReadyRequest, context: Context, caller: Metadata
     ) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self._plane.ready)
 
     @_guarded
     async def ModelReady(
-        self, request: pb.ModelReadyRequest, context: Context
+        self, request: pb.ModelReadyRequest, context: Context, caller: Metadata
     ) -> pb.ModelReadyResponse:
-        ready = self._plane.model_ready(metadata(context), request.name, request.version or None)
+        ready = self._plane.model_ready(caller, request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @_guarded
     async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: Context
+        self, request: pb.ServerMetadataRequest, context: Context, caller: Metadata
     ) -> pb.ServerMetadataResponse:
-        meta = self._plane.server_metadata(metadata(context))
+        meta = self._plane.server_metadata(caller)
         return pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta["extensions"]
         )
 
     @_guarded
     async def ModelMetadata(
-        self, request: pb.ModelMetadataRequest, context: Context
+        self, request: pb.ModelMetadataRequest, context: Context, caller: Metadata
     ) -> pb.ModelMetadataResponse:
-        meta = self._plane.model_metadata(metadata(context), request.name, request.version or None)
+        meta = self._plane.model_metadata(caller, request.name, request.version or None)
         return grpc_tensors.metadata_response(meta)
 
     # -- inference -------------------------------------------------------------------------------
 
     @_guarded
     async def ModelInfer(
-        self, request: pb.ModelInferRequest, context: Context
+        self, request: pb.ModelInferRequest, context: Context, caller: Metadata
     ) -> pb.ModelInferResponse:
-        return await self._plane.infer(GrpcCall(request, context))
+        return await self._plane.infer(GrpcCall(request, context, caller))
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
@@ -269,17 +279,26 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         request id, shared by the log lines and spans of all its requests. At most
         `stream_max_pending` requests are running or answered-but-unsent: then the stream is not
         read until the client reads."""
-        request_id.set(_bind_request_id(context))  # this call's own context: no reset
+        caller = metadata(context)
+        request_id.set(_bind_request_id(context, caller))  # this call's own context: no reset
         try:
-            principal = self._plane.authenticate(metadata(context))
+            principal = self._plane.authenticate(caller)
         except EngineError as exc:
             await _reject_stream(request_iterator, context, exc, self._stream_max_pending)
         results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._stream_max_pending)
 
         async def one(request: pb.ModelInferRequest) -> None:
+            if is_generative(self._plane.engine, request.model_name):  # decoupled: many answers
+                first, engine = True, self._plane.engine
+                async for answer in stream_generation(engine, request, metadata(context)):
+                    if not first:  # the first answer has this request's slot; later ones take one
+                        await slots.acquire()
+                    first = False
+                    results.put_nowait(answer)
+                return
             try:
-                response = await self._plane.infer(GrpcCall(request, context), principal)
+                response = await self._plane.infer(GrpcCall(request, context, caller), principal)
                 answer = pb.ModelStreamInferResponse(infer_response=response)
             except EngineError as exc:  # a bug too, logged by the data plane
                 answer = _stream_error(request, exc.message)
@@ -325,45 +344,45 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     @_guarded
     async def ModelConfig(
-        self, request: pb.ModelConfigRequest, context: Context
+        self, request: pb.ModelConfigRequest, context: Context, caller: Metadata
     ) -> pb.ModelConfigResponse:
-        config = self._plane.model_config(metadata(context), request.name, request.version or None)
+        config = self._plane.model_config(caller, request.name, request.version or None)
         message = model_config_pb2.ModelConfig()
         json_format.ParseDict(config, message, ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=message)
 
     @_guarded
     async def ModelStatistics(
-        self, request: pb.ModelStatisticsRequest, context: Context
+        self, request: pb.ModelStatisticsRequest, context: Context, caller: Metadata
     ) -> pb.ModelStatisticsResponse:
         name, version = request.name or None, request.version or None
-        stats = self._plane.statistics(metadata(context), name, version)
+        stats = self._plane.statistics(caller, name, version)
         message = pb.ModelStatisticsResponse()
         json_format.ParseDict(stats, message, ignore_unknown_fields=True)
         return message
 
     @_guarded
     async def RepositoryIndex(
-        self, request: pb.RepositoryIndexRequest, context: Context
+        self, request: pb.RepositoryIndexRequest, context: Context, caller: Metadata
     ) -> pb.RepositoryIndexResponse:
-        rows = self._plane.repository_index(metadata(context), ready_only=request.ready)
+        rows = self._plane.repository_index(caller, ready_only=request.ready)
         models = [pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
         return pb.RepositoryIndexResponse(models=models)
 
     @_guarded
     async def RepositoryModelLoad(
-        self, request: pb.RepositoryModelLoadRequest, context: Context
+        self, request: pb.RepositoryModelLoadRequest, context: Context, caller: Metadata
     ) -> pb.RepositoryModelLoadResponse:
         parameters = grpc_tensors.parameters(request.parameters)
-        await self._plane.load_model(metadata(context), request.model_name, parameters, "grpc")
+        await self._plane.load_model(caller, request.model_name, parameters, "grpc")
         return pb.RepositoryModelLoadResponse()
 
     @_guarded
     async def RepositoryModelUnload(
-        self, request: pb.RepositoryModelUnloadRequest, context: Context
+        self, request: pb.RepositoryModelUnloadRequest, context: Context, caller: Metadata
     ) -> pb.RepositoryModelUnloadResponse:
         names = list(request.parameters)
-        await self._plane.unload_model(metadata(context), request.model_name, names, "grpc")
+        await self._plane.unload_model(caller, request.model_name, names, "grpc")
         return pb.RepositoryModelUnloadResponse()
 
 

@@ -25,18 +25,21 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "hf", root / "models"
 
 
-def serve(repository: Path, folder: Path, settings: dict[str, Any] | None = None) -> ServerProcess:
+def serve(
+    repository: Path, folder: Path, settings: dict[str, Any] | None = None, grpc: bool = False
+) -> ServerProcess:
     args = ["--model-repository", str(repository)]
     if settings is not None:
         args += ["--config", str(write_settings(folder / "server.yaml", settings))]
-    return ServerProcess(*args, log_path=folder / "server.log", grpc=False).start(timeout_s=90)
+    process = ServerProcess(*args, log_path=folder / "server.log", grpc=grpc)
+    return process.start(timeout_s=90)
 
 
 @pytest.fixture(scope="module")
 def server(
     repository: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
-    process = serve(repository[1], tmp_path_factory.mktemp("generate-server"))
+    process = serve(repository[1], tmp_path_factory.mktemp("generate-server"), grpc=True)
     yield process
     process.stop()
 
@@ -117,3 +120,44 @@ def test_rate_limit_in_tokens_charges_prompt_and_completion(
         assert "request of 60 tokens exceeds" in huge.json()["error"]["message"]
     finally:
         process.stop()
+
+
+def test_grpc_stream_is_decoupled_one_response_per_token_batch(
+    server: ServerProcess, repository: tuple[Path, Path]
+) -> None:
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(lambda result, error: answers.put((result, error)))
+    try:
+        text_input = grpcclient.InferInput("text_input", [1], "BYTES")
+        text_input.set_data_from_numpy(np.array([b"the quick brown"], dtype=object))
+        params = {"max_tokens": 20, "temperature": 0.0}
+        client.async_stream_infer("tiny", [text_input], request_id="g1", parameters=params)
+        bad = grpcclient.InferInput("text_input", [1], "BYTES")
+        bad.set_data_from_numpy(np.array([b"a"], dtype=object))
+        client.async_stream_infer("tiny", [bad], request_id="g2", parameters={"top_p": 7.0})
+        parts, final, errors = [], None, []
+        while final is None or not errors:
+            result, error = answers.get(timeout=30)
+            if error is not None:
+                errors.append(str(error))
+                continue
+            response = result.get_response()
+            assert response.id == "g1"
+            parts.append(result.as_numpy("text_output")[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                final = response.parameters
+    finally:
+        client.stop_stream()
+        client.close()
+    text, count = expected_text(repository[0], "the quick brown", 20)
+    assert "".join(parts) == text
+    assert len(parts) > 1  # one response per token batch, not one at the end
+    assert final["completion_tokens"].int64_param == count
+    assert final["finish_reason"].string_param in ("stop", "length")
+    assert any("top_p must be from 0 to 1; got 7.0" in e for e in errors)

@@ -1,0 +1,105 @@
+"""Generation over gRPC `ModelStreamInfer`, decoupled as Triton's LLM backends are: a request to a
+generative model (input `text_input`, BYTES [1]; sampling in the request's parameters:
+max_tokens, temperature, top_k, top_p, seed, stop) gets one ModelInferResponse per token batch,
+each with the new text as `text_output` (BYTES [1]); the last has the parameters
+`triton_final_response: true`, `finish_reason` and the token counts. A failure is one
+`error_message` answer, as for any stream request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import cast
+
+import numpy as np
+
+from engine.errors import EngineError, InvalidInput
+from engine.generation.sampling import sampling_params
+from engine.types import InferResponse
+from server.grpc_tensors import decode_request, encode_response
+from server.openai import SAMPLING_KEYS, GenerativeEngine, find_generator, start
+from server.proto import grpc_service_pb2 as pb
+
+Metadata = Iterable[tuple[str, str | bytes]]
+
+
+def is_generative(engine: object, name: str) -> bool:
+    """Whether `name` is a loaded generative model of the in-process engine (anything else,
+    unknown models included, takes the ordinary inference path and its errors)."""
+    registry = getattr(engine, "registry", None)
+    if registry is None or not registry.has(name):
+        return False
+    return any(m.generator is not None for m in registry.versions(name))
+
+
+def _text(request: pb.ModelInferRequest) -> str:
+    decoded = decode_request(request)
+    text = decoded.inputs.get("text_input")
+    if text is None or decoded.datatypes.get("text_input") != "BYTES" or text.size != 1:
+        got = [f"{n} {decoded.datatypes[n]} {list(a.shape)}" for n, a in decoded.inputs.items()]
+        raise InvalidInput(
+            "a generative model takes one input 'text_input' BYTES [1]; got "
+            + (", ".join(got) or "no input")
+        )
+    value = text.reshape(-1)[0]
+    try:
+        return value.decode() if isinstance(value, bytes) else str(value)
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"text_input is not UTF-8: {exc}") from exc
+
+
+def _answer(
+    request: pb.ModelInferRequest, text: str, parameters: dict[str, object]
+) -> pb.ModelStreamInferResponse:
+    response = InferResponse(
+        model_name=request.model_name,
+        model_version=request.model_version,
+        outputs={"text_output": np.array([text.encode()], dtype=object)},
+        datatypes={"text_output": "BYTES"},
+        id=request.id or None,
+        parameters=parameters,
+    )
+    return pb.ModelStreamInferResponse(infer_response=encode_response(response))
+
+
+async def stream_generation(
+    engine: object, request: pb.ModelInferRequest, metadata: Metadata
+) -> AsyncIterator[pb.ModelStreamInferResponse]:
+    """The answers to one generation request on a stream (never raises an EngineError);
+    `engine` is the in-process engine (is_generative said so)."""
+    generative = cast(GenerativeEngine, engine)
+    headers = {str(k): v if isinstance(v, str) else v.decode("latin-1") for k, v in metadata}
+    try:
+        generator = find_generator(generative, headers, request.model_name)
+        options = {k: v for k, v in decode_request(request).parameters.items() if v is not None}
+        unknown = sorted(set(options) - set(SAMPLING_KEYS))
+        if unknown:
+            raise InvalidInput(
+                f"unknown generation parameter '{unknown[0]}'; allowed: {', '.join(SAMPLING_KEYS)}"
+            )
+        options.setdefault("max_tokens", generator.options.default_max_tokens)
+        prompt = generator.prompt_ids(_text(request))
+        sequence, admission = await start(
+            generative, headers, request.model_name, generator, prompt, sampling_params(**options)
+        )
+    except EngineError as exc:
+        yield pb.ModelStreamInferResponse(error_message=exc.message)
+        return
+    try:
+        async for chunk in sequence.stream():
+            if chunk.error is not None:
+                yield pb.ModelStreamInferResponse(error_message=chunk.error.message)
+                return
+            if chunk.finish_reason is None:
+                if chunk.text:
+                    yield _answer(request, chunk.text, {"triton_final_response": False})
+                continue
+            final: dict[str, object] = {
+                "triton_final_response": True,
+                "finish_reason": chunk.finish_reason,
+                "prompt_tokens": len(sequence.prompt),
+                "completion_tokens": len(sequence.generated),
+            }
+            yield _answer(request, chunk.text, final)
+    finally:
+        generator.cancel(sequence)  # the client went away: free the slot at the next step
+        admission.release()
