@@ -50,6 +50,7 @@ class ModelText:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = _raise  # Hugging Face templates refuse input so
         try:
             template = env.from_string(self.chat_template)
             return template.render(
@@ -59,6 +60,12 @@ class ModelText:
             )
         except TemplateError as exc:
             raise InvalidInput(f"the chat template cannot render these messages: {exc}") from exc
+
+
+def _raise(message: str) -> None:
+    from jinja2 import TemplateError
+
+    raise TemplateError(message)
 
 
 def _token_text(value: Any) -> str | None:

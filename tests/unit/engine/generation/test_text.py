@@ -1,0 +1,84 @@
+"""Incremental detokenization, stop strings and chat templates, with the tiny GPT-2's byte-level
+BPE tokenizer (which splits multi-byte characters across tokens)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from engine.errors import InvalidInput
+from engine.generation.text import Detokenizer, ModelText
+from tests.generative import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory: pytest.TempPathFactory) -> ModelText:
+    folder = tmp_path_factory.mktemp("tok")
+    train_tokenizer(folder)
+    return ModelText(folder)
+
+
+def stream(text: ModelText, ids: list[int], stop: tuple[str, ...] = ()) -> tuple[list[str], str]:
+    detok = Detokenizer(text, stop)
+    deltas = []
+    for token in ids:
+        deltas.append(detok.push(token))
+        if detok.stopped:
+            break
+    deltas.append(detok.flush())
+    return deltas, "".join(deltas)
+
+
+def test_deltas_add_up_to_the_decoded_text(text: ModelText) -> None:
+    ids = text.encode("the quick brown fox jumps")
+    deltas, joined = stream(text, ids)
+    assert joined == "the quick brown fox jumps"
+    assert sum(1 for d in deltas if d) > 1  # released as it comes, not only at the end
+
+
+def test_a_character_split_across_tokens_is_released_whole(text: ModelText) -> None:
+    ids = text.encode("naïve 🚀 done")
+    deltas, joined = stream(text, ids)
+    assert joined == "naïve 🚀 done"
+    assert all("\ufffd" not in d for d in deltas)
+
+
+def test_a_stop_string_across_tokens_ends_the_text_before_it(text: ModelText) -> None:
+    ids = text.encode("a batcher merges concurrent requests")
+    deltas, joined = stream(text, ids, stop=("merges",))
+    assert joined == "a batcher "
+    assert not any("mer" in d for d in deltas)
+
+
+def test_text_that_might_become_a_stop_string_is_held_back_then_released(
+    text: ModelText,
+) -> None:
+    ids = text.encode("the server answers")
+    _, joined = stream(text, ids, stop=("answers!",))
+    assert joined == "the server answers"
+
+
+def test_chat_template_renders_messages(text: ModelText) -> None:
+    prompt = text.chat_prompt([{"role": "user", "content": "hi"}])
+    assert prompt == "user: hi\nassistant:"
+
+
+def test_a_template_that_refuses_the_messages_is_invalid_input(tmp_path: Path) -> None:
+    train_tokenizer(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if messages[0]['role'] != 'user' %}{{ raise_exception('first must be user') }}"
+        "{% endif %}{{ messages[0]['content'] }}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInput, match="first must be user"):
+        ModelText(tmp_path).chat_prompt([{"role": "system", "content": "x"}])
+
+
+def test_no_chat_template_points_to_completions(tmp_path: Path) -> None:
+    train_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(InvalidInput, match="use /v1/completions"):
+        ModelText(tmp_path).chat_prompt([{"role": "user", "content": "x"}])
