@@ -9,6 +9,7 @@ key is read like `x-api-key`); admission is the limiter's, one request per compl
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -22,7 +23,7 @@ from engine.auth import ANONYMOUS_TENANT, Authenticator, authenticate_headers
 from engine.errors import EngineError, InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.generator import Generator
 from engine.generation.sampling import SamplingParams, sampling_params
-from engine.generation.scheduler import GenSequence
+from engine.generation.scheduler import Chunk, GenSequence
 from engine.limits import Limiter
 from engine.limits.limiter import Admission
 from engine.registry import ModelRegistry
@@ -217,6 +218,25 @@ class Completion:
                 "choices": [choice]}  # fmt: skip
 
 
+async def until_disconnected(
+    request: Request, generator: Generator, sequence: GenSequence
+) -> list[Chunk]:
+    """Every chunk of a sequence answered in one response; a client that goes away first
+    cancels it (its slot is freed at the next step) instead of leaving it to run to the end."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        generator.cancel(sequence)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return [chunk async for chunk in sequence.stream()]
+    finally:
+        watcher.cancel()
+        generator.cancel(sequence)  # a no-op once finished
+
+
 def _sse(data: dict[str, Any] | str) -> bytes:
     payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
     return b"data: " + payload + b"\n\n"
@@ -246,19 +266,14 @@ def openai_router(engine: GenerativeEngine) -> APIRouter:
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers=admission.headers)  # fmt: skip
         try:
-            text, finish, error = [], None, None
-            try:
-                async for chunk in sequence.stream():
-                    text.append(chunk.text)
-                    finish, error = chunk.finish_reason, chunk.error
-            finally:
-                generator.cancel(sequence)  # a no-op once finished; frees the slot if we left
-                admission.release()
-            if error is not None:
-                return openai_error(error)
-            return _json(answer.whole("".join(text), finish, len(sequence.generated)))
-        except EngineError as exc:
-            return openai_error(exc)
+            chunks = await until_disconnected(request, generator, sequence)
+        finally:
+            admission.release()
+        last = chunks[-1]
+        if last.error is not None:
+            return openai_error(last.error)
+        text = "".join(chunk.text for chunk in chunks)
+        return _json(answer.whole(text, last.finish_reason, len(sequence.generated)))
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:

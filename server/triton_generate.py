@@ -18,7 +18,13 @@ from engine.errors import EngineError, InvalidInput
 from engine.generation.sampling import sampling_params
 from engine.generation.scheduler import GenSequence
 from server.errors import error_headers, http_status
-from server.openai import SAMPLING_KEYS, GenerativeEngine, find_generator, start
+from server.openai import (
+    SAMPLING_KEYS,
+    GenerativeEngine,
+    find_generator,
+    start,
+    until_disconnected,
+)
 
 
 def v2_error(exc: EngineError) -> Response:
@@ -79,17 +85,15 @@ def generate_router(engine: GenerativeEngine) -> APIRouter:
             sequence, generator, admission = await begin(request, name)
         except EngineError as exc:
             return v2_error(exc)
-        parts = []
         try:
-            async for chunk in sequence.stream():
-                if chunk.error is not None:
-                    return v2_error(chunk.error)
-                parts.append(chunk.text)
+            chunks = await until_disconnected(request, generator, sequence)
         finally:
-            generator.cancel(sequence)
             admission.release()
-        return Response(orjson.dumps(answer(name, "".join(parts), sequence, True)),
-                        media_type="application/json")  # fmt: skip
+        if chunks[-1].error is not None:
+            return v2_error(chunks[-1].error)
+        text = "".join(chunk.text for chunk in chunks)
+        body = orjson.dumps(answer(name, text, sequence, True))
+        return Response(body, media_type="application/json")
 
     @router.post("/v2/models/{name}/generate_stream")
     async def generate_stream(request: Request, name: str) -> Response:

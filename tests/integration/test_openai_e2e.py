@@ -5,6 +5,7 @@ token-identical to transformers `generate`; bad input gets OpenAI's error object
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import httpx
 import orjson
 import pytest
 
-from tests.generative import CHAT_TEMPLATE, SENTENCES, publish_tiny, reference_greedy
+from tests.generative import CHAT_TEMPLATE, SENTENCES, publish_tiny, reference_greedy, tiny_gpt2
 from tests.servers import ServerProcess
 
 
@@ -248,3 +249,52 @@ def test_a_repeated_prompt_prefix_is_a_prefix_cache_hit(served: tuple[ServerProc
     reply = httpx.post(url, json=body, timeout=30).json()
     assert metric(server, "sluice_generation_prefix_hit_tokens_total") - before == 32
     assert reply["choices"][0]["text"] == expected(folder, [*shared, 2, 3], 8)[0]
+
+
+@pytest.fixture(scope="module")
+def long_served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A 1,024-token context and no end-of-text stop: a generation runs long enough to leave."""
+    root = tmp_path_factory.mktemp("openai-long")
+    tiny_gpt2(root / "hf", n_positions=1024)
+    version = publish_tiny(root / "hf", root / "models")
+    config = version.parent / "config.yaml"
+    config.write_text(config.read_text().replace("eos_token_ids:\n  - 0", "eos_token_ids: []"))
+    process = ServerProcess(
+        "--model-repository", str(root / "models"), log_path=root / "server.log", grpc=False
+    ).start(timeout_s=90)
+    yield process
+    process.stop()
+
+
+def wait_for(server: ServerProcess, name: str, value: float) -> None:
+    deadline = time.monotonic() + 20
+    while metric(server, name) != value:
+        assert time.monotonic() < deadline, f"{name} never became {value}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v2/models/tiny/generate"])
+def test_a_client_that_leaves_cancels_its_generation(
+    long_served: ServerProcess, stream: bool, path: str
+) -> None:
+    server = long_served
+    if path.startswith("/v2"):
+        path += "_stream" if stream else ""
+        body = {"text_input": "a", "max_tokens": 1000, "temperature": 0}
+    else:
+        body = {"model": "tiny", "prompt": [3], "max_tokens": 1000, "temperature": 0,
+                "stream": stream}  # fmt: skip
+    payload = orjson.dumps(body)
+    before = metric(server, "sluice_generation_tokens_total")
+    with socket.create_connection(("127.0.0.1", server.http_port)) as client:
+        client.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        wait_for(server, "sluice_generation_running_sequences", 1)
+        assert metric(server, "sluice_generation_kv_cache_used_bytes") > 0
+    wait_for(server, "sluice_generation_running_sequences", 0)
+    assert metric(server, "sluice_generation_kv_cache_used_bytes") == 0
+    assert metric(server, "sluice_generation_tokens_total") - before < 999
