@@ -42,6 +42,9 @@ SLACK = 0.25
 mean, and the loop needs time to hand the batch over)..."""
 MIN_RESERVE_S = 0.002
 """...and at least this much: a busy event loop wakes a few milliseconds late."""
+PROBE_AFTER_S = 1.0
+"""With no batch run for this long, the next one runs unshed: shedding on a fit that only runs
+could correct (one slow batch, a noisy neighbour) would otherwise shed everything forever."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,7 @@ class Batcher:
         self.cost = BatchCost()
         """What a batch costs here, fitted from the batches this batcher ran."""
         self.shed = 0
+        self._last_ran = time.monotonic()  # when a batch last finished (or the batcher started)
         """Requests answered DeadlinePassed unrun because their batch could not meet it."""
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
@@ -251,6 +255,8 @@ class Batcher:
         falls before the batch's predicted end; the batch shrinks and its prediction with it,
         so repeat until every request left can make it."""
         now = time.monotonic()
+        if now - self._last_ran > PROBE_AFTER_S:
+            return batch  # the fit is stale: this batch runs and refreshes it
         while batch:
             predicted = self.cost.predict(sum(item.rows for item in batch))
             if predicted is None:
@@ -335,6 +341,7 @@ class Batcher:
         finished = time.monotonic()
         timings = BatchTimings(assembled - started, ran - assembled, finished - ran)
         self.cost.observe(rows, finished - started)
+        self._last_ran = finished
         self._observer.batch_done(rows, len(batch), timings, ok=True)
         for item, outputs in zip(batch, parts, strict=True):
             _settle(item, result=outputs)

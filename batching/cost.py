@@ -40,14 +40,16 @@ class BatchCost:
 
     def coefficients(self) -> tuple[float, float] | None:
         """(per_batch_s, per_row_s), both >= 0; None before MIN_BATCHES batches. With one batch
-        size seen so far the cost is all per batch (the slope cannot be told apart yet)."""
+        size seen so far (a saturated queue sends only full batches) the cost is taken as all per
+        row: the slope cannot be told apart yet, and guessing smaller batches cheaper lets them
+        be tried, which is what teaches the slope."""
         if self.batches < MIN_BATCHES:
             return None
         mean_x = self._x / self._w
         mean_y = self._y / self._w
         spread = self._xx / self._w - mean_x * mean_x
         if spread <= 1e-9 * max(1.0, mean_x * mean_x):
-            return mean_y, 0.0
+            return 0.0, mean_y / mean_x
         slope = (self._xy / self._w - mean_x * mean_y) / spread
         if slope < 0:  # noise on a flat curve: the batch costs the same whatever its rows
             return mean_y, 0.0

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from batching.batcher import Batcher, BatchPolicy
+from batching.batcher import PROBE_AFTER_S, Batcher, BatchPolicy
 from batching.errors import DeadlinePassed
 
 Tensors = dict[str, np.ndarray]
@@ -185,4 +185,42 @@ async def test_an_unbatched_model_sheds_too() -> None:
     with pytest.raises(DeadlinePassed, match="cannot meet its deadline"):
         await task
     assert recorder.batches == []
+    await batcher.close()
+
+
+async def test_a_batch_too_slow_for_every_deadline_shrinks_to_what_fits() -> None:
+    # Seen only as full batches of 4 taking 80 ms: two requests alone take 40 ms and fit in 50.
+    recorder = Recorder()
+    batcher = auto(recorder)
+    for _ in range(3):
+        batcher.cost.observe(4, 0.08)
+    batcher.pause()
+    deadline = time.monotonic() + 0.05
+    tasks = [
+        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=deadline)) for tag in range(4)
+    ]
+    await settle()
+    batcher.resume()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["DeadlinePassed"] * 2 + ["dict"] * 2
+    assert recorder.batches == [[2, 3]]
+    await batcher.close()
+
+
+async def test_a_stale_cost_does_not_shed_forever() -> None:
+    # One slow batch (a noisy neighbour) said 200 ms; then everything was shed, so nothing ran to
+    # correct it. After PROBE_AFTER_S without a batch, the next batch runs and refreshes the fit.
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.2)
+    batcher.pause()
+    first = asyncio.create_task(batcher.submit(rows(1), 1, deadline=time.monotonic() + 0.05))
+    await settle()
+    batcher.resume()
+    with pytest.raises(DeadlinePassed):
+        await first
+    await asyncio.sleep(PROBE_AFTER_S)  # nothing ran for that long: the fit is stale
+    result = await batcher.submit(rows(2), 1, deadline=time.monotonic() + 0.05)
+    assert int(result["y"][0, 0]) == 4
+    assert recorder.batches == [[2]]
+    assert (batcher.cost.predict(1) or 1.0) < 0.2  # the quick run taught it
     await batcher.close()

@@ -30,13 +30,6 @@ def test_linear_costs_are_recovered_exactly() -> None:
     assert cost.predict(64) == pytest.approx(0.002 + 0.0005 * 64)
 
 
-def test_one_batch_size_so_far_is_all_per_batch_cost() -> None:
-    cost = BatchCost()
-    for seconds in (0.010, 0.012, 0.011):
-        cost.observe(8, seconds)
-    assert cost.coefficients() == pytest.approx((0.011, 0.0), rel=0.01)  # recency-weighted
-
-
 def test_the_fit_follows_a_slower_machine() -> None:
     cost = BatchCost(half_life=8)
     for index in range(200):
@@ -75,3 +68,13 @@ def test_nonsense_observations_are_ignored(rows: int, seconds: float) -> None:
 def test_half_life_must_be_positive() -> None:
     with pytest.raises(ValueError, match="half_life"):
         BatchCost(half_life=0)
+
+
+def test_one_batch_size_so_far_is_taken_per_row_so_smaller_batches_look_cheaper() -> None:
+    # Only full batches of 8 were seen (a saturated queue): a smaller batch must not be predicted
+    # to cost as much, or shedding could never shrink a batch until it fits.
+    cost = BatchCost()
+    for seconds in (0.080, 0.080, 0.080):
+        cost.observe(8, seconds)
+    assert cost.predict(8) == pytest.approx(0.080)
+    assert cost.predict(2) == pytest.approx(0.020)
