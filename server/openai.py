@@ -168,12 +168,23 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidInput("messages must be a non-empty list of {role, content} objects")
+    out = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidInput(f"messages[{index}] must be an object with a string role")
-        if not isinstance(message.get("content"), str):
-            raise InvalidInput(f"messages[{index}].content must be a string")
-    return messages
+        content = message.get("content")
+        if isinstance(content, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in content
+        ):
+            content = "".join(part["text"] for part in content)  # OpenAI's text parts
+        if not isinstance(content, str):
+            raise InvalidInput(
+                f"messages[{index}].content must be a string or a list of text parts "
+                "({type: text, text}); this model takes text only"
+            )
+        out.append({**message, "content": content})
+    return out
 
 
 class Completion:

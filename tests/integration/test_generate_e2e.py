@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.generative import publish_tiny, reference_greedy
-from tests.integration.helpers_e2e import write_settings
+from tests.integration.helpers_e2e import Key, write_settings
 from tests.servers import ServerProcess
 
 
@@ -161,3 +161,50 @@ def test_grpc_stream_is_decoupled_one_response_per_token_batch(
     assert final["completion_tokens"].int64_param == count
     assert final["finish_reason"].string_param in ("stop", "length")
     assert any("top_p must be from 0 to 1; got 7.0" in e for e in errors)
+
+
+def test_api_keys_guard_every_generation_route(
+    repository: tuple[Path, Path], tmp_path: Path
+) -> None:
+    from openai import AuthenticationError, OpenAI, PermissionDeniedError
+
+    allowed, other = Key.create("acme"), Key.create("globex", models=["something-else"])
+    process = serve(repository[1], tmp_path, {"auth": {"keys": [allowed.entry(), other.entry()]}})
+    try:
+        client = OpenAI(base_url=f"{process.url}/v1", api_key=allowed.key)
+        answer = client.completions.create(model="tiny", prompt="a", max_tokens=3, temperature=0)
+        assert answer.usage is not None
+        assert answer.usage.prompt_tokens == 1
+        assert [m.id for m in client.models.list()] == ["tiny"]
+        with pytest.raises(AuthenticationError):
+            OpenAI(base_url=f"{process.url}/v1", api_key="sk-wrong").models.list()
+        outsider = OpenAI(base_url=f"{process.url}/v1", api_key=other.key)
+        assert [m.id for m in outsider.models.list()] == []
+        with pytest.raises(PermissionDeniedError):
+            outsider.completions.create(model="tiny", prompt="a", max_tokens=3)
+        reply = httpx.post(
+            f"{process.url}/v2/models/tiny/generate", json={"text_input": "a"}, timeout=10
+        )
+        assert reply.status_code == 401
+        assert set(reply.json()) == {"error"}
+    finally:
+        process.stop()
+
+
+def test_chat_content_given_as_text_parts_is_joined(server: ServerProcess) -> None:
+    def ask(content: object) -> str:
+        body = {"model": "tiny", "max_tokens": 6, "temperature": 0,
+                "messages": [{"role": "user", "content": content}]}  # fmt: skip
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        return str(reply.json()["choices"][0]["message"]["content"])
+
+    parts = [{"type": "text", "text": "one "}, {"type": "text", "text": "batch"}]
+    assert ask(parts) == ask("one batch")
+    bad = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={"model": "tiny", "messages": [{"role": "user", "content": [{"type": "image"}]}]},
+        timeout=10,
+    )
+    assert bad.status_code == 400
+    assert "messages[0].content" in bad.json()["error"]["message"]
