@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from loadtests.tune.space import Candidate, Space
+from loadtests.tune.space import Candidate, Space, effective
 
 MIN_GAIN = 0.03
 """A neighbour must beat the current best by this fraction to move the climb (noise guard)."""
@@ -237,10 +237,13 @@ class Search:
     def _trial(self, candidate: Candidate, phase: str) -> Trial:
         key = (phase, candidate.key)
         config = self.space.config(candidate)
+        meaning = effective(config)
         for trial in self.trials:
             # Measured already in this phase: a climb revisits its start, and two candidates may
             # make the same config (preferred "none" where the original lists none).
-            if trial.phase == phase and (trial.candidate.key == key[1] or trial.config == config):
+            if trial.phase == phase and (
+                trial.candidate.key == key[1] or effective(trial.config) == meaning
+            ):
                 return trial
         index = len(self.trials) + 1
         reused = self._done.get(key)

@@ -199,6 +199,19 @@ def build_space(
     )
 
 
+def effective(config: dict[str, Any]) -> str:
+    """What `config` means once sluice fills in its defaults (so `preferred_batch_sizes: []`
+    and no such key are the same), as JSON; the config as written when sluice refuses it."""
+    from pydantic import ValidationError
+
+    from engine.model_config import ModelConfig
+
+    try:
+        return ModelConfig(**config).model_dump_json()
+    except (ValidationError, TypeError):
+        return config_json(config)
+
+
 def config_json(config: dict[str, Any]) -> str:
     """The JSON a load request's `config` parameter carries."""
     return json.dumps(config, sort_keys=True)

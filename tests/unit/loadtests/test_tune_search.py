@@ -4,14 +4,13 @@ search measures nothing it measured before."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import pytest
 
 from loadtests.tune.search import FINALISTS, Search, StepPoint, Trial
-from loadtests.tune.space import AUTO, Candidate, Space, build_space
+from loadtests.tune.space import AUTO, Candidate, Space, build_space, effective
 
 ORIGINAL = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_s": 0.002}}
 TRITON = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 2000}}
@@ -155,12 +154,25 @@ def test_a_budget_too_small_for_one_trial_measures_nothing() -> None:
 
 
 def test_two_candidates_making_the_same_config_are_measured_once() -> None:
-    # The original lists no preferred sizes, so preferred "none" is the same config.
+    # The original lists no preferred sizes, threads or instances, so preferred "none" (an empty
+    # list written out), threads 1 and instances 1 mean the same config.
     machine = Machine()
     search = Search(space(cores=1), machine, budget_s=10_000, clock=machine.clock)
     search.run()
     searched = [key for phase, key in machine.measured if phase == "search"]
     assert not any("-pnone-" in key for key in searched)
-    configs = [json.dumps(t.config, sort_keys=True) for t in search.trials if t.phase == "search"]
-    measured = {json.dumps(t.config, sort_keys=True) for t in search.trials}
-    assert len(searched) == len(measured & set(configs))
+    meanings = [effective(t.config) for t in search.trials if t.phase == "search"]
+    assert len(searched) == len(set(meanings))
+
+
+def test_the_original_is_not_measured_again_under_another_name() -> None:
+    # Nothing beats the original, so the preferred axis is tried from it: "none" writes
+    # preferred_batch_sizes [] (and threads, instances 1) where the original says nothing.
+    measured: list[str] = []
+
+    def flat(c: Candidate, config: dict[str, Any], phase: str, index: int) -> Trial:
+        measured.append(c.key)
+        return Trial(index, phase, c, config, ok_rps=1000.0, p99_ms=10.0, users=4)
+
+    Search(space(cores=1), flat, budget_s=10_000).run()
+    assert not any("-pnone-" in key for key in measured)
