@@ -174,7 +174,7 @@ class GenerationScheduler:
     async def close(self) -> None:
         """Stop: every sequence not yet finished ends with ShuttingDown."""
         self._closed = True
-        if self._task is not None:
+        if self._task is not None and not self._task.done():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -188,6 +188,17 @@ class GenerationScheduler:
     def _ensure_task(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._loop(), name=f"generate {self.label}")
+            self._task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A bug that ended the owner task must not leave streams waiting forever: every
+        accepted sequence is answered BackendError (the next submit starts a new task)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("%s: the generation scheduler failed", self.label, exc_info=task.exception())
+        failure = BackendError(f"{self.label}: generation scheduler failed")
+        self._fail([*self.waiting, *self.running], failure)
+        self.waiting.clear()
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -217,7 +228,14 @@ class GenerationScheduler:
                         self.prefix.store(sequence.prompt, sequence.slot)
             now = time.monotonic()
             for sequence, row in logits:
-                self._emit(sequence, sequence.sampler(row), now)
+                try:
+                    token = sequence.sampler(row)
+                except ValueError as exc:  # NaN logits: this sequence fails, the others go on
+                    log.error("%s: cannot sample from the logits: %s", self.label, exc)
+                    failure = BackendError(f"{self.label}: the model gave logits with no token")
+                    self._finish(sequence, "error", failure)
+                    continue
+                self._emit(sequence, token, now)
             self.stats.steps += 1
 
     def _retire_cancelled(self) -> None:

@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.errors import InvalidInput, Overloaded, ShuttingDown
@@ -198,6 +199,40 @@ async def test_engine_drain_waits_for_running_generations(tiny: tuple[Path, Path
         assert sequence.finish_reason in ("stop", "length")
     finally:
         await engine.close()
+
+
+async def test_nan_logits_fail_only_their_sequence() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.generation.config import GenerativeOptions
+    from engine.generation.kv_cache import CacheLayout
+    from engine.generation.scheduler import GenerationScheduler
+
+    layout = CacheLayout(layers=1, kv_heads=1, head_dim=2)
+
+    def decoder(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A fake decoder at the scheduler's seam: row 0 of its first batch is NaN."""
+        batch, new = feed["input_ids"].shape
+        total = feed["attention_mask"].shape[1]
+        logits = np.zeros((batch, new, 5), np.float32)
+        logits[:, :, 2] = 1.0
+        if feed["input_ids"][0, 0] == 9:
+            logits[0] = np.nan
+        present = np.zeros((batch, 1, total, 2), np.float32)
+        return {"logits": logits, "present.0.key": present, "present.0.value": present}
+
+    with ThreadPoolExecutor(1) as pool:
+        scheduler = GenerationScheduler(
+            decoder, layout, GenerativeOptions(context_length=32), pool, "fake"
+        )
+        broken = scheduler.submit([9, 1], sampling_params(4, temperature=1.0, seed=1))
+        fine = scheduler.submit([1, 1], sampling_params(4, temperature=0))
+        bad, good = await asyncio.wait_for(asyncio.gather(collect(broken), collect(fine)), 5)
+        await scheduler.close()
+    assert bad[-1].finish_reason == "error"
+    assert bad[-1].error is not None
+    assert "logits with no token" in bad[-1].error.message
+    assert [t for c in good for t in c.tokens] == [2, 2, 2, 2]
 
 
 async def test_prompt_past_the_context_is_invalid_and_names_both_lengths(
