@@ -278,35 +278,48 @@ class GenerationScheduler:
     def _step(
         self, prefill: list[tuple[GenSequence, int]], decode: list[GenSequence]
     ) -> list[tuple[GenSequence, np.ndarray]]:
-        """Run the prefill chunks and the decode batch; the logits of every sequence that has
-        a next token to sample (a prefill that reached the prompt's end, every decode)."""
+        """Run the prefill chunks (one batch) and the decode batch; the logits of every
+        sequence that has a next token to sample (a prefill that reached the prompt's end,
+        every decode)."""
         rows = []
-        for sequence, tokens in prefill:
-            slot = sequence.slot
-            assert slot is not None
-            start = slot.length
-            ids = sequence.prompt[start : start + tokens]
-            logits = self._forward([slot], [ids], [start])
-            if slot.length >= len(sequence.prompt):
-                rows.append((sequence, logits[0]))
+        if prefill:
+            slots = [s.slot for s, _ in prefill if s.slot is not None]
+            chunks = [
+                s.prompt[slot.length : slot.length + n]
+                for (s, n), slot in zip(prefill, slots, strict=True)
+            ]
+            logits = self._forward(slots, chunks)
+            for (sequence, _), row in zip(prefill, logits, strict=True):
+                if sequence.prefilled:
+                    rows.append((sequence, row))
         if decode:
             slots = [s.slot for s in decode if s.slot is not None]
-            last = [[s.generated[-1]] for s in decode]
-            logits = self._forward(slots, last, [slot.length for slot in slots])
+            logits = self._forward(slots, [[s.generated[-1]] for s in decode])
             rows += list(zip(decode, logits, strict=True))
         return rows
 
-    def _forward(self, slots: list[Slot], ids: list[list[int]], starts: list[int]) -> np.ndarray:
-        """One decoder run: `ids[b]` (all the same length) follow `starts[b]` cached positions
-        of `slots[b]`; writes their keys/values into the slots; the last position's logits."""
-        batch, new = len(slots), len(ids[0])
-        past = max(starts)
+    def _forward(self, slots: list[Slot], ids: list[list[int]]) -> np.ndarray:
+        """One decoder run: row b feeds `ids[b]` after the `slots[b].length` positions cached
+        in its slot. Rows are padded to the longest past (on the left of the new tokens) and
+        the longest `ids` (on the right), attention_mask hiding both paddings; each row keeps
+        its own positions. Writes the new keys/values into the slots; returns each row's
+        logits at its last real token."""
+        starts = [slot.length for slot in slots]
+        lengths = [len(row) for row in ids]
+        batch, new, past = len(slots), max(lengths), max(starts)
         mask = np.zeros((batch, past + new), np.int64)
-        mask[:, past:] = 1
+        tokens = np.zeros((batch, new), np.int64)
+        positions = np.zeros((batch, new), np.int64)
+        for b, (start, length, row) in enumerate(zip(starts, lengths, ids, strict=True)):
+            mask[b, :start] = 1
+            mask[b, past : past + length] = 1
+            tokens[b, :length] = row
+            # Padding takes a real position (its outputs are discarded): never past the table.
+            positions[b] = start + np.minimum(np.arange(new), length - 1)
         feed: dict[str, np.ndarray] = {
-            "input_ids": np.array(ids, np.int64),
+            "input_ids": tokens,
             "attention_mask": mask,
-            "position_ids": np.array([range(s, s + new) for s in starts], np.int64),
+            "position_ids": positions,
         }
         layout = self.layout
         for j, name in enumerate(self._past_names):
@@ -314,16 +327,15 @@ class GenerationScheduler:
             for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
                 tensor[b, :, :start] = slot.kv[j, :, :start]
             feed[name] = tensor
-        for b, start in enumerate(starts):
-            mask[b, :start] = 1
         outputs = self._run(feed)
         for j, name in enumerate(self._present_names):
             present = outputs[name]
-            for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-                slot.kv[j, :, start : start + new] = present[b, :, past : past + new]
-        for slot, start in zip(slots, starts, strict=True):
-            slot.length = start + new
-        return np.asarray(outputs["logits"][:, -1, :])
+            for b, (slot, start, length) in enumerate(zip(slots, starts, lengths, strict=True)):
+                slot.kv[j, :, start : start + length] = present[b, :, past : past + length]
+        for slot, length in zip(slots, lengths, strict=True):
+            slot.length += length
+        logits = outputs["logits"]
+        return np.stack([logits[b, length - 1] for b, length in enumerate(lengths)])
 
     # -- results, on the loop ------------------------------------------------------------------
 
