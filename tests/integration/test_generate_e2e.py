@@ -125,41 +125,39 @@ def test_rate_limit_in_tokens_charges_prompt_and_completion(
 def test_grpc_stream_is_decoupled_one_response_per_token_batch(
     server: ServerProcess, repository: tuple[Path, Path]
 ) -> None:
-    import queue
+    # sluice's own stubs: tritonclient's generated modules cannot share a process with them.
+    import grpc
 
-    import numpy as np
-    import tritonclient.grpc as grpcclient
+    from server.proto import grpc_service_pb2 as pb
+    from server.proto import grpc_service_pb2_grpc as pb_grpc
 
-    answers: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(lambda result, error: answers.put((result, error)))
-    try:
-        text_input = grpcclient.InferInput("text_input", [1], "BYTES")
-        text_input.set_data_from_numpy(np.array([b"the quick brown"], dtype=object))
-        params = {"max_tokens": 20, "temperature": 0.0}
-        client.async_stream_infer("tiny", [text_input], request_id="g1", parameters=params)
-        bad = grpcclient.InferInput("text_input", [1], "BYTES")
-        bad.set_data_from_numpy(np.array([b"a"], dtype=object))
-        client.async_stream_infer("tiny", [bad], request_id="g2", parameters={"top_p": 7.0})
-        parts, final, errors = [], None, []
-        while final is None or not errors:
-            result, error = answers.get(timeout=30)
-            if error is not None:
-                errors.append(str(error))
-                continue
-            response = result.get_response()
-            assert response.id == "g1"
-            parts.append(result.as_numpy("text_output")[0].decode())
-            if response.parameters["triton_final_response"].bool_param:
-                final = response.parameters
-    finally:
-        client.stop_stream()
-        client.close()
+    def request(rid: str, text: bytes, **params: Any) -> Any:
+        message = pb.ModelInferRequest(model_name="tiny", id=rid)
+        message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+        message.inputs[0].contents.bytes_contents.append(text)
+        for key, value in params.items():
+            if isinstance(value, float):
+                message.parameters[key].double_param = value
+            else:
+                message.parameters[key].int64_param = value
+        return message
+
+    requests = [request("g1", b"the quick brown", max_tokens=20, temperature=0.0),
+                request("g2", b"a", top_p=7.0)]  # fmt: skip
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        answers = list(pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(requests)))
+    errors = [a.error_message for a in answers if a.error_message]
+    responses = [a.infer_response for a in answers if not a.error_message]
+    assert {r.id for r in responses} == {"g1"}
+    parts = [r.raw_output_contents[0][4:].decode() for r in responses]  # 4-byte length prefix
+    finals = [r for r in responses if r.parameters["triton_final_response"].bool_param]
+    assert len(finals) == 1
+    assert finals[0] is responses[-1]
     text, count = expected_text(repository[0], "the quick brown", 20)
     assert "".join(parts) == text
     assert len(parts) > 1  # one response per token batch, not one at the end
-    assert final["completion_tokens"].int64_param == count
-    assert final["finish_reason"].string_param in ("stop", "length")
+    assert finals[0].parameters["completion_tokens"].int64_param == count
+    assert finals[0].parameters["finish_reason"].string_param in ("stop", "length")
     assert any("top_p must be from 0 to 1; got 7.0" in e for e in errors)
 
 
