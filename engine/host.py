@@ -12,19 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import weakref
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
 from engine import errors
 from engine.engine import Engine
-from engine.shm import Allocator, Arena, Tensor, slot_bytes, view_tensors, write_tensors
+from engine.shm import (
+    Allocator,
+    Arena,
+    SlotWatcher,
+    Tensor,
+    slot_bytes,
+    view_tensors,
+    write_tensors,
+)
 from engine.types import InferRequest, InferResponse, ModelMetadata
-from engine.wire import Kind, ProtocolError, frame, read_frame
+from engine.wire import FrameBuffer, Kind, ProtocolError, frame
 
 log = logging.getLogger("sluice.host")
 
@@ -63,14 +70,15 @@ class WorkerSlots:
     outputs: Arena
     out_allocator: Allocator
     held_in: dict[int, int] = field(default_factory=dict)  # in-slots still viewed here
+    watcher: SlotWatcher | None = None
     peer: _Peer | None = None
 
 
 class _Peer:
     """One worker connection: its in-flight requests and the frames waiting to be sent."""
 
-    def __init__(self, writer: asyncio.StreamWriter, slots: WorkerSlots | None) -> None:
-        self.writer = writer
+    def __init__(self, transport: asyncio.Transport, slots: WorkerSlots | None) -> None:
+        self.transport = transport
         self.slots = slots
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.out_slots: set[int] = set()
@@ -90,10 +98,11 @@ class _Peer:
         self._schedule()
 
     def _schedule(self) -> None:
-        # One write per loop iteration: frames and frees of many requests share a syscall.
+        # One write for every frame of this loop iteration and the next: a batch's answers
+        # resume their tasks in the next iteration, after a call_soon would already have run.
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            asyncio.get_running_loop().call_later(0, self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -101,7 +110,7 @@ class _Peer:
             self._outbox.append(frame(Kind.FREE_IN, {"slots": self._free_in}))
             self._free_in = []
         if self._outbox and not self.closed:
-            self.writer.write(b"".join(self._outbox))
+            self.transport.write(b"".join(self._outbox))
         self._outbox.clear()
 
 
@@ -111,7 +120,7 @@ class EngineHost:
     def __init__(self, engine: Engine, arenas: Sequence[tuple[Arena, Arena]]) -> None:
         self.engine = engine
         self.workers = [WorkerSlots(i, o, Allocator(o.size_bytes)) for i, o in arenas]
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._peers: set[_Peer] = set()
         self._state: dict[str, Any] = {}
         self._state_task: asyncio.Task[None] | None = None
@@ -124,7 +133,7 @@ class EngineHost:
         """Listen on `path` (returns once listening)."""
         self._loop = asyncio.get_running_loop()
         self._state = self.state()
-        self._server = await asyncio.start_unix_server(self._connection, path)
+        self._server = await self._loop.create_unix_server(lambda: _HostProtocol(self), path)
         self._state_task = asyncio.create_task(self._push_state(), name="host-state")
 
     async def close(self) -> None:
@@ -133,7 +142,7 @@ class EngineHost:
         if self._server is not None:
             self._server.close()
         for peer in list(self._peers):
-            peer.writer.close()
+            peer.transport.close()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
@@ -165,28 +174,9 @@ class EngineHost:
 
     # -- connections -----------------------------------------------------------------------------
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer: _Peer | None = None
-        try:
-            kind, hello = await read_frame(reader)
-            if kind is not Kind.HELLO or not isinstance(hello, dict):
-                raise ProtocolError(f"expected HELLO, got {kind.name}")
-            peer = self._welcome(writer, hello.get("worker"))
-            while True:
-                kind, message = await read_frame(reader)
-                self._dispatch(peer, kind, message)
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
-            log.error("worker connection closed on a protocol error: %s", exc)
-        finally:
-            if peer is not None:
-                self._gone(peer)
-            writer.close()
-
-    def _welcome(self, writer: asyncio.StreamWriter, index: object) -> _Peer:
+    def _welcome(self, transport: asyncio.Transport, index: object) -> _Peer:
         if index is None:  # a worker's channel for synchronous calls: no arena
-            peer = _Peer(writer, None)
+            peer = _Peer(transport, None)
             self._peers.add(peer)
             return peer
         if type(index) is not int or not 0 <= index < len(self.workers):
@@ -194,7 +184,7 @@ class EngineHost:
         slots = self.workers[index]
         if slots.peer is not None:  # the previous process of this slot is gone
             self._gone(slots.peer)
-        peer = slots.peer = _Peer(writer, slots)
+        peer = slots.peer = _Peer(transport, slots)
         self._peers.add(peer)
         self.no_workers.clear()
         held = [[offset, size] for offset, size in slots.held_in.items()]
@@ -251,7 +241,11 @@ class EngineHost:
             raise ProtocolError(f"in-slot {offset!r}+{size!r} is not a pair of integers")
         slot = slots.inputs.slot(offset, size)
         slots.held_in[offset] = size
-        weakref.finalize(slot, self._viewed, slots, offset)
+        if slots.watcher is None:
+            slots.watcher = SlotWatcher(
+                asyncio.get_running_loop(), lambda at: self._release_in(slots, at)
+            )
+        slots.watcher.watch(slot, offset)
         try:
             inputs = view_tensors(slot, [Tensor.from_list(t) for t in message["inputs"]])
         except ValueError as exc:
@@ -272,15 +266,6 @@ class EngineHost:
             tenant=spec.get("tenant"),
         )
         self._spawn(peer, call_id, self._answer(peer, slots, call_id, request))
-
-    def _viewed(self, slots: WorkerSlots, offset: int) -> None:
-        """Finalizer of an in-slot's view: may run in any thread (the last array may die in a
-        backend's thread), so the release goes through the loop."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        with contextlib.suppress(RuntimeError):  # the loop is closing: the process is exiting
-            loop.call_soon_threadsafe(self._release_in, slots, offset)
 
     def _release_in(self, slots: WorkerSlots, offset: int) -> None:
         slots.held_in.pop(offset, None)
@@ -402,6 +387,37 @@ class EngineHost:
             metrics.request(str(model), str(version), str(protocol), int(status), float(seconds))
         for protocol, seconds in message.get("encoded", ()):
             metrics.encoded(str(protocol), float(seconds))
+
+
+class _HostProtocol(asyncio.Protocol):
+    """One worker connection: HELLO first, then frames dispatched as they arrive."""
+
+    def __init__(self, host: EngineHost) -> None:
+        self.host = host
+        self.frames = FrameBuffer()
+        self.transport: asyncio.Transport | None = None
+        self.peer: _Peer | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        assert self.transport is not None
+        try:
+            for kind, message in self.frames.feed(data):
+                if self.peer is None:
+                    if kind is not Kind.HELLO or not isinstance(message, dict):
+                        raise ProtocolError(f"expected HELLO, got {kind.name}")
+                    self.peer = self.host._welcome(self.transport, message.get("worker"))
+                else:
+                    self.host._dispatch(self.peer, kind, message)
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            log.error("worker connection closed on a protocol error: %s", exc)
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.peer is not None:
+            self.host._gone(self.peer)
 
 
 def _started(engine: Engine) -> bool:

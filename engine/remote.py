@@ -22,7 +22,6 @@ import logging
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Collection
 from typing import Any
 
@@ -30,11 +29,19 @@ from engine import errors
 from engine.auth import Authenticator
 from engine.metrics import Metrics
 from engine.settings import Settings
-from engine.shm import Allocator, Arena, Tensor, slot_bytes, view_tensors, write_tensors
+from engine.shm import (
+    Allocator,
+    Arena,
+    SlotWatcher,
+    Tensor,
+    slot_bytes,
+    view_tensors,
+    write_tensors,
+)
 from engine.tracing import Tracing, build_tracing
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs
-from engine.wire import Kind, ProtocolError, frame, read_frame, read_frame_sync
+from engine.wire import FrameBuffer, Kind, ProtocolError, frame, read_frame_sync
 
 log = logging.getLogger("sluice.worker")
 
@@ -129,8 +136,9 @@ class RemoteEngine:
         self._state: dict[str, Any] = {"ready": False, "draining": False, "models": []}
         self._checks: dict[tuple[str, str | None], InputCheck] = {}
         self._checks_generation: object = None
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._welcome: asyncio.Future[Any] | None = None
+        self._watcher: SlotWatcher | None = None
         self._outbox: list[bytes] = []
         self._free_out: list[int] = []
         self._flush_scheduled = False
@@ -146,15 +154,16 @@ class RemoteEngine:
     async def start(self) -> None:
         """Connect to the engine process and take over this worker slot's arenas."""
         self._loop = asyncio.get_running_loop()
-        reader, self._writer = await asyncio.open_unix_connection(self.path)
-        self._writer.write(frame(Kind.HELLO, {"worker": self.index}))
-        kind, welcome = await read_frame(reader)
-        if kind is not Kind.WELCOME:
-            raise ProtocolError(f"expected WELCOME, got {kind.name}")
+        self._welcome = self._loop.create_future()
+        transport, _ = await self._loop.create_unix_connection(
+            lambda: _RemoteProtocol(self), self.path
+        )
+        self._transport = transport
+        transport.write(frame(Kind.HELLO, {"worker": self.index}))
+        welcome = await self._welcome
         for offset, size in welcome["held"]:  # still read by the engine for our predecessor
             self.allocator.reserve(offset, size)
         self._state = welcome["state"]
-        self._reader_task = asyncio.create_task(self._read(reader), name="engine-reader")
         self._sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sync.settimeout(CALL_TIMEOUT_S)
         self._sync.connect(self.path)
@@ -187,12 +196,8 @@ class RemoteEngine:
         self._closing = True
         self.flush_events()
         self._flush()
-        if self._writer is not None:
-            self._writer.close()
-            with contextlib.suppress(Exception):
-                await self._writer.wait_closed()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
+        if self._transport is not None:
+            self._transport.close()
         if self._sync is not None:
             self._sync.close()
 
@@ -250,7 +255,10 @@ class RemoteEngine:
     def _response(self, result: dict[str, Any]) -> InferResponse:
         slot = self.outputs.slot(result["slot"], result["size"])
         offset = result["slot"]
-        weakref.finalize(slot, self._viewed, offset)
+        if self._watcher is None:
+            assert self._loop is not None
+            self._watcher = SlotWatcher(self._loop, self._free_out_slot)
+        self._watcher.watch(slot, offset)
         outputs = view_tensors(slot, [Tensor.from_list(t) for t in result["outputs"]])
         spec = result["response"]
         return InferResponse(
@@ -261,14 +269,6 @@ class RemoteEngine:
             id=spec.get("id"),
             parameters=spec.get("parameters") or {},
         )
-
-    def _viewed(self, offset: int) -> None:
-        """Finalizer of an answer's view (any thread: an encoder may drop the last array)."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._free_out_slot, offset)
 
     def _free_out_slot(self, offset: int) -> None:
         self._free_out.append(offset)
@@ -299,31 +299,28 @@ class RemoteEngine:
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+            self._loop.call_later(0, self._flush)  # after this iteration's tasks: one write
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._free_out:
             self._outbox.append(frame(Kind.FREE_OUT, {"slots": self._free_out}))
             self._free_out = []
-        if self._outbox and self._writer is not None and not self.engine_gone.is_set():
-            self._writer.write(b"".join(self._outbox))
+        if self._outbox and self._transport is not None and not self.engine_gone.is_set():
+            self._transport.write(b"".join(self._outbox))
         self._outbox.clear()
 
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                kind, message = await read_frame(reader)
-                self._dispatch(kind, message)
-        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError) as exc:
-            if not self._closing:
-                log.error("lost the engine process: %s", exc)
-        finally:
-            self.engine_gone.set()
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(errors.ShuttingDown("the engine process is gone"))
-            self._pending.clear()
+    def _lost(self, reason: object) -> None:
+        """The connection to the engine ended: every pending call fails, and so will new ones."""
+        if not self._closing:
+            log.error("lost the engine process: %s", reason)
+        self.engine_gone.set()
+        if self._welcome is not None and not self._welcome.done():
+            self._welcome.set_exception(ConnectionError(f"the engine process is gone: {reason}"))
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(errors.ShuttingDown("the engine process is gone"))
+        self._pending.clear()
 
     def _dispatch(self, kind: Kind, message: Any) -> None:
         if kind is Kind.FREE_IN:
@@ -341,6 +338,8 @@ class RemoteEngine:
                 future.set_result(message if kind is Kind.RESULT else message["result"])
         elif kind is Kind.STATE:
             self._state = message
+        elif kind is Kind.WELCOME and self._welcome is not None and not self._welcome.done():
+            self._welcome.set_result(message)
         else:
             raise ProtocolError(f"unexpected {kind.name} frame from the engine")
 
@@ -356,7 +355,7 @@ class RemoteEngine:
         metrics = self.metrics
         assert isinstance(metrics, RemoteMetrics)
         payload = metrics.take()
-        if payload is not None and self._writer is not None:
+        if payload is not None and self._transport is not None:
             self._send(Kind.EVENTS, payload)
             self._flush()
 
@@ -447,3 +446,27 @@ class RemoteEngine:
 
     def label_for(self, name: str) -> str:
         return name if name in self._state.get("models", ()) else "_unknown"
+
+
+class _RemoteProtocol(asyncio.Protocol):
+    """The worker's end of its engine connection: frames dispatched as they arrive."""
+
+    def __init__(self, remote: RemoteEngine) -> None:
+        self.remote = remote
+        self.frames = FrameBuffer()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for kind, message in self.frames.feed(data):
+                self.remote._dispatch(kind, message)
+        except (ProtocolError, ValueError, TypeError, KeyError) as exc:
+            assert self.transport is not None
+            self.transport.close()
+            self.remote._lost(f"protocol error: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.remote._lost(exc or "connection closed")

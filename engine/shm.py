@@ -24,13 +24,18 @@ never fit is PayloadTooLarge (413); no request ever waits for space."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import contextlib
 import ctypes
+import math
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -138,9 +143,34 @@ class Allocator:
         self._used.clear()
 
 
-@dataclass(frozen=True, slots=True)
-class Tensor:
-    """Where one tensor lies inside a slot: `offset` is relative to the slot's start."""
+class SlotWatcher:
+    """Calls `release(offset)` on the event loop's thread once no array views a slot any more
+    (the last one may be dropped in any thread, e.g. a backend's). In the loop's own thread it
+    calls at once: `call_soon_threadsafe` would cost a wake-up write per request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, release: Callable[[int], None]) -> None:
+        self._loop = loop
+        self._thread = threading.get_ident()
+        self._release = release
+        self._refs: dict[int, weakref.ref[object]] = {}
+
+    def watch(self, slot: object, offset: int) -> None:
+        self._refs[offset] = weakref.ref(slot, lambda _: self._gone(offset))
+
+    def _gone(self, offset: int) -> None:
+        self._refs.pop(offset, None)
+        if self._loop.is_closed():  # the process is exiting: nothing left to tell
+            return
+        if threading.get_ident() == self._thread:
+            self._release(offset)
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: exiting
+                self._loop.call_soon_threadsafe(self._release, offset)
+
+
+class Tensor(NamedTuple):
+    """Where one tensor lies inside a slot: `offset` is relative to the slot's start. (A tuple:
+    one is built per tensor per request on both sides.)"""
 
     name: str
     dtype: str  # numpy dtype string ("<f4"), or "BYTES" for Triton's length-prefixed layout
@@ -154,18 +184,20 @@ class Tensor:
     @staticmethod
     def from_list(item: object) -> Tensor:
         """A descriptor read from the control channel; anything malformed is a ValueError."""
-        if not isinstance(item, list) or len(item) != 5:
+        if type(item) is not list or len(item) != 5:
             raise ValueError(f"tensor descriptor must be a list of 5 items, got {item!r}")
         name, dtype, shape, offset, nbytes = item
-        if not (
-            isinstance(name, str)
-            and isinstance(dtype, str)
-            and isinstance(shape, list)
-            and all(type(d) is int and d >= 0 for d in shape)
-            and type(offset) is int
-            and type(nbytes) is int
+        if (
+            type(name) is not str
+            or type(dtype) is not str
+            or type(shape) is not list
+            or type(offset) is not int
+            or type(nbytes) is not int
         ):
             raise ValueError(f"malformed tensor descriptor {item!r}")
+        for dim in shape:
+            if type(dim) is not int or dim < 0:
+                raise ValueError(f"malformed tensor descriptor {item!r}")
         return Tensor(name, dtype, tuple(shape), offset, nbytes)
 
 
@@ -213,7 +245,7 @@ def view_tensors(slot: Buffer, tensors: Iterable[Tensor]) -> dict[str, np.ndarra
     for tensor in tensors:
         if tensor.offset < 0 or tensor.nbytes < 0 or tensor.offset + tensor.nbytes > len(slot):
             raise ValueError(f"tensor '{tensor.name}' lies outside its slot")
-        count = int(np.prod(tensor.shape, dtype=np.int64))
+        count = math.prod(tensor.shape)
         if tensor.dtype == "BYTES":
             arrays[tensor.name] = _read_bytes(slot, tensor, count)
             continue

@@ -417,11 +417,12 @@ def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStream
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
     """grpc.aio server options: message size limits, and no SO_REUSEPORT (a second server on the
-    same port must fail to start, not silently share it)."""
+    same port must fail to start, not silently share it) unless the workers share it by design
+    (`workers` > 1: server/supervisor.py reserves the port first)."""
     return [
         ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
         ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(settings.workers not in (1, "auto"))),
     ]
 
 

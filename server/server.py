@@ -101,16 +101,14 @@ class Server:
         engine: EngineFacade | None = None,
         *,
         http_socket: socket.socket | None = None,
-        grpc_shared_port: bool = False,
         own_signals: bool = True,
     ) -> None:
-        """A worker process (server/workers.py) passes its proxy to the engine process, the
-        supervisor's listening socket, a gRPC port shared with the other workers, and handles
-        signals itself (the supervisor's orders come by pipe)."""
+        """A worker process (server/workers.py) passes its proxy to the engine process and the
+        supervisor's listening socket (its gRPC port is shared through `workers`, see
+        server_options), and handles signals itself (the supervisor's orders come by pipe)."""
         self.settings = settings
         self.engine: EngineFacade = engine if engine is not None else Engine(settings)
         self._http_socket = http_socket
-        self._grpc_shared_port = grpc_shared_port
         self._own_signals = own_signals
         self._stop = asyncio.Event()
         self._signals = 0
@@ -279,12 +277,7 @@ class Server:
             return
         credentials = self.tls.grpc_credentials() if self.tls is not None else None
         self.grpc_clock = CallClock()
-        build = build_grpc_server
-        if self._grpc_shared_port:  # a worker process: the port is every worker's
-            from server.workers import build_shared_grpc_server
-
-            build = build_shared_grpc_server
-        self.grpc, self.grpc_port = build(
+        self.grpc, self.grpc_port = build_grpc_server(
             self.settings, self.engine, credentials, clock=self.grpc_clock
         )
         await self.grpc.start()

@@ -110,7 +110,11 @@ class Supervisor:
             "grpc_port": grpc_reserve.getsockname()[1] if grpc_reserve else settings.grpc_port,
         }
         self.worker_settings = settings.model_copy(
-            update={**update, "metrics": settings.metrics.model_copy(update={"port": None})}
+            update={
+                **update,
+                "workers": self.count,  # a number: the workers share the gRPC port
+                "metrics": settings.metrics.model_copy(update={"port": None}),
+            }
         )
         self.engine_settings = settings.model_copy(update=update)
         self.http = http

@@ -4,7 +4,7 @@
   on a unix socket, plus the metrics port when one is configured;
 - a worker process: the normal HTTP and gRPC front-ends (`Server`) over a `RemoteEngine`, on the
   supervisor's inherited HTTP listening socket and a gRPC port every worker binds with
-  SO_REUSEPORT.
+  SO_REUSEPORT (server_options turns it on when `workers` > 1).
 
 Neither takes orders from signals: SIGTERM and SIGINT sent to the whole process group (a
 terminal's Ctrl-C, systemd's default KillMode) must not start the engine's drain before the
@@ -26,7 +26,6 @@ from typing import Any
 
 import uvicorn
 
-from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.shm import Arena
 
@@ -178,9 +177,7 @@ async def _worker(
     size = settings.worker_arena_bytes
     arenas = (Arena(size, arena_fds[0]), Arena(size, arena_fds[1]))
     remote = RemoteEngine(settings, path, index, arenas)
-    server = Server(
-        settings, remote, http_socket=http_socket, grpc_shared_port=True, own_signals=False
-    )
+    server = Server(settings, remote, http_socket=http_socket, own_signals=False)
     loop = asyncio.get_running_loop()
     stopping = False
 
@@ -200,36 +197,3 @@ async def _worker(
     finally:
         gone.cancel()
     return 0
-
-
-def build_shared_grpc_server(
-    settings: Settings,
-    engine: EngineFacade,
-    credentials: Any = None,
-    clock: Any = None,
-) -> tuple[Any, int]:
-    """server.grpc_service.build_grpc_server, but with SO_REUSEPORT: every worker binds the same
-    gRPC port and the kernel spreads connections across them."""
-    import grpc
-
-    from server import grpc_service
-    from server.dataplane import DataPlane
-    from server.proto import grpc_service_pb2_grpc as pb_grpc
-
-    options = [
-        (key, 1 if key == "grpc.so_reuseport" else value)
-        for key, value in grpc_service.server_options(settings)
-    ]
-    server = grpc.aio.server(options=options, interceptors=[clock] if clock else None)
-    servicer = grpc_service.GrpcService(
-        DataPlane(engine, settings), settings.grpc_stream_max_pending
-    )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    address = f"{host}:{settings.grpc_port}"
-    port: int = (
-        server.add_secure_port(address, credentials)
-        if credentials is not None
-        else server.add_insecure_port(address)
-    )
-    return server, port

@@ -175,8 +175,8 @@ async def test_a_dead_worker_s_requests_are_withdrawn_and_its_slots_freed(
         calls = [asyncio.create_task(remote.infer(request(np.ones((1, 16), np.float32))))
                  for _ in range(3)]  # fmt: skip
         await until(lambda: len(rig.host.workers[0].held_in) == 3)
-        assert remote._writer is not None
-        remote._writer.transport.abort()  # the worker process dies
+        assert remote._transport is not None
+        remote._transport.abort()  # the worker process dies
         for call in calls:
             with pytest.raises(Overloaded):  # its callers are gone with it in a real worker
                 await asyncio.wait_for(call, 5)

@@ -1,0 +1,177 @@
+"""The worker-process benchmark (issue 14): `sluice serve --workers 1` (one process) vs
+`--workers 2` (a supervisor, an engine process and two front-end workers) in one run, on the
+benchmark MLP over JSON, binary HTTP and gRPC at concurrency 16 and 64, and the CNN over binary
+HTTP at 64. Reported per row: req/s, p99, server CPU-seconds per 1,000 requests (every process of
+the server, from /proc), and for the CNN samples/s and the average batch size (Triton statistics).
+
+    python -m loadtests.benchmarks.workers --out loadtests/benchmarks/results \
+        [--seconds 5] [--server-cores 0-2] [--client-cores 3]
+
+The server is pinned to --server-cores and the load generator (wrk; a grpc.aio client for gRPC)
+to --client-cores; the defaults give the client the last core and the server the rest. Writes
+workers.json (every measurement) and workers.md (the table, with the 2-worker/1-worker ratios)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from loadtests.benchmarks.batching import binary_body, free_port, json_body, machine, wrk
+from loadtests.benchmarks.models import write_repository
+
+WORKERS = (1, 2)
+MLP_CASES = [(protocol, c) for protocol in ("json", "binary", "grpc") for c in (16, 64)]
+CNN_CONCURRENCY = 64
+
+
+@contextmanager
+def server(repo: Path, workers: int, cores: str) -> Iterator[tuple[str, str, psutil.Process]]:
+    port, grpc_port = free_port(), free_port()
+    command = ["taskset", "-c", cores, sys.executable, "-m", "server", "serve",
+               "--model-repository", str(repo), "--http-port", str(port),
+               "--grpc-port", str(grpc_port), "--workers", str(workers),
+               "--log-level", "warning"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError("sluice did not start")
+            time.sleep(0.1)
+        yield url, f"127.0.0.1:{grpc_port}", psutil.Process(process.pid)
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def cpu_s(root: psutil.Process) -> float:
+    """User + system CPU seconds of `root` and every process under it."""
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def grpc_load(target: str, model: str, concurrency: int, seconds: float, core: str) -> Any:
+    out = subprocess.run(
+        ["taskset", "-c", core, sys.executable, "-m", "loadtests.benchmarks.grpc_load", target,
+         model, str(concurrency), str(seconds)],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stats(url: str, model: str) -> tuple[int, int]:
+    row = httpx.get(f"{url}/v2/models/{model}/stats").json()["model_stats"][0]
+    return int(row["inference_count"]), int(row["execution_count"])
+
+
+def measure(
+    url: str, grpc_target: str, root: psutil.Process, model: str, protocol: str,
+    concurrency: int, seconds: float, client: str,
+) -> dict[str, Any]:  # fmt: skip
+    target = f"{url}/v2/models/{model}/infer"
+    before_stats, before_cpu = stats(url, model), cpu_s(root)
+    if protocol == "grpc":
+        result = grpc_load(grpc_target, model, concurrency, seconds, client)
+    elif protocol == "json":
+        result = wrk(target, json_body(model), concurrency, seconds, {}, core=client)
+    else:
+        body, length = binary_body(model)
+        headers = {"Inference-Header-Content-Length": str(length)}
+        result = wrk(target, body, concurrency, seconds, headers, core=client)
+    used = cpu_s(root) - before_cpu
+    after = stats(url, model)
+    rows, batches = after[0] - before_stats[0], after[1] - before_stats[1]
+    served = max(1, result["requests"] - result.get("non2xx", 0) - result["errors"])
+    return {
+        "model": model, "protocol": protocol, "concurrency": concurrency, **result,
+        "cpu_s_per_1000": 1000 * used / served,
+        "avg_batch": rows / batches if batches else 0.0,
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
+    parser.add_argument("--seconds", type=float, default=5.0)
+    cores = sorted(os.sched_getaffinity(0))
+    default_server = ",".join(map(str, cores[:-1] or cores))
+    parser.add_argument("--server-cores", default=default_server)
+    parser.add_argument("--client-cores", default=str(cores[-1]))
+    args = parser.parse_args()
+    for tool in ("wrk", "taskset"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} is needed (apt-get install wrk util-linux)")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = write_repository(Path(tmp))
+        for workers in WORKERS:
+            with server(repo, workers, args.server_cores) as (url, grpc_target, root):
+                cases = [("mlp", p, c) for p, c in MLP_CASES]
+                cases.append(("cnn", "binary", CNN_CONCURRENCY))
+                for model, protocol, concurrency in cases:
+                    row = measure(url, grpc_target, root, model, protocol, concurrency,
+                                  args.seconds, args.client_cores)  # fmt: skip
+                    rows.append({"workers": workers, **row})
+                    print(json.dumps(rows[-1]), flush=True)
+    report = {"rows": rows, "machine": machine(), "server_cores": args.server_cores,
+              "client_cores": args.client_cores, "seconds": args.seconds}  # fmt: skip
+    (args.out / "workers.json").write_text(json.dumps(report, indent=1))
+    (args.out / "workers.md").write_text(table(report))
+    print(table(report))
+
+
+def table(report: dict[str, Any]) -> str:
+    one = {(r["model"], r["protocol"], r["concurrency"]): r
+           for r in report["rows"] if r["workers"] == 1}  # fmt: skip
+    lines = [
+        "# Worker processes benchmark",
+        "",
+        f"Command: `python -m loadtests.benchmarks.workers --seconds {report['seconds']:g} "
+        f"--server-cores {report['server_cores']} --client-cores {report['client_cores']}`; "
+        f"{report['machine']}.",
+        "",
+        "| workers | model | protocol | concurrency | req/s | x 1 worker | p99 ms "
+        "| CPU s / 1,000 req | x 1 worker | avg batch | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["rows"]:
+        base = one.get((r["model"], r["protocol"], r["concurrency"]))
+        faster = f"{r['throughput'] / base['throughput']:.2f}" if base else "-"
+        cpu = f"{r['cpu_s_per_1000'] / base['cpu_s_per_1000']:.2f}" if base else "-"
+        lines.append(
+            f"| {r['workers']} | {r['model']} | {r['protocol']} | {r['concurrency']} | "
+            f"{r['throughput']:,.0f} | {faster} | {r['p99_us'] / 1e3:.2f} | "
+            f"{r['cpu_s_per_1000']:.3f} | {cpu} | {r['avg_batch']:.1f} | "
+            f"{r['errors'] + r.get('non2xx', 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
