@@ -4,9 +4,10 @@ exported) with 16 concurrent streams of different prompt lengths, against transf
 `generate` run one request at a time and static batched `generate` (all 16 prompts left-padded
 into one call), on the same core in the same run. A small random GPT-2 (4 layers, width 128)
 built locally; every stream generates exactly `--tokens` tokens (no end-of-text stop), so every
-system does the same work. TTFT and inter-token latency p50/p99 for each.
+system does the same work; with `--varied` each stream asks for its own 8 to 120 tokens. TTFT
+and inter-token latency p50/p99 for each.
 
-    python -m loadtests.benchmarks.generation --out loadtests/benchmarks/results
+    python -m loadtests.benchmarks.generation --out loadtests/benchmarks/results [--varied]
 
 Each system runs `--rounds` times, interleaved; the round with the median tokens/s is reported.
 Writes generation.json (every round) and generation.md (the table).
@@ -42,21 +43,21 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": float(p50), "p99": float(p99)}
 
 
-def one_at_a_time(model: Any, cases: list[list[int]], tokens: int) -> dict[str, Any]:
+def one_at_a_time(model: Any, cases: list[list[int]], tokens: list[int]) -> dict[str, Any]:
     """transformers generate, one request after another; per-token times from a streamer."""
     import torch
 
     ttft, gaps = [], []
     started = time.perf_counter()
-    for ids in cases:
+    for ids, count in zip(cases, tokens, strict=True):
         times: list[float] = []
         begin = time.perf_counter()
         with torch.no_grad():
             model.generate(
                 torch.tensor([ids]),
                 attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=tokens,
-                min_new_tokens=tokens,
+                max_new_tokens=count,
+                min_new_tokens=count,
                 do_sample=False,
                 pad_token_id=0,
                 streamer=_Clock(times),
@@ -66,16 +67,17 @@ def one_at_a_time(model: Any, cases: list[list[int]], tokens: int) -> dict[str, 
         gaps += list(np.diff(times[1:]))
     seconds = time.perf_counter() - started
     return {
-        "tokens_per_s": len(cases) * tokens / seconds,
+        "tokens_per_s": sum(tokens) / seconds,
         "seconds": seconds,
         "ttft_s": percentiles(ttft),
         "inter_token_s": percentiles(gaps),
     }
 
 
-def static_batch(model: Any, cases: list[list[int]], tokens: int) -> dict[str, Any]:
+def static_batch(model: Any, cases: list[list[int]], tokens: list[int]) -> dict[str, Any]:
     """transformers generate on all prompts at once, left-padded (every stream waits for the
-    whole batch to be formed and for the longest prompt's prefill)."""
+    whole batch to be formed and for the longest prompt's prefill, and the batch runs until its
+    longest completion: only each stream's own tokens count)."""
     import torch
 
     longest = max(len(ids) for ids in cases)
@@ -91,15 +93,15 @@ def static_batch(model: Any, cases: list[list[int]], tokens: int) -> dict[str, A
         out = model.generate(
             ids,
             attention_mask=mask,
-            max_new_tokens=tokens,
-            min_new_tokens=tokens,
+            max_new_tokens=max(tokens),
+            min_new_tokens=max(tokens),
             do_sample=False,
             streamer=_Clock(times),
         )
     seconds = time.perf_counter() - started
-    assert out.shape[1] == longest + tokens
+    assert out.shape[1] == longest + max(tokens)
     return {
-        "tokens_per_s": len(cases) * tokens / seconds,
+        "tokens_per_s": sum(tokens) / seconds,
         "seconds": seconds,
         "ttft_s": percentiles([times[1] - started] * len(cases)),
         "inter_token_s": percentiles(list(np.diff(times[1:])) * len(cases)),
@@ -119,7 +121,7 @@ class _Clock:
         pass
 
 
-async def served(version: Path, cases: list[list[int]], tokens: int) -> dict[str, Any]:
+async def served(version: Path, cases: list[list[int]], tokens: list[int]) -> dict[str, Any]:
     """sluice's scheduler: 16 concurrent sequences submitted at once."""
     from engine.generation.sampling import sampling_params
     from engine.model import load_model
@@ -139,15 +141,17 @@ async def served(version: Path, cases: list[list[int]], tokens: int) -> dict[str
         stats.time_to_first_token_s.clear()
         stats.inter_token_s.clear()
         started = time.perf_counter()
-        params = sampling_params(tokens, temperature=0)
-        sequences = [generator.start(ids, params) for ids in cases]
+        sequences = [
+            generator.start(ids, sampling_params(count, temperature=0))
+            for ids, count in zip(cases, tokens, strict=True)
+        ]
 
         async def drain(sequence: Any) -> int:
             return sum([len(chunk.tokens) async for chunk in sequence.stream()])
 
         counts = await asyncio.gather(*(drain(s) for s in sequences))
         seconds = time.perf_counter() - started
-        assert counts == [tokens] * len(cases), counts
+        assert counts == tokens, counts
         return {
             "tokens_per_s": sum(counts) / seconds,
             "seconds": seconds,
@@ -172,6 +176,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
     parser.add_argument("--tokens", type=int, default=64, help="tokens generated per stream")
     parser.add_argument(
+        "--varied",
+        action="store_true",
+        help="streams ask for 8 to 120 tokens each (results in generation_varied.*)",
+    )
+    parser.add_argument(
         "--rounds", type=int, default=3, help="rounds of all three, interleaved; medians reported"
     )
     args = parser.parse_args()
@@ -189,11 +198,16 @@ def main() -> None:
         version = publish_tiny(root / "hf", root / "models", name="bench")
         model = AutoModelForCausalLM.from_pretrained(root / "hf", local_files_only=True).eval()
         cases = prompts(model.config.vocab_size)
+        tokens = [args.tokens] * STREAMS
+        if args.varied:
+            tokens = [
+                int(n) for n in np.random.default_rng(1).permutation(np.linspace(8, 120, STREAMS))
+            ]
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
         for _ in range(args.rounds):  # interleaved, so a noisy neighbour hits all three alike
-            rounds["sluice_continuous_16"].append(asyncio.run(served(version, cases, args.tokens)))
-            rounds["transformers_one_at_a_time"].append(one_at_a_time(model, cases, args.tokens))
-            rounds["transformers_static_batch_16"].append(static_batch(model, cases, args.tokens))
+            rounds["sluice_continuous_16"].append(asyncio.run(served(version, cases, tokens)))
+            rounds["transformers_one_at_a_time"].append(one_at_a_time(model, cases, tokens))
+            rounds["transformers_static_batch_16"].append(static_batch(model, cases, tokens))
         results = {name: median_round(runs) for name, runs in rounds.items()}
     base = results["transformers_one_at_a_time"]["tokens_per_s"]
     static = results["transformers_static_batch_16"]["tokens_per_s"]
@@ -205,7 +219,7 @@ def main() -> None:
             "torch": torch.__version__,
         },
         "streams": STREAMS,
-        "tokens_per_stream": args.tokens,
+        "tokens_per_stream": tokens,
         "prompt_tokens": [len(c) for c in cases],
         "rounds": args.rounds,
         "results": results,
@@ -214,14 +228,21 @@ def main() -> None:
         "ratio_vs_static_batch": results["sluice_continuous_16"]["tokens_per_s"] / static,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "generation.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "generation.md").write_text(table(report))
+    stem = "generation_varied" if args.varied else "generation"
+    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{stem}.md").write_text(table(report))
     print(table(report))
+
+
+def _span(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"
 
 
 def table(report: dict[str, Any]) -> str:
     lines = [
-        f"Generation, {report['streams']} streams x {report['tokens_per_stream']} tokens, prompts "
+        f"Generation, {report['streams']} streams of {_span(report['tokens_per_stream'])} tokens, "
+        "prompts "
         f"{min(report['prompt_tokens'])}-{max(report['prompt_tokens'])} tokens, one core, "
         f"median of {report['rounds']} interleaved rounds",
         "",
