@@ -227,3 +227,21 @@ async def test_front_end_counts_of_every_worker_are_in_the_metrics(
         assert stats["model_stats"][0]["name"] == "demo"
     finally:
         await rig.close()
+
+
+async def test_a_cancelled_call_is_withdrawn_from_the_engine_s_batcher(rig: Rig) -> None:
+    remote = await rig.remote()
+    model = rig.engine.registry.resolve("demo", None)
+    model.batcher.pause()
+    call = asyncio.create_task(remote.infer(request(np.ones((1, 16), np.float32))))
+    await until(lambda: len(rig.host.workers[0].held_in) == 1)
+    call.cancel()  # the HTTP client went away
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await until(lambda: not rig.host.workers[0].peer or not rig.host.workers[0].peer.tasks)
+    executed = model.stats.execution_count
+    model.batcher.resume()
+    await until(lambda: remote.allocator.used_bytes == 0)  # its inputs are free again
+    answer = await remote.infer(request(np.zeros((1, 16), np.float32)))
+    assert answer.outputs["probabilities"].shape == (1, 10)
+    assert model.stats.execution_count == executed + 1  # the cancelled request never ran
