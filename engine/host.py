@@ -30,6 +30,7 @@ from engine.shm import (
     view_tensors,
     write_tensors,
 )
+from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.wire import FrameBuffer, Kind, ProtocolError, frame
 
@@ -265,7 +266,9 @@ class EngineHost:
             timeout_s=spec.get("timeout_s"),
             tenant=spec.get("tenant"),
         )
-        self._spawn(peer, call_id, self._answer(peer, slots, call_id, request))
+        rid = spec.get("request_id")
+        work = self._answer(peer, slots, call_id, request, rid if isinstance(rid, str) else None)
+        self._spawn(peer, call_id, work)
 
     def _release_in(self, slots: WorkerSlots, offset: int) -> None:
         slots.held_in.pop(offset, None)
@@ -273,8 +276,14 @@ class EngineHost:
             slots.peer.free_in(offset)
 
     async def _answer(
-        self, peer: _Peer, slots: WorkerSlots, call_id: int, request: InferRequest
+        self,
+        peer: _Peer,
+        slots: WorkerSlots,
+        call_id: int,
+        request: InferRequest,
+        rid: str | None,
     ) -> None:
+        request_id.set(rid)  # this task's own context: no reset needed
         try:
             response = await self.engine.infer(request)
             del request

@@ -38,7 +38,7 @@ from engine.shm import (
     view_tensors,
     write_tensors,
 )
-from engine.tracing import Tracing, build_tracing
+from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs
 from engine.wire import FrameBuffer, Kind, ProtocolError, frame, read_frame_sync
@@ -243,6 +243,7 @@ class RemoteEngine:
                     "priority": request.priority,
                     "timeout_s": request.timeout_s,
                     "tenant": request.tenant,
+                    "request_id": request_id.get(),  # the engine's log lines name it too
                 },
             }
             result = await self._request(Kind.INFER, message)

@@ -22,6 +22,7 @@ from engine.host import EngineHost
 from engine.remote import RemoteEngine
 from engine.settings import Settings, load_settings
 from engine.shm import Arena
+from engine.tracing import request_id
 from engine.types import InferRequest
 
 
@@ -245,3 +246,21 @@ async def test_a_cancelled_call_is_withdrawn_from_the_engine_s_batcher(rig: Rig)
     answer = await remote.infer(request(np.zeros((1, 16), np.float32)))
     assert answer.outputs["probabilities"].shape == (1, 10)
     assert model.stats.execution_count == executed + 1  # the cancelled request never ran
+
+
+async def test_the_request_id_reaches_the_engine_process(rig: Rig) -> None:
+    seen: list[str | None] = []
+    infer = rig.engine.infer
+
+    async def spy(req: InferRequest) -> object:
+        seen.append(request_id.get())  # what the engine's log lines carry
+        return await infer(req)
+
+    rig.engine.infer = spy  # type: ignore[method-assign]
+    remote = await rig.remote()
+    token = request_id.set("req-42")
+    try:
+        await remote.infer(request(np.zeros((1, 16), np.float32)))
+    finally:
+        request_id.reset(token)
+    assert seen == ["req-42"]
