@@ -313,12 +313,16 @@ def test_request_ids_in_every_access_line(observed: Observed) -> None:
 
 def test_error_lines_carry_the_request_id(observed: Observed) -> None:
     about = [line for line in observed.lines() if line.get("request_id") == "obs-500"]
+    # The backend's traceback is logged where the engine translates the batcher's error, in
+    # the request's own context, so it carries the request id too.
     assert [(line["level"], line["logger"]) for line in about] == [
+        ("error", "sluice.engine"),
         ("error", "sluice.http"),
         ("debug", "sluice.http"),
     ]
     assert "broken" in about[0]["message"]
-    assert about[1]["status"] == 500
+    assert "broken" in about[1]["message"]
+    assert about[2]["status"] == 500
 
 
 # -- tracing -------------------------------------------------------------------------------------
