@@ -27,7 +27,7 @@ from engine.settings import Settings
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server.errors import http_status
-from server.raw_tensors import off_loop
+from server.raw_tensors import OFFLOAD_BYTES
 
 W = TypeVar("W")
 W_co = TypeVar("W_co", covariant=True)
@@ -250,7 +250,12 @@ class DataPlane:
             served = response.model_version
             encode_started = time.monotonic()
             size = sum(array.nbytes for array in response.outputs.values())
-            answer = await off_loop(size, call.encode, response)
+            # Checked here, not in off_loop: a coroutine per call costs more than this test.
+            answer = (
+                call.encode(response)
+                if size <= OFFLOAD_BYTES
+                else await asyncio.to_thread(call.encode, response)
+            )
             encoded = time.monotonic()
             engine.metrics.encoded(call.protocol, encoded - encode_started)
             if tracing is not None:

@@ -102,6 +102,7 @@ def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
 
     @functools.wraps(method)
     async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp:
+        self._clock.last_call_at = time.monotonic()
         caller = metadata(context)
         token = request_id.set(_bind_request_id(context, caller))
         try:
@@ -221,8 +222,11 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     yet sent to the client. At the bound the stream is not read, so HTTP/2 flow control holds
     the client's writes until it reads its answers."""
 
-    def __init__(self, plane: DataPlane, stream_max_pending: int = 64) -> None:
+    def __init__(
+        self, plane: DataPlane, stream_max_pending: int = 64, clock: CallClock | None = None
+    ) -> None:
         self._plane = plane
+        self._clock = clock if clock is not None else CallClock()
         self._stream_max_pending = stream_max_pending
         self._unimplemented_log = _LogThrottle(UNIMPLEMENTED_LOG_INTERVAL_S)
 
@@ -279,6 +283,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         request id, shared by the log lines and spans of all its requests. At most
         `stream_max_pending` requests are running or answered-but-unsent: then the stream is not
         read until the client reads."""
+        self._clock.last_call_at = time.monotonic()
         caller = metadata(context)
         request_id.set(_bind_request_id(context, caller))  # this call's own context: no reset
         try:
@@ -426,21 +431,16 @@ def server_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
-class CallClock(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class CallClock:
     """When the last call arrived. grpc cancels (CANCELLED, which clients do not retry) every
     call that arrives after its server's stop begins, or is still waiting for a handler then,
-    so the drain stops the server only once calls have stopped coming (server/server.py)."""
+    so the drain stops the server only once calls have stopped coming (server/server.py).
+    The servicer sets it as each call starts: a grpc.aio server interceptor would cost every
+    call a coroutine and a handler lookup in Python (about 10 µs, loadtests/benchmarks/
+    grpc_floor.py)."""
 
     def __init__(self) -> None:
         self.last_call_at = time.monotonic()
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        self.last_call_at = time.monotonic()
-        return await continuation(handler_call_details)
 
 
 def build_grpc_server(
@@ -452,10 +452,8 @@ def build_grpc_server(
     """A grpc.aio server (not started) serving `engine` on settings.host:grpc_port, and the
     port it bound (the picked one when grpc_port is 0). Start and stop it in the running loop.
     With `credentials` (server/tls.py) the port speaks TLS only; `clock` sees every call."""
-    server = grpc.aio.server(
-        options=server_options(settings), interceptors=[clock] if clock is not None else None
-    )
-    servicer = GrpcService(DataPlane(engine, settings), settings.grpc_stream_max_pending)
+    server = grpc.aio.server(options=server_options(settings))
+    servicer = GrpcService(DataPlane(engine, settings), settings.grpc_stream_max_pending, clock)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from engine.datatypes import check_shape, numpy_dtype
+from engine.datatypes import ALLOWED, NUMPY_DTYPES, check_shape
 from engine.errors import InvalidInput
 
 T = TypeVar("T")
@@ -29,6 +29,8 @@ OFFLOAD_BYTES = 256 * 1024
 """Bodies and responses larger than this are decoded / encoded off the event loop."""
 
 _LENGTH = struct.Struct("<I")
+_WIRE = {name: dtype.newbyteorder("<") for name, dtype in NUMPY_DTYPES.items()}
+"""Each datatype's numpy dtype in the wire's byte order (made once: a dtype per call costs)."""
 
 
 async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
@@ -37,14 +39,21 @@ async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
 
 
 def tensor_from_buffer(
-    buffer: memoryview, datatype: str, shape: tuple[int, ...], name: str
+    buffer: memoryview,
+    datatype: str,
+    shape: tuple[int, ...],
+    name: str,
+    *,
+    shape_checked: bool = False,
 ) -> np.ndarray:
-    """The tensor held by `buffer` in the raw layout; fixed-size types are zero-copy views."""
-    try:
-        dtype = numpy_dtype(datatype)
-    except InvalidInput as exc:
-        raise InvalidInput(f"input '{name}': {exc.message}") from None
-    shape = check_shape(name, shape)  # every caller's shape, so numpy's reshape cannot fail
+    """The tensor held by `buffer` in the raw layout; fixed-size types are zero-copy views.
+    `shape_checked`: the caller ran engine.datatypes.check_shape on `shape` already (it must,
+    so numpy's reshape cannot fail)."""
+    dtype = _WIRE.get(datatype)
+    if dtype is None:
+        raise InvalidInput(f"input '{name}': unknown datatype '{datatype}'; allowed: {ALLOWED}")
+    if not shape_checked:
+        shape = check_shape(name, shape)
     count = math.prod(shape)
     if datatype == "BYTES":
         return decode_bytes(buffer, count, name).reshape(shape)
@@ -56,7 +65,7 @@ def tensor_from_buffer(
         )
     if datatype == "BOOL" and count and np.frombuffer(buffer, np.uint8).max() > 1:
         raise InvalidInput(f"input '{name}' is BOOL but holds bytes other than 0 and 1")
-    return np.frombuffer(buffer, dtype.newbyteorder("<")).reshape(shape)
+    return np.frombuffer(buffer, dtype).reshape(shape)
 
 
 def decode_bytes(buffer: memoryview, count: int, name: str) -> np.ndarray:
@@ -107,6 +116,8 @@ def tensor_buffer(array: np.ndarray, datatype: str) -> bytes | memoryview:
     """The tensor in the raw layout; fixed-size types avoid a copy when already contiguous."""
     if datatype == "BYTES":
         return encode_bytes(array)
-    dtype = numpy_dtype(datatype).newbyteorder("<")
+    dtype = _WIRE.get(datatype)
+    if dtype is None:
+        raise InvalidInput(f"unknown datatype '{datatype}'; allowed: {ALLOWED}")
     flat = np.ascontiguousarray(array, dtype=dtype).reshape(-1)
     return flat.view(np.uint8).data

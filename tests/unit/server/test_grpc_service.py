@@ -18,7 +18,7 @@ from google.protobuf import json_format
 from engine.auth import digest_key
 from engine.errors import Overloaded, RateLimited
 from engine.settings import ApiKey, AuthSettings, Settings, SettingsError
-from server.grpc_service import GrpcService, build_grpc_server, server_options
+from server.grpc_service import CallClock, GrpcService, build_grpc_server, server_options
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
@@ -628,3 +628,30 @@ async def test_stream_without_a_key_is_unauthenticated_every_time() -> None:
 async def _drain(call: Any) -> None:
     async for _ in call:
         pass
+
+
+async def test_the_call_clock_sees_every_kind_of_call(engine: FakeEngine) -> None:
+    clock = CallClock()
+    server, port = build_grpc_server(Settings(grpc_port=0), engine, clock=clock)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            x = np.ones((1, 4), np.float32)
+            calls = [
+                lambda: stub.ServerLive(pb.ServerLiveRequest()),
+                lambda: stub.ModelInfer(raw_request("double", {"x": ("FP32", x)})),
+                lambda: _status(stub.TraceSetting(pb.TraceSettingRequest())),
+            ]
+            for call in calls:
+                clock.last_call_at = 0.0
+                await call()
+                assert clock.last_call_at > 0.0
+            clock.last_call_at = 0.0
+            stream = stub.ModelStreamInfer()
+            await stream.write(raw_request("double", {"x": ("FP32", x)}, id="s"))
+            assert (await stream.read()).infer_response.id == "s"
+            await stream.done_writing()
+            assert clock.last_call_at > 0.0
+    finally:
+        await server.stop(grace=None)
