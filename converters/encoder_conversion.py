@@ -146,7 +146,7 @@ def convert_encoder(options: ConvertOptions, steps: Steps) -> Report:
                 payload = model.SerializeToString()
                 converted = OnnxRunner(payload, options.threads, providers=serving_providers())
                 step.detail = f"labels: id2label of argmax(logits), {len(source.labels)} labels"
-        tokenizer_bytes = (folder / "tokenizer.json").read_bytes()
+        tokenizer_bytes = source.tokenizer_json()
         tokenizer_config = _tokenizer_config(source, max_batch)
         tokenizer = _served_tokenizer(tokenizer_bytes, tokenizer_config, Path(scratch))
         served = ServedRunner(tokenizer, converted, source.input_names)

@@ -74,6 +74,18 @@ class EncoderSource:
     def output_names(self) -> list[str]:
         return ["embeddings"] if self.kind == "embeddings" else ["logits", "labels"]
 
+    def tokenizer_json(self) -> bytes:
+        """The tokenizer the source runs, as tokenizer.json: the library's in-memory fast
+        tokenizer, which includes what it changed at load (sentence-transformers' do_lower_case
+        adds a Lowercase normalizer the folder's file lacks); else the folder's file."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return (self.folder / "tokenizer.json").read_bytes()
+        data = json.loads(backend.to_str())
+        # transformers sets these per call; the tokenizer step sets its own at load.
+        data["truncation"] = data["padding"] = None
+        return json.dumps(data, ensure_ascii=False).encode()
+
     def tokens(self, texts: Sequence[str]) -> dict[str, Any]:
         """The source's tokenization of `texts` as torch tensors (padded, cut at max_length)."""
         encoded = self.tokenizer(

@@ -6,7 +6,9 @@ with `id2label`."""
 
 from __future__ import annotations
 
+import json
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,28 @@ MAX_SEQ_LENGTH = 24
 """sentence-transformers' max_seq_length of the embedding folder: short, so tests cut rows."""
 
 
-def _tokenizer(folder: Path, model_max_length: int) -> int:
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 64,
+}
+MINILM = {
+    "hidden_size": 384,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 12,
+    "intermediate_size": 1536,
+}
+"""The shape of all-MiniLM-L6-v2 (random weights): the benchmark's model."""
+
+
+def _tokenizer(
+    folder: Path,
+    model_max_length: int,
+    corpus: Sequence[str] = (),
+    vocab_size: int = 200,
+    lowercase: bool = True,
+) -> int:
     """Train a WordPiece tokenizer with BERT's special tokens and save it as transformers does
     (tokenizer.json, tokenizer_config.json); returns the vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -31,11 +54,12 @@ def _tokenizer(folder: Path, model_max_length: int) -> int:
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokenizer.train_from_iterator(
-        SENTENCES + MORE_SENTENCES, WordPieceTrainer(vocab_size=200, special_tokens=specials)
+        [*SENTENCES, *MORE_SENTENCES, *corpus],
+        WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials),
     )
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -58,24 +82,27 @@ def _tokenizer(folder: Path, model_max_length: int) -> int:
     return int(tokenizer.get_vocab_size())
 
 
-def _bert_config(vocab: int, **extra: Any) -> Any:
+def _bert_config(vocab: int, shape: Mapping[str, int] = TINY, **extra: Any) -> Any:
     from transformers import BertConfig
 
-    return BertConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        **extra,
-    )
+    positions = 512 if shape is not TINY else 64
+    return BertConfig(vocab_size=vocab, max_position_embeddings=positions, **shape, **extra)
 
 
 def sentence_transformer_folder(
-    folder: Path, pooling: str = "mean", normalize: bool = True, seed: int = 0
+    folder: Path,
+    pooling: str = "mean",
+    normalize: bool = True,
+    seed: int = 0,
+    shape: Mapping[str, int] = TINY,
+    max_seq_length: int = MAX_SEQ_LENGTH,
+    corpus: Sequence[str] = (),
+    do_lower_case: bool = False,
 ) -> Path:
-    """A sentence-transformers folder: BERT -> Pooling(`pooling`) [-> Normalize]."""
+    """A sentence-transformers folder: BERT (`shape`) -> Pooling(`pooling`) [-> Normalize]; the
+    tokenizer is trained on the test sentences plus `corpus`. `do_lower_case`: a folder as
+    sentence-transformers 2-4 saved it, whose tokenizer.json keeps case while
+    sentence_bert_config.json says `do_lower_case: true` (the library lowercases at load)."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as st_modules
@@ -83,13 +110,18 @@ def sentence_transformer_folder(
 
     with tempfile.TemporaryDirectory() as scratch:
         bert = Path(scratch)
-        vocab = _tokenizer(bert, model_max_length=64)
+        vocab_size = 200 if shape is TINY else 4000
+        limit = 64 if shape is TINY else 512
+        vocab = _tokenizer(bert, limit, corpus, vocab_size, lowercase=not do_lower_case)
         torch.manual_seed(seed)
-        BertModel(_bert_config(vocab)).save_pretrained(str(bert))
-        transformer = st_modules.Transformer(str(bert), max_seq_length=MAX_SEQ_LENGTH)
+        BertModel(_bert_config(vocab, shape)).save_pretrained(str(bert))
+        transformer = st_modules.Transformer(str(bert), max_seq_length=max_seq_length)
         pool = st_modules.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
         modules = [transformer, pool, *([st_modules.Normalize()] if normalize else [])]
         SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    if do_lower_case:
+        config = {"max_seq_length": max_seq_length, "do_lower_case": True}
+        (folder / "sentence_bert_config.json").write_text(json.dumps(config))
     return folder
 
 

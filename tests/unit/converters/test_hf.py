@@ -124,6 +124,26 @@ def test_cls_pooling_without_normalize_is_what_the_graph_does(
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_lowercasing_transformer_module_is_served_lowercasing(
+    tmp_path: Path, convert_cli: Convert
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    # The folder's tokenizer.json keeps case; sentence-transformers lowercases (do_lower_case in
+    # sentence_bert_config.json). The served tokenizer must do what encode does.
+    folder = sentence_transformer_folder(tmp_path / "lower-st", do_lower_case=True)
+    result = convert_cli(
+        str(folder), "--name", "low", "--repository", tmp_path / "repo", "--measure-iterations", "0"
+    )
+    assert result.exit_code == 0, result.output
+    texts = ["The Quick Brown FOX", "the quick brown fox", "DOG"]
+    want = SentenceTransformer(str(folder), device="cpu").encode(texts)
+    np.testing.assert_allclose(want[0], want[1], atol=1e-6)  # encode ignores case
+    np.testing.assert_allclose(
+        served(tmp_path / "repo", "low", texts)["embeddings"], want, atol=1e-5
+    )
+
+
 def test_classifier_folder_returns_logits_and_id2label_labels(
     cls_folder: Path, tmp_path: Path, convert_cli: Convert
 ) -> None:
