@@ -6,7 +6,9 @@ get a scratch folder."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import chdir
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +126,10 @@ def _pre_process(source: Path, target: Path) -> None:
     # symbolic shape inference fails on some graphs, and plain ONNX inference then suffices.
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    with quiet():
+    # Symbolic shape inference that comes out incomplete dumps the model into the current
+    # directory (sym_shape_infer_temp.onnx and its external data): never the user's.
+    source, target = source.resolve(), target.resolve()
+    with quiet(), tempfile.TemporaryDirectory(prefix="sluice-quant-") as scratch, chdir(scratch):
         try:
             quant_pre_process(str(source), str(target))
         except Exception:
