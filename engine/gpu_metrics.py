@@ -19,7 +19,13 @@ class GpuMetrics(Collector):
     `sluice_gpu_memory_total_bytes`, labelled by device index and name."""
 
     def __init__(self) -> None:
+        # NVML starts at the first scrape, not with the engine: a process that is never scraped
+        # never loads it, and the start line stays the log's first.
         self._nvml: Any = None
+        self._started = False
+
+    def _start(self) -> Any:
+        self._started = True
         try:
             import pynvml
 
@@ -30,11 +36,16 @@ class GpuMetrics(Collector):
             log.info("no per-GPU metrics: NVML did not start (%s)", exc)
         else:
             self._nvml = pynvml
+        return self._nvml
+
+    def describe(self) -> list[Metric]:
+        # Without it, registering the collector would collect (and start NVML) at once.
+        return []
 
     def collect(self) -> Iterator[Metric]:
-        if self._nvml is None:
+        nvml = self._nvml if self._started else self._start()
+        if nvml is None:
             return
-        nvml = self._nvml
         labels = ["gpu", "name"]
         utilization = GaugeMetricFamily(
             "sluice_gpu_utilization_ratio",

@@ -58,6 +58,7 @@ def test_a_failing_device_skips_the_scrape_without_breaking_it(
     nvml: list[fake_nvml.Device], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     collector = GpuMetrics()
+    assert "sluice_gpu" in generate_latest(scrape(collector)).decode()  # NVML started
     monkeypatch.setattr(fake_nvml, "_started", False)  # as after a driver reset
     assert "sluice_gpu" not in generate_latest(scrape(collector)).decode()
 
