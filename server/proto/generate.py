@@ -10,7 +10,6 @@ targets); GENERATOR_VERSION records the release the committed files came from.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 from importlib import metadata, resources
@@ -57,9 +56,21 @@ def generate(out_dir: Path) -> list[Path]:
         written = []
         for name in generated_names():
             target = out_dir / name
-            shutil.copyfile(Path(tmp) / "server" / "proto" / name, target)
+            text = (Path(tmp) / "server" / "proto" / name).read_text()
+            target.write_text(_private_pool(text) if name.endswith("_pb2.py") else text)
             written.append(target)
     return written
+
+
+def _private_pool(module: str) -> str:
+    """The module registering its descriptors in sluice's own pool (server.proto.pool), not
+    protobuf's default one, which tritonclient.grpc fills with the same `inference.*` names."""
+    default = "DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile("
+    imports = "# @@protoc_insertion_point(imports)\n"
+    if module.count(default) != 1 or module.count(imports) != 1:
+        raise RuntimeError("protoc's output changed shape; update _private_pool")
+    module = module.replace(imports, imports + "from server.proto.pool import POOL\n")
+    return module.replace(default, "DESCRIPTOR = POOL.AddSerializedFile(")
 
 
 def main() -> int:

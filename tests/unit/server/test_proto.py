@@ -168,3 +168,27 @@ def test_model_config_is_a_field_exact_subset(
         assert theirs["enums"][enum] == values, enum
     assert ours["messages"]["inference.ModelConfig"]["max_batch_size"] == [4, 5, 1, ""]
     assert ours["messages"]["inference.ModelConfig"]["dynamic_batching"][0] == 11
+
+
+@pytest.mark.parametrize("first", ["sluice", "tritonclient"])
+def test_sluice_and_tritonclient_protocol_modules_load_in_one_process(first: str) -> None:
+    # Both define `inference.*`; in one descriptor pool the second import failed with
+    # "duplicate symbol 'inference.DataType'". The bytes on the wire are the same.
+    imports = {
+        "sluice": "from server.proto import grpc_service_pb2 as ours",
+        "tritonclient": "from tritonclient.grpc import service_pb2 as theirs",
+    }
+    second = imports["tritonclient" if first == "sluice" else "sluice"]
+    code = f"""
+{imports[first]}
+{second}
+import tritonclient.grpc.aio
+request = dict(model_name="m", id="7")
+print(ours.ModelInferRequest(**request).SerializeToString()
+      == theirs.ModelInferRequest(**request).SerializeToString())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
