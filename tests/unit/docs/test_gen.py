@@ -1,0 +1,58 @@
+"""The generated reference pages are current: regenerating them changes nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PAGES = ("cli.md", "settings.md", "model-config.md", "metrics.md", "errors.md")
+
+
+@pytest.fixture(scope="module")
+def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("reference")
+    # A subprocess: the loadtest subcommands import locust, which patches this process's sockets.
+    done = subprocess.run(
+        [sys.executable, "-m", "docs.gen", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_the_committed_reference_page_is_what_the_code_generates(
+    regenerated: Path, page: str
+) -> None:
+    committed = ROOT / "docs" / "reference" / page
+    assert committed.read_text() == (regenerated / page).read_text(), (
+        f"docs/reference/{page} is stale: run `python -m docs.gen` and commit the result"
+    )
+
+
+def test_the_pages_name_what_the_code_has(regenerated: Path) -> None:
+    from engine.settings import Settings
+
+    settings = (regenerated / "settings.md").read_text()
+    assert all(f"| `{name}` |" in settings for name in Settings.model_fields)
+    assert "| `cache.redis_url` |" in settings
+    assert "`SLUICE_CACHE__REDIS_URL`" in settings
+    model = (regenerated / "model-config.md").read_text()
+    assert "| `dynamic_batching.max_queue_delay_s` |" in model
+    cli = (regenerated / "cli.md").read_text()
+    assert all(f"## `sluice {name}`" in cli for name in ("serve", "convert", "loadtest", "tune"))
+    assert "`--http-port INTEGER`" in cli
+    metrics = (regenerated / "metrics.md").read_text()
+    assert "| `sluice_requests_total` | counter | model, version, protocol, status |" in metrics
+    assert "`sluice_generation_tokens_total`" in metrics
+    assert "`sluice_gpu_memory_used_bytes`" in metrics
+    errors = (regenerated / "errors.md").read_text()
+    assert "`QuotaExceeded` | 429 | `RESOURCE_EXHAUSTED` |" in errors
+    assert "`DeadlineExceeded` | 504 | `DEADLINE_EXCEEDED` |" in errors
