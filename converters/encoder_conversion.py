@@ -162,7 +162,9 @@ def convert_encoder(options: ConvertOptions, steps: Steps) -> Report:
                 options.max_norm_error,
             )
             batches = _text_batches(texts, min(max_batch, VALIDATION_BATCH_ROWS))
-            report.validation = compare(SourceRunner(source), served, batches, tolerances)
+            report.validation = compare(
+                SourceRunner(source, options.threads), served, batches, tolerances
+            )
             step.detail = (
                 f"{len(texts)} texts: {'passed' if report.validation.passed else 'FAILED'}"
             )
@@ -170,7 +172,7 @@ def convert_encoder(options: ConvertOptions, steps: Steps) -> Report:
         if options.measure_iterations > 0:
             with steps.step("measure") as step:
                 runners: list[tuple[str, Runner]] = [
-                    ("source", SourceRunner(source)),
+                    ("source", SourceRunner(source, options.threads)),
                     ("converted", served),
                 ]
                 for batch in sorted({1, min(max_batch, len(texts))}):

@@ -292,13 +292,18 @@ def add_label_head(model: Any, labels: Sequence[str]) -> Any:
 
 
 class SourceRunner:
-    """The source on {"text": rows}: what validation and measurement compare against."""
+    """The source on {"text": rows} with `threads` torch threads: what validation and
+    measurement compare against."""
 
-    def __init__(self, source: EncoderSource) -> None:
-        self.source = source
+    def __init__(self, source: EncoderSource, threads: int = 1) -> None:
+        self.source, self.threads = source, threads
         self.output_names = source.output_names
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         return self.source.run([str(text) for text in feeds["text"]])
 
 
