@@ -2,6 +2,7 @@
 # sluice's one entry point for a fresh machine with Python 3.11:
 #   ./dev.sh serve [sluice serve flags]   set up .venv and serve the built-in demo model
 #   ./dev.sh test  [pytest args]          set up .venv plus test services and run every test
+#   ./dev.sh docs  [mkdocs serve args]    set up .venv with the dev extra and serve the docs site
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -106,8 +107,14 @@ case "${1:-}" in
     setup_tests
     exec .venv/bin/python -m pytest "$@"
     ;;
+  docs)
+    shift
+    venv
+    .venv/bin/python -c "import mkdocs, material" 2>/dev/null || pip_install -e ".[dev]"
+    exec .venv/bin/mkdocs serve "$@"
+    ;;
   *)
-    echo "usage: ./dev.sh serve [flags] | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh serve [flags] | ./dev.sh test [pytest args] | ./dev.sh docs" >&2
     exit 2
     ;;
 esac

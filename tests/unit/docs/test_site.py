@@ -1,0 +1,41 @@
+"""The docs site builds with `mkdocs build --strict`: a broken link, a missing page or an anchor
+that is not there fails it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _nav_pages(entries: list[object]) -> list[str]:
+    pages: list[str] = []
+    for entry in entries:
+        for value in entry.values() if isinstance(entry, dict) else [entry]:
+            pages.extend(_nav_pages(value) if isinstance(value, list) else [str(value)])
+    return pages
+
+
+def test_mkdocs_build_strict_passes_and_every_page_is_in_the_nav(tmp_path: Path) -> None:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
+    nav = set(_nav_pages(config["nav"]))
+    pages = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert pages == nav, f"not in the nav: {pages - nav}; missing: {nav - pages}"
+    for page in nav:
+        built = tmp_path / "site" / page.removesuffix(".md").removesuffix("index") / "index.html"
+        assert built.is_file(), page
