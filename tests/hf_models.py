@@ -98,11 +98,13 @@ def sentence_transformer_folder(
     max_seq_length: int = MAX_SEQ_LENGTH,
     corpus: Sequence[str] = (),
     do_lower_case: bool = False,
+    dense_features: int | None = None,
 ) -> Path:
     """A sentence-transformers folder: BERT (`shape`) -> Pooling(`pooling`) [-> Normalize]; the
     tokenizer is trained on the test sentences plus `corpus`. `do_lower_case`: a folder as
     sentence-transformers 2-4 saved it, whose tokenizer.json keeps case while
-    sentence_bert_config.json says `do_lower_case: true` (the library lowercases at load)."""
+    sentence_bert_config.json says `do_lower_case: true` (the library lowercases at load).
+    `dense_features`: a Dense layer (tanh) to that many features after pooling."""
     import torch
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer import modules as st_modules
@@ -117,7 +119,9 @@ def sentence_transformer_folder(
         BertModel(_bert_config(vocab, shape)).save_pretrained(str(bert))
         transformer = st_modules.Transformer(str(bert), max_seq_length=max_seq_length)
         pool = st_modules.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)
-        modules = [transformer, pool, *([st_modules.Normalize()] if normalize else [])]
+        width = transformer.get_embedding_dimension()
+        dense = [st_modules.Dense(width, dense_features)] if dense_features else []
+        modules = [transformer, pool, *dense, *([st_modules.Normalize()] if normalize else [])]
         SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     if do_lower_case:
         config = {"max_seq_length": max_seq_length, "do_lower_case": True}

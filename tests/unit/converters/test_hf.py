@@ -124,6 +124,35 @@ def test_cls_pooling_without_normalize_is_what_the_graph_does(
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_a_dense_layer_after_pooling_is_in_the_graph(tmp_path: Path, convert_cli: Convert) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    folder = sentence_transformer_folder(tmp_path / "dense-st", dense_features=12)
+    result = convert_cli(
+        str(folder), "--name", "d", "--repository", tmp_path / "repo", "--measure-iterations", "0"
+    )
+    assert result.exit_code == 0, result.output
+    want = SentenceTransformer(str(folder), device="cpu").encode(TEXTS)
+    got = served(tmp_path / "repo", "d", TEXTS)["embeddings"]
+    assert got.shape == (len(TEXTS), 12)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert load_model_config(tmp_path / "repo" / "d").pipeline is not None
+
+
+def test_an_existing_version_is_refused_before_anything_is_written(
+    st_folder: Path, tmp_path: Path, convert_cli: Convert
+) -> None:
+    (tmp_path / "emb-encoder" / "1").mkdir(parents=True)
+    result = convert_cli(
+        str(st_folder), "--name", "emb", "--version", "1", "--repository", tmp_path,
+        "--measure-iterations", "0",
+    )  # fmt: skip
+    assert result.exit_code == 1
+    assert "version 1 of model 'emb-encoder' already exists" in result.output
+    assert not (tmp_path / "emb-tokenizer").exists()  # the step before it was not written either
+    assert not (tmp_path / "emb").exists()
+
+
 def test_a_lowercasing_transformer_module_is_served_lowercasing(
     tmp_path: Path, convert_cli: Convert
 ) -> None:
