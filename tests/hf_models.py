@@ -124,9 +124,24 @@ def sentence_transformer_folder(
         modules = [transformer, pool, *dense, *([st_modules.Normalize()] if normalize else [])]
         SentenceTransformer(modules=modules, device="cpu").save(str(folder))
     if do_lower_case:
-        config = {"max_seq_length": max_seq_length, "do_lower_case": True}
-        (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+        _as_legacy(folder, max_seq_length, pooling)
     return folder
+
+
+def _as_legacy(folder: Path, max_seq_length: int, pooling: str) -> None:
+    """Rewrite the configs as sentence-transformers 2-4 wrote them (most published folders)."""
+    config = {"max_seq_length": max_seq_length, "do_lower_case": True}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(config))
+    modules = json.loads((folder / "modules.json").read_text())
+    for module in modules:
+        module["type"] = "sentence_transformers.models." + module["type"].rsplit(".", 1)[1]
+    (folder / "modules.json").write_text(json.dumps(modules))
+    pool = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    legacy = {"word_embedding_dimension": pool["embedding_dimension"]}
+    modes = {"cls": "cls_token", "mean": "mean_tokens", "max": "max_tokens"}
+    for mode in (*modes.values(), "mean_sqrt_len_tokens"):
+        legacy[f"pooling_mode_{mode}"] = mode == modes[pooling]
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(legacy))
 
 
 def classifier_folder(folder: Path, seed: int = 0) -> Path:

@@ -153,13 +153,14 @@ def test_an_existing_version_is_refused_before_anything_is_written(
     assert not (tmp_path / "emb").exists()
 
 
-def test_a_lowercasing_transformer_module_is_served_lowercasing(
+def test_a_legacy_lowercasing_folder_is_served_lowercasing(
     tmp_path: Path, convert_cli: Convert
 ) -> None:
     from sentence_transformers import SentenceTransformer
 
-    # The folder's tokenizer.json keeps case; sentence-transformers lowercases (do_lower_case in
-    # sentence_bert_config.json). The served tokenizer must do what encode does.
+    # A folder as sentence-transformers 2-4 wrote it (legacy module types and pooling config):
+    # its tokenizer.json keeps case and sentence_bert_config.json says do_lower_case, which the
+    # library applies at load. The served tokenizer must do what encode does.
     folder = sentence_transformer_folder(tmp_path / "lower-st", do_lower_case=True)
     result = convert_cli(
         str(folder), "--name", "low", "--repository", tmp_path / "repo", "--measure-iterations", "0"
@@ -168,6 +169,7 @@ def test_a_lowercasing_transformer_module_is_served_lowercasing(
     texts = ["The Quick Brown FOX", "the quick brown fox", "DOG"]
     want = SentenceTransformer(str(folder), device="cpu").encode(texts)
     np.testing.assert_allclose(want[0], want[1], atol=1e-6)  # encode ignores case
+    assert want.shape == (3, 32)
     np.testing.assert_allclose(
         served(tmp_path / "repo", "low", texts)["embeddings"], want, atol=1e-5
     )
