@@ -1,0 +1,155 @@
+"""Every shell and Python example in README.md and docs/ runs as written, or says why it cannot.
+
+A fenced `bash`, `console` or `python` block is preceded by one marker line:
+
+    <!-- test: run -->               this test runs it against a real `sluice serve`
+    <!-- test: skip (the reason) --> it cannot run here (GPU, Kubernetes, ...) and says why
+
+Blocks run in a fresh folder with the venv's `sluice` and `python` first on PATH, against a
+demo server this test starts on free ports (`localhost:8000` / `:8001` in the text become its
+ports). A `sluice serve ... &` line starts a server with those flags instead, and the rest of
+the block runs against it. What a page shows is checked: a console block's output lines (those
+without `...`), and the `# comment` after a Python `print(...)`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
+LANGUAGES = {"bash", "sh", "shell", "console", "python", "py", "pycon"}
+MARKER = re.compile(r"^<!-- test: (run|skip \((.+)\)) -->$")
+SERVE = re.compile(r"^(?:\$ )?sluice serve(.*?)\s*&\s*$")
+
+
+@dataclass
+class Block:
+    page: str
+    line: int
+    language: str
+    text: str
+    marker: str | None  # "run", "skip", or None when unmarked
+    reason: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def blocks() -> Iterator[Block]:
+    for path in PAGES:
+        lines = path.read_text().splitlines()
+        index = 0
+        while index < len(lines):
+            opening = re.match(r"^```(\w*)\s*$", lines[index])
+            if opening is None:
+                index += 1
+                continue
+            end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
+            language = opening.group(1)
+            if language in LANGUAGES:
+                before = lines[index - 1] if index else ""
+                marker = MARKER.match(before)
+                yield Block(
+                    page=str(path.relative_to(ROOT)),
+                    line=index + 1,
+                    language=language,
+                    text="\n".join(lines[index + 1 : end]) + "\n",
+                    marker=None if marker is None else marker.group(1).split(" ", 1)[0],
+                    reason="" if marker is None or marker.group(2) is None else marker.group(2),
+                )
+            index = end + 1
+
+
+ALL = list(blocks())
+RUN = [block for block in ALL if block.marker == "run"]
+
+
+def test_every_shell_and_python_block_is_run_or_says_why_not() -> None:
+    unmarked = [block.id for block in ALL if block.marker is None]
+    assert not unmarked, (
+        f"mark these blocks <!-- test: run --> or <!-- test: skip (why) -->: {unmarked}"
+    )
+    assert all(len(block.reason) >= 10 for block in ALL if block.marker == "skip")
+    assert len(RUN) >= 10  # the examples a newcomer tries first are among them
+
+
+def commands_and_output(block: Block) -> tuple[str, list[str]]:
+    """The script to run and the output lines the page shows (console blocks only)."""
+    if block.language != "console":
+        return block.text, []
+    script, shown, continued = [], [], False
+    for line in block.text.splitlines():
+        if line.startswith("$ ") or continued:
+            script.append(line.removeprefix("$ "))
+            continued = line.endswith("\\")
+        elif line.strip() and "..." not in line:
+            shown.append(line.strip())
+    return "\n".join(script) + "\n", shown
+
+
+def expected_prints(source: str) -> list[str]:
+    """`print(...)  # text`: the text each such line shows."""
+    return [m.group(1).strip() for m in re.finditer(r"^\s*print\(.*\)\s+# (.+)$", source, re.M)]
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = ServerProcess(log_path=tmp_path_factory.mktemp("docs") / "server.log").start()
+    yield server
+    server.stop()
+
+
+@pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
+def test_the_example_runs_as_written(block: Block, demo: ServerProcess, tmp_path: Path) -> None:
+    script, shown = commands_and_output(block)
+    server, started = demo, None
+    serve = [line for line in script.splitlines() if SERVE.match(line)]
+    if serve:
+        flags = shlex.split(SERVE.match(serve[0]).group(1))  # type: ignore[union-attr]
+        setup = block.text.split(serve[0].removeprefix("$ "), 1)[0]
+        if setup.strip():  # what the block does before it starts the server
+            before, _ = commands_and_output(Block(**{**block.__dict__, "text": setup}))
+            _run(["bash", "-euo", "pipefail", "-c", before], tmp_path)
+        started = ServerProcess(*flags, log_path=tmp_path / "server.log")
+        server = started
+        script = script.split(serve[0].removeprefix("$ "), 1)[1]
+    for local in ("localhost", "127.0.0.1"):
+        script = script.replace(f"{local}:8000", f"127.0.0.1:{server.http_port}")
+        script = script.replace(f"{local}:8001", f"127.0.0.1:{server.grpc_port}")
+    try:
+        if started is not None:
+            started.start()
+        if block.language in ("python", "py"):
+            done = _run([sys.executable, "-c", script], tmp_path)
+            shown = expected_prints(block.text)
+        else:
+            done = _run(["bash", "-euo", "pipefail", "-c", script], tmp_path)
+    finally:
+        if started is not None:
+            started.stop()
+    output = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
+    missing = [line for line in shown if line not in output]
+    assert not missing, f"{block.id} shows lines it did not print: {missing}\n{done.stdout}"
+
+
+def _run(command: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONWARNINGS"] = "ignore"  # a library's deprecation notice is not the example's output
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (
+        f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
+    return done
