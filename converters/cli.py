@@ -168,7 +168,7 @@ def convert(**params: Any) -> None:
     from converters.causal_lm import convert_causal_lm, is_causal_lm_folder
     from converters.encoder_conversion import convert_encoder
     from converters.errors import ConversionError
-    from converters.hf_encoder import is_encoder_folder
+    from converters.hf_encoder import is_hf_folder
     from converters.options import ConvertOptions
     from converters.pipeline import convert_model
     from converters.report import Report, Steps, console_for, progress_bar, render
@@ -215,10 +215,11 @@ def convert(**params: Any) -> None:
         with progress_bar(console_for(stderr=True)) as progress:
             # A Hugging Face causal-LM folder becomes a generative model (past key/values in
             # and out, tokenizer beside it); everything else is a single-shot model.
-            # An encoder folder (sentence-transformers, *ForSequenceClassification) becomes a
-            # text pipeline: tokenizer step -> encoder.
+            # Any other Hugging Face folder is an encoder (sentence-transformers,
+            # *ForSequenceClassification), which becomes a text pipeline: tokenizer -> encoder;
+            # the encoder conversion names the architectures it takes.
             run = convert_causal_lm if is_causal_lm_folder(options.source) else convert_model
-            if run is convert_model and is_encoder_folder(options.source):
+            if run is convert_model and is_hf_folder(options.source):
                 run = convert_encoder
             run(options, Steps(report, progress))
     except ConversionError as exc:

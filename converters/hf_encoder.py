@@ -45,6 +45,11 @@ def is_encoder_folder(text: str) -> bool:
     return any(name.endswith("ForSequenceClassification") for name in _architectures(folder))
 
 
+def is_hf_folder(text: str) -> bool:
+    """Whether SOURCE is a Hugging Face model folder (it has a config.json), of any kind."""
+    return (Path(text) / "config.json").is_file()
+
+
 def _architectures(folder: Path) -> list[str]:
     try:
         found = json.loads((folder / "config.json").read_text()).get("architectures") or []
@@ -124,6 +129,13 @@ def load_encoder(folder: Path) -> EncoderSource:
             "converting a Hugging Face encoder",
             [f"{exc.name} is not installed (pip install 'sluice[convert]')"],
         ) from exc
+    if not is_encoder_folder(str(folder)):
+        kinds = ", ".join(_architectures(folder)) or "an architecture config.json does not name"
+        raise ConversionError(
+            f"'{folder}' is a Hugging Face folder of {kinds}; sluice convert takes a "
+            "sentence-transformers folder (modules.json), a *ForSequenceClassification or a "
+            "*ForCausalLM"
+        )
     if not (folder / "tokenizer.json").is_file():
         raise ConversionError(
             f"'{folder}' has no tokenizer.json; the served pipeline's tokenizer step needs the "

@@ -248,3 +248,24 @@ def test_a_folder_without_tokenizer_json_is_refused(
     result = convert_cli(str(folder), "--repository", tmp_path / "repo")
     assert result.exit_code == 1
     assert "has no tokenizer.json" in result.output
+
+
+def test_a_folder_of_another_architecture_is_refused_naming_what_converts(
+    tmp_path: Path, convert_cli: Convert
+) -> None:
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32,
+    )  # fmt: skip
+    BertModel(config).save_pretrained(str(tmp_path / "bare-bert"))
+    result = convert_cli(str(tmp_path / "bare-bert"), "--repository", tmp_path / "repo")
+    assert result.exit_code == 1
+    assert (
+        f"'{tmp_path / 'bare-bert'}' is a Hugging Face folder of BertModel; sluice convert takes "
+        "a sentence-transformers folder (modules.json), a *ForSequenceClassification or a "
+        "*ForCausalLM"
+    ) in " ".join(result.output.split())
