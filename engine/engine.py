@@ -345,10 +345,16 @@ class Engine:
 
     def model_ready(self, name: str, version: str | None = None) -> bool:
         try:
-            self.registry.resolve(name, version)
+            model = self.registry.resolve(name, version)
         except EngineError:
             return False
-        return not self._draining
+        if self._draining:
+            return False
+        # A pipeline serves only while every one of its steps does.
+        pipeline = model.config.pipeline
+        return pipeline is None or all(
+            self.model_ready(step.model, step.version) for step in pipeline.steps
+        )
 
     def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Triton's model config; parameters `sluice_config` (the config as JSON) and

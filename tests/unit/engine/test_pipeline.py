@@ -417,3 +417,17 @@ async def test_a_pipeline_that_failed_for_want_of_a_step_loads_once_the_step_doe
         await engine.close()
     expected = expected_embeddings(repo, ["the lazy dog"])
     np.testing.assert_allclose(answer.outputs["EMBEDDING"], expected, rtol=1e-5, atol=1e-6)
+
+
+async def test_a_pipeline_is_not_ready_while_a_step_is_unloaded(tmp_path: Path) -> None:
+    repo = write_text_repository(tmp_path / "models")
+    engine = await start(repo, model_control_mode="explicit", load_models=["embedder"])
+    try:
+        assert engine.model_ready("embedder")
+        await engine.unload_model("embed")
+        assert not engine.model_ready("embed")
+        assert not engine.model_ready("embedder")  # its requests would fail in that step
+        await engine.load_model("embed")
+        assert engine.model_ready("embedder")
+    finally:
+        await engine.close()
