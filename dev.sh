@@ -111,7 +111,8 @@ case "${1:-}" in
     shift
     venv
     .venv/bin/python -c "import mkdocs, material" 2>/dev/null || pip_install -e ".[dev]"
-    exec .venv/bin/mkdocs serve "$@"
+    # 8080: sluice itself serves on 8000 by default.
+    exec .venv/bin/mkdocs serve --dev-addr 127.0.0.1:8080 "$@"
     ;;
   *)
     echo "usage: ./dev.sh serve [flags] | ./dev.sh test [pytest args] | ./dev.sh docs" >&2

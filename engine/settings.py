@@ -268,7 +268,7 @@ class Settings(BaseSettings):
     workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = 1
     """Front-end worker processes sharing the HTTP and gRPC ports, in front of one engine
     process (admission, cache, batchers, backends); `auto` is one per core, at most 8. 1 serves
-    everything in one process (see README, Worker processes)."""
+    everything in one process (see the worker processes guide, docs/guides/workers.md)."""
     worker_arena_bytes: int = Field(128 * MiB, ge=MiB, le=64 * 1024 * MiB)
     """Shared memory per worker and direction: the decoded inputs of a worker's requests in
     flight (and their answers) must fit; past it a request is answered 503 with Retry-After."""

@@ -28,7 +28,7 @@ import pytest
 from tests.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted((ROOT / "docs").rglob("*.md"))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LANGUAGES = {"bash", "sh", "shell", "console", "python", "py", "pycon"}
 MARKER = re.compile(r"^<!-- test: (run|skip \((.+)\)) -->$")
 SERVE = re.compile(r"^(?:\$ )?sluice serve(.*?)\s*&\s*$")

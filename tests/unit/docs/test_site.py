@@ -4,6 +4,7 @@ that is not there fails it."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +40,11 @@ def test_mkdocs_build_strict_passes_and_every_page_is_in_the_nav(tmp_path: Path)
     for page in nav:
         built = tmp_path / "site" / page.removesuffix(".md").removesuffix("index") / "index.html"
         assert built.is_file(), page
+
+
+def test_every_relative_link_in_the_readme_names_a_file_that_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    relative = [target for target in targets if not target.startswith(("http://", "https://"))]
+    assert len(relative) >= 10  # it links into docs/
+    assert not [target for target in relative if not (ROOT / target).exists()]
