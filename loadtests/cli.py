@@ -52,6 +52,40 @@ def read_key_file(path: Path | None) -> list[str]:
     return [line for line in lines if line and not line.startswith("#")]
 
 
+# Options `sluice loadtest` and `sluice tune` share (tune drives the same harness).
+protocol_option = click.option(
+    "--protocol",
+    type=click.Choice(sorted(PROTOCOLS)),
+    default="http",
+    show_default=True,
+    help="JSON over HTTP, binary tensors over HTTP, or gRPC.",
+)
+grpc_url_option = click.option(
+    "--grpc-url", help="gRPC HOST:PORT (default: the --url host, port 8001)."
+)
+max_error_fraction_option = click.option(
+    "--max-error-fraction",
+    type=click.FloatRange(0, 1),
+    default=0.01,
+    show_default=True,
+    help="Failed-request fraction a step may have and meet the SLO.",
+)
+batch_size_option = click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Rows per request (the dynamic first dimension).",
+)
+timeout_option = click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Per-request timeout in seconds.",
+)
+
+
 def run_worker(protocol: str, master: str, console: Console) -> int:
     """Serve a remote master: one locust worker per step, until no master shows up for 5 min."""
     host, port = parse_host_port(master, "--worker-of")
@@ -80,14 +114,8 @@ def run_worker(protocol: str, master: str, console: Console) -> int:
 )
 @click.option("--model", default="demo", show_default=True, help="Model to load.")
 @click.option("--model-version", default="", help="Model version (default: the server's policy).")
-@click.option(
-    "--protocol",
-    type=click.Choice(sorted(PROTOCOLS)),
-    default="http",
-    show_default=True,
-    help="JSON over HTTP, binary tensors over HTTP, or gRPC.",
-)
-@click.option("--grpc-url", help="gRPC HOST:PORT (default: the --url host, port 8001).")
+@protocol_option
+@grpc_url_option
 @click.option(
     "--users",
     type=click.IntRange(min=1),
@@ -114,20 +142,8 @@ def run_worker(protocol: str, master: str, console: Console) -> int:
     help="p99 latency SLO: the ramp stops at the first step over it, the report names "
     "the best step within it, and the exit status is 1 if none is.",
 )
-@click.option(
-    "--max-error-fraction",
-    type=click.FloatRange(0, 1),
-    default=0.01,
-    show_default=True,
-    help="Failed-request fraction a step may have and meet the SLO.",
-)
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Rows per request (the dynamic first dimension).",
-)
+@max_error_fraction_option
+@batch_size_option
 @click.option(
     "--dynamic-size",
     type=click.IntRange(min=1),
@@ -174,13 +190,7 @@ def run_worker(protocol: str, master: str, console: Console) -> int:
     help="Run only as a locust worker for the master at HOST:PORT (other machines).",
 )
 @click.option("--metrics-url", help="Prometheus metrics URL (default: <url>/metrics).")
-@click.option(
-    "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="Per-request timeout in seconds.",
-)
+@timeout_option
 @click.option(
     "--seed",
     type=int,

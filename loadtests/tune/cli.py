@@ -20,10 +20,20 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from loadtests.cli import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_SLO_MISSED, default_grpc_target
+from loadtests.cli import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_SLO_MISSED,
+    batch_size_option,
+    default_grpc_target,
+    grpc_url_option,
+    max_error_fraction_option,
+    protocol_option,
+    timeout_option,
+)
 from loadtests.harness import LoadTestConfig
 from loadtests.plan import parse_ramp
-from loadtests.runner import PROTOCOLS, LoadTestError
+from loadtests.runner import LoadTestError
 from loadtests.tune.report import write_report
 from loadtests.tune.results import ResumeError, TuneRun, load_saved
 from loadtests.tune.search import Search, Trial
@@ -79,14 +89,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     required=True,
     help="p99 latency SLO: candidates are ranked by throughput within it.",
 )
-@click.option(
-    "--protocol",
-    type=click.Choice(sorted(PROTOCOLS)),
-    default="http",
-    show_default=True,
-    help="How the load is sent.",
-)
-@click.option("--grpc-url", help="gRPC HOST:PORT (default: the --url host, port 8001).")
+@protocol_option
+@grpc_url_option
 @click.option(
     "--budget-s",
     type=click.FloatRange(min=1),
@@ -121,33 +125,15 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     default=None,
     help="Cores the server may use (instances x threads), default this machine's.",
 )
-@click.option(
-    "--batch-size",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Rows per request.",
-)
-@click.option(
-    "--max-error-fraction",
-    type=click.FloatRange(0, 1),
-    default=0.01,
-    show_default=True,
-    help="Failed-request fraction a step may have and meet the SLO.",
-)
+@batch_size_option
+@max_error_fraction_option
 @click.option(
     "--api-key",
     "api_keys",
     multiple=True,
     help="API key (repeatable); the first one needs the admin role for the repository.",
 )
-@click.option(
-    "--timeout-s",
-    type=click.FloatRange(min=0, min_open=True),
-    default=30.0,
-    show_default=True,
-    help="Per-request timeout in seconds.",
-)
+@timeout_option
 def tune(
     url: str, model: str, slo_p99_ms: float, protocol: str, grpc_url: str | None,
     budget_s: float, out: Path, ramp: str, trial_s: int, cores: int | None, batch_size: int,
