@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,19 @@ def test_the_pages_name_what_the_code_has(regenerated: Path) -> None:
     errors = (regenerated / "errors.md").read_text()
     assert "`QuotaExceeded` | 429 | `RESOURCE_EXHAUSTED` |" in errors
     assert "`DeadlineExceeded` | 504 | `DEADLINE_EXCEEDED` |" in errors
+
+
+def test_every_metric_the_guides_name_is_one_the_registry_has(regenerated: Path) -> None:
+    families = set(
+        re.findall(r"\| `(sluice_\w+?)(?:_total)?` \|", (regenerated / "metrics.md").read_text())
+    )
+    not_metrics = {"sluice_config", "sluice_config_source"}  # model config parameters
+    named = {
+        (page.name, re.sub(r"_(total|bucket|sum|count)$", "", name))
+        for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
+        if page.parent.name != "reference"
+        for name in re.findall(r"\bsluice_[a-z0-9_]+", page.read_text())
+    }
+    unknown = sorted((page, name) for page, name in named if name not in families | not_metrics)
+    assert len(named) > 30
+    assert not unknown, f"metrics named in the docs that the registry does not have: {unknown}"
