@@ -26,9 +26,8 @@ from engine.shm import (
     Arena,
     SlotWatcher,
     Tensor,
-    slot_bytes,
+    place_tensors,
     view_tensors,
-    write_tensors,
 )
 from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata
@@ -38,9 +37,6 @@ log = logging.getLogger("sluice.host")
 
 STATE_INTERVAL_S = 0.1
 """How often the host looks for a change of readiness or of the loaded models to push."""
-
-OFFLOAD_BYTES = 1 << 20
-"""Answers larger than this are written into the out-arena in a worker thread."""
 
 
 def error_payload(call_id: int, exc: errors.EngineError) -> dict[str, Any]:
@@ -297,24 +293,9 @@ class EngineHost:
     async def _send_result(
         self, peer: _Peer, slots: WorkerSlots, call_id: int, response: InferResponse
     ) -> None:
-        size = slot_bytes(response.outputs)
-        if size > slots.outputs.size_bytes:
-            raise errors.PayloadTooLarge(size, slots.outputs.size_bytes)
-        offset = slots.out_allocator.alloc(size)
-        if offset is None:
-            raise errors.Overloaded(
-                f"the worker's answer arena is full ({slots.out_allocator.used_bytes} of "
-                f"{slots.outputs.size_bytes} bytes in use); retry shortly"
-            )
-        try:
-            buf = slots.outputs.buf
-            if size > OFFLOAD_BYTES:
-                described = await asyncio.to_thread(write_tensors, buf, offset, response.outputs)
-            else:
-                described = write_tensors(buf, offset, response.outputs)
-        except BaseException:
-            slots.out_allocator.free(offset)
-            raise
+        offset, size, described = await place_tensors(
+            slots.out_allocator, slots.outputs, response.outputs, "the worker's answer arena"
+        )
         if peer.closed:  # nobody will read it: the worker went away while it was written
             slots.out_allocator.free(offset)
             return

@@ -34,9 +34,8 @@ from engine.shm import (
     Arena,
     SlotWatcher,
     Tensor,
-    slot_bytes,
+    place_tensors,
     view_tensors,
-    write_tensors,
 )
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
@@ -51,8 +50,6 @@ EVENTS_INTERVAL_S = 0.05
 CALL_TIMEOUT_S = 10.0
 """A blocking call to the engine (metadata, statistics) gives up after this long."""
 
-OFFLOAD_BYTES = 1 << 20
-"""Inputs larger than this are written into the arena in a worker thread."""
 
 _ERRORS: dict[str, type[errors.EngineError]] = {
     name: value
@@ -206,25 +203,9 @@ class RemoteEngine:
     async def infer(self, request: InferRequest) -> InferResponse:
         if self.draining:
             raise errors.ShuttingDown()
-        size = slot_bytes(request.inputs)
-        if size > self.inputs.size_bytes:
-            raise errors.PayloadTooLarge(size, self.inputs.size_bytes)
-        offset = self.allocator.alloc(size)
-        if offset is None:
-            raise errors.Overloaded(
-                f"this worker's request arena is full ({self.allocator.used_bytes} of "
-                f"{self.inputs.size_bytes} bytes in use); retry shortly"
-            )
-        try:
-            if size > OFFLOAD_BYTES:
-                described = await asyncio.to_thread(
-                    write_tensors, self.inputs.buf, offset, request.inputs
-                )
-            else:
-                described = write_tensors(self.inputs.buf, offset, request.inputs)
-        except BaseException:
-            self.allocator.free(offset)
-            raise
+        offset, size, described = await place_tensors(
+            self.allocator, self.inputs, request.inputs, "this worker's request arena"
+        )
         # From here the slot is the engine's until it says FREE_IN.
         self._infers += 1
         self._idle.clear()

@@ -39,6 +39,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from engine import errors
+
 ALIGN = 64
 """Every tensor starts at a multiple of this many bytes (cache lines; SIMD loads)."""
 
@@ -274,3 +276,34 @@ def _read_bytes(slot: Buffer, tensor: Tensor, count: int) -> np.ndarray:
         out[index] = bytes(memoryview(slot)[at + 4 : at + 4 + length])
         at += 4 + length
     return out.reshape(tensor.shape)
+
+
+WRITE_OFF_LOOP_BYTES = 1 << 20
+"""Tensors larger than this are copied into an arena in a worker thread, not on the loop."""
+
+
+async def place_tensors(
+    allocator: Allocator, arena: Arena, arrays: Mapping[str, np.ndarray], what: str
+) -> tuple[int, int, list[Tensor]]:
+    """`arrays` written into a new slot of `arena`: its offset, size and the tensors'
+    descriptions.
+    PayloadTooLarge when they exceed the whole arena, Overloaded when it has no room now: a full
+    arena is a quick 503, never a wait."""
+    size = slot_bytes(arrays)
+    if size > allocator.size_bytes:
+        raise errors.PayloadTooLarge(size, allocator.size_bytes)
+    offset = allocator.alloc(size)
+    if offset is None:
+        raise errors.Overloaded(
+            f"{what} is full ({allocator.used_bytes} of {allocator.size_bytes} bytes in use); "
+            "retry shortly"
+        )
+    try:
+        if size > WRITE_OFF_LOOP_BYTES:
+            described = await asyncio.to_thread(write_tensors, arena.buf, offset, arrays)
+        else:
+            described = write_tensors(arena.buf, offset, arrays)
+    except BaseException:
+        allocator.free(offset)
+        raise
+    return offset, size, described

@@ -19,9 +19,9 @@ from engine.demo import mlp_model, write_demo_repository
 from engine.engine import Engine
 from engine.errors import InvalidInput, ModelNotFound, Overloaded, PayloadTooLarge, RateLimited
 from engine.host import EngineHost
-from engine.remote import OFFLOAD_BYTES, RemoteEngine
+from engine.remote import RemoteEngine
 from engine.settings import Settings, load_settings
-from engine.shm import Arena
+from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
 from engine.types import InferRequest
 from tests.models import write_model
@@ -270,7 +270,7 @@ async def test_the_request_id_reaches_the_engine_process(rig: Rig) -> None:
 async def test_large_tensors_are_written_and_read_off_the_loop_and_answer_right(
     tmp_path: Path, socket_dir: str
 ) -> None:
-    width = OFFLOAD_BYTES // 4 + 1024  # one row of inputs passes the offload threshold
+    width = WRITE_OFF_LOOP_BYTES // 4 + 1024  # one row of inputs passes the offload threshold
     write_model(tmp_path / "big", "wide", mlp_model((width, 4, width)), "max_batch_size: 4\n")
     settings = load_settings(model_repository=tmp_path / "big")
     rig = Rig(settings, os.path.join(socket_dir, "engine.sock"), 1, 64 << 20)
@@ -281,7 +281,7 @@ async def test_large_tensors_are_written_and_read_off_the_loop_and_answer_right(
         answer = await remote.infer(InferRequest("wide", {"x": x}, {"x": "FP32"}))
         expected = await rig.engine.infer(InferRequest("wide", {"x": x}, {"x": "FP32"}))
         got = answer.outputs["probabilities"]
-        assert got.nbytes > OFFLOAD_BYTES  # the answer was written in a thread too
+        assert got.nbytes > WRITE_OFF_LOOP_BYTES  # the answer was written in a thread too
         np.testing.assert_array_equal(got, expected.outputs["probabilities"])
         del answer, got
         await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0)
