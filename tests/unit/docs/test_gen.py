@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-PAGES = ("cli.md", "settings.md", "model-config.md", "metrics.md", "errors.md")
+PAGES = (
+    *(f"reference/{name}.md" for name in ("cli", "settings", "model-config", "metrics", "errors")),
+    "benchmarks/results.md",
+)
 
 
 @pytest.fixture(scope="module")
 def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("reference")
+    out = tmp_path_factory.mktemp("docs")
     # A subprocess: the loadtest subcommands import locust, which patches this process's sockets.
     done = subprocess.run(
         [sys.executable, "-m", "docs.gen", "--out", str(out)],
@@ -32,42 +35,50 @@ def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_committed_reference_page_is_what_the_code_generates(
     regenerated: Path, page: str
 ) -> None:
-    committed = ROOT / "docs" / "reference" / page
+    committed = ROOT / "docs" / page
     assert committed.read_text() == (regenerated / page).read_text(), (
-        f"docs/reference/{page} is stale: run `python -m docs.gen` and commit the result"
+        f"docs/{page} is stale: run `python -m docs.gen` and commit the result"
     )
 
 
 def test_the_pages_name_what_the_code_has(regenerated: Path) -> None:
     from engine.settings import Settings
 
-    settings = (regenerated / "settings.md").read_text()
+    settings = (regenerated / "reference" / "settings.md").read_text()
     assert all(f"| `{name}` |" in settings for name in Settings.model_fields)
     assert "| `cache.redis_url` |" in settings
     assert "`SLUICE_CACHE__REDIS_URL`" in settings
-    model = (regenerated / "model-config.md").read_text()
+    model = (regenerated / "reference" / "model-config.md").read_text()
     assert "| `dynamic_batching.max_queue_delay_s` |" in model
-    cli = (regenerated / "cli.md").read_text()
+    cli = (regenerated / "reference" / "cli.md").read_text()
     assert all(f"## `sluice {name}`" in cli for name in ("serve", "convert", "loadtest", "tune"))
     assert "`--http-port INTEGER`" in cli
-    metrics = (regenerated / "metrics.md").read_text()
+    metrics = (regenerated / "reference" / "metrics.md").read_text()
     assert "| `sluice_requests_total` | counter | model, version, protocol, status |" in metrics
     assert "`sluice_generation_tokens_total`" in metrics
     assert "`sluice_gpu_memory_used_bytes`" in metrics
-    errors = (regenerated / "errors.md").read_text()
+    errors = (regenerated / "reference" / "errors.md").read_text()
     assert "`QuotaExceeded` | 429 | `RESOURCE_EXHAUSTED` |" in errors
     assert "`DeadlineExceeded` | 504 | `DEADLINE_EXCEEDED` |" in errors
+    results = (regenerated / "benchmarks" / "results.md").read_text()
+    tables = sorted((ROOT / "loadtests" / "benchmarks" / "results").glob("*.md"))
+    assert len(tables) >= 5
+    rows = [line for path in tables for line in path.read_text().splitlines() if line[:1] == "|"]
+    assert all(f"\n{row}\n" in results for row in rows)
 
 
 def test_every_metric_the_guides_name_is_one_the_registry_has(regenerated: Path) -> None:
     families = set(
-        re.findall(r"\| `(sluice_\w+?)(?:_total)?` \|", (regenerated / "metrics.md").read_text())
+        re.findall(
+            r"\| `(sluice_\w+?)(?:_total)?` \|",
+            (regenerated / "reference" / "metrics.md").read_text(),
+        )
     )
     not_metrics = {"sluice_config", "sluice_config_source"}  # model config parameters
     named = {
         (page.name, re.sub(r"_(total|bucket|sum|count)$", "", name))
         for page in [ROOT / "README.md", *(ROOT / "docs").rglob("*.md")]
-        if page.parent.name != "reference"
+        if page.parent.name != "reference" and page.name != "results.md"  # generated
         for name in re.findall(r"\bsluice_[a-z0-9_]+", page.read_text())
     }
     unknown = sorted((page, name) for page, name in named if name not in families | not_metrics)
