@@ -95,6 +95,8 @@ def commands_and_output(block: Block) -> tuple[str, list[str]]:
         if line.startswith("$ ") or continued:
             script.append(line.removeprefix("$ "))
             continued = line.endswith("\\")
+            if not continued:  # a terminal shows the next prompt on a new line: so do we
+                script.append("echo")
         elif line.strip() and "..." not in line:
             shown.append(line.strip())
     return "\n".join(script) + "\n", shown
