@@ -7,8 +7,9 @@ A fenced `bash`, `console` or `python` block is preceded by one marker line:
 
 Blocks run in a fresh folder with the venv's `sluice` and `python` first on PATH, against a
 demo server this test starts on free ports (`localhost:8000` / `:8001` in the text become its
-ports). A `sluice serve ... &` line starts a server with those flags instead, and the rest of
-the block runs against it. What a page shows is checked: a console block's output lines (those
+ports). A `sluice serve ... &` line starts the block's own server instead, with those flags on
+free ports, in the block's shell (what the block wrote or exported before reaches it); the rest
+of the block runs against it. What a page shows is checked: a console block's output lines (those
 without `...`), and the `# comment` after a Python `print(...)`.
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.redis_process import free_port
 from tests.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,31 +118,30 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 @pytest.mark.parametrize("block", RUN, ids=[block.id for block in RUN])
 def test_the_example_runs_as_written(block: Block, demo: ServerProcess, tmp_path: Path) -> None:
     script, shown = commands_and_output(block)
-    server, started = demo, None
-    serve = [line for line in script.splitlines() if SERVE.match(line)]
-    if serve:
-        flags = shlex.split(SERVE.match(serve[0]).group(1))  # type: ignore[union-attr]
-        setup = block.text.split(serve[0].removeprefix("$ "), 1)[0]
-        if setup.strip():  # what the block does before it starts the server
-            before, _ = commands_and_output(Block(**{**block.__dict__, "text": setup}))
-            _run(["bash", "-euo", "pipefail", "-c", before], tmp_path)
-        started = ServerProcess(*flags, log_path=tmp_path / "server.log")
-        server = started
-        script = script.split(serve[0].removeprefix("$ "), 1)[1]
+    http_port, grpc_port = demo.http_port, demo.grpc_port
+    serve = next((m for m in map(SERVE.match, script.splitlines()) if m), None)
+    if serve is not None:
+        # The block's own server, started in the block's shell (its files and exports reach
+        # it) on free ports, polled until ready, stopped when the block ends.
+        http_port, grpc_port = free_port(), free_port()
+        start = (
+            f"sluice serve{serve.group(1)} --http-port {http_port} --grpc-port {grpc_port} "
+            "> server.log 2>&1 &\n"
+            "SERVER=$!; trap 'kill $SERVER; wait $SERVER || true' EXIT\n"
+            "for _ in $(seq 600); do\n"
+            f"  curl -sf -o /dev/null 127.0.0.1:{http_port}/v2/health/ready && break\n"
+            "  kill -0 $SERVER || { cat server.log; exit 1; }; sleep 0.1\n"
+            "done\n"
+        )
+        script = script.replace(serve.group(0), start, 1)
     for local in ("localhost", "127.0.0.1"):
-        script = script.replace(f"{local}:8000", f"127.0.0.1:{server.http_port}")
-        script = script.replace(f"{local}:8001", f"127.0.0.1:{server.grpc_port}")
-    try:
-        if started is not None:
-            started.start()
-        if block.language in ("python", "py"):
-            done = _run([sys.executable, "-c", script], tmp_path)
-            shown = expected_prints(block.text)
-        else:
-            done = _run(["bash", "-euo", "pipefail", "-c", script], tmp_path)
-    finally:
-        if started is not None:
-            started.stop()
+        script = script.replace(f"{local}:8000", f"127.0.0.1:{http_port}")
+        script = script.replace(f"{local}:8001", f"127.0.0.1:{grpc_port}")
+    if block.language in ("python", "py"):
+        done = _run([sys.executable, "-c", script], tmp_path)
+        shown = expected_prints(block.text)
+    else:
+        done = _run(["bash", "-euo", "pipefail", "-c", script], tmp_path)
     output = [line.strip() for line in (done.stdout + done.stderr).splitlines()]
     missing = [line for line in shown if line not in output]
     assert not missing, f"{block.id} shows lines it did not print: {missing}\n{done.stdout}"
