@@ -60,7 +60,10 @@ def blocks() -> Iterator[Block]:
                 continue
             end = next(i for i in range(index + 1, len(lines)) if lines[i].startswith("```"))
             language = opening.group(1)
-            if language in LANGUAGES:
+            first = lines[index + 1] if index + 1 < end else ""
+            if not language and first.startswith(("$ ", "curl ", "python ", "pip ")):
+                language = "console (unlabelled)"  # a shell session without its language
+            if language in LANGUAGES or language.endswith("(unlabelled)"):
                 before = lines[index - 1] if index else ""
                 marker = MARKER.match(before)
                 yield Block(
@@ -79,6 +82,8 @@ RUN = [block for block in ALL if block.marker == "run"]
 
 
 def test_every_shell_and_python_block_is_run_or_says_why_not() -> None:
+    unlabelled = [block.id for block in ALL if block.language.endswith("(unlabelled)")]
+    assert not unlabelled, f"give these shell blocks their language (console or bash): {unlabelled}"
     unmarked = [block.id for block in ALL if block.marker is None]
     assert not unmarked, (
         f"mark these blocks <!-- test: run --> or <!-- test: skip (why) -->: {unmarked}"
