@@ -1,0 +1,1 @@
+"""Documentation tooling (python -m docs.gen); not part of the installed distribution."""
