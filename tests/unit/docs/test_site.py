@@ -48,3 +48,12 @@ def test_every_relative_link_in_the_readme_names_a_file_that_exists() -> None:
     relative = [target for target in targets if not target.startswith(("http://", "https://"))]
     assert len(relative) >= 10  # it links into docs/
     assert not [target for target in relative if not (ROOT / target).exists()]
+
+
+def test_the_readme_stays_short_with_the_two_quick_start_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, "the README is an entry point: move detail to docs/"
+    quick_start = readme.split("## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    block = quick_start.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#", 1)[0].strip() for line in block.splitlines()]
+    assert commands == ["./dev.sh serve", "./dev.sh test"]
