@@ -44,18 +44,14 @@ async def test_bombs_get_413_while_health_probes_answer(server: ServerProcess) -
     bombs = {encoding: bomb(encoding) for encoding in ("gzip", "deflate")}
     assert all(len(body) < 256 * 1024 for body in bombs.values())
     probes: list[float] = []
-    failures: list[str] = []
     done = asyncio.Event()
 
     async def probe(client: httpx.AsyncClient) -> None:
         while not done.is_set():
             started = time.monotonic()
-            try:
-                response = await client.get(f"{server.url}/v2/health/live", timeout=1.0)
-                assert response.status_code == 200
-                probes.append(time.monotonic() - started)
-            except httpx.TimeoutException:
-                failures.append(f"probe timed out after {time.monotonic() - started:.2f} s")
+            response = await client.get(f"{server.url}/v2/health/live", timeout=30.0)
+            assert response.status_code == 200
+            probes.append(time.monotonic() - started)
             await asyncio.sleep(0.05)
 
     async def send(client: httpx.AsyncClient, encoding: str) -> int:
@@ -65,6 +61,12 @@ async def test_bombs_get_413_while_health_probes_answer(server: ServerProcess) -
         return response.status_code
 
     async with httpx.AsyncClient() as prober, httpx.AsyncClient() as sender:
+        # How long this machine takes to refuse one bomb: inflated on the event loop, that is
+        # how long a probe would wait. The bound below scales with it, not with a fixed second
+        # that a loaded machine can miss with the loop free.
+        started = time.monotonic()
+        assert await send(sender, "gzip") == 413
+        one_bomb_s = time.monotonic() - started
         watcher = asyncio.create_task(probe(prober))
         await asyncio.sleep(0.2)
         statuses = []
@@ -73,8 +75,11 @@ async def test_bombs_get_413_while_health_probes_answer(server: ServerProcess) -
         done.set()
         await watcher
     assert statuses == [413] * 4
-    assert failures == []
     assert len(probes) >= 3
+    worst = max(probes)
+    assert worst < max(one_bomb_s / 2, 0.1), (
+        f"a health probe waited {worst:.2f} s while one bomb takes {one_bomb_s:.2f} s to refuse"
+    )
 
 
 @pytest.mark.parametrize("encoding", ["gzip", "deflate"])
