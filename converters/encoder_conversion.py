@@ -179,14 +179,9 @@ def convert_encoder(options: ConvertOptions, steps: Steps) -> Report:
                     feeds = {"text": np.array(texts[:batch], dtype=object)}
                     report.timings += measure(runners, feeds, batch, options.measure_iterations)
                 step.detail = f"{options.measure_iterations} runs per model and batch size (texts)"
-    if not report.validation.passed and not options.force:
-        report.status = "validation_failed"
-        return report
-    if options.dry_run:
-        report.status = "not_published"
+    if not report.may_publish(options.force, options.dry_run):
         return report
     with steps.step("publish") as step:
-        report.status, report.forced = "published", not report.validation.passed
         report.published = _publish(
             options, report, source, names, tokenizer_bytes, tokenizer_config, payload, model
         )

@@ -90,14 +90,9 @@ def convert_model(options: ConvertOptions, steps: Steps) -> Report:
                 runners = [("source", source_runner), ("converted", converted)]
                 report.timings += measure(runners, feeds, batch, options.measure_iterations)
             step.detail = f"{options.measure_iterations} runs per model and batch size"
-    if not report.validation.passed and not options.force:
-        report.status = "validation_failed"
-        return report
-    if options.dry_run:
-        report.status = "not_published"
+    if not report.may_publish(options.force, options.dry_run):
         return report
     with steps.step("publish") as step:
-        report.status, report.forced = "published", not report.validation.passed
         backend = "tensorrt" if options.target == "tensorrt" else "onnxruntime"
         config = build_config(backend, max_batch, options.preferred_batch_sizes, options.pads)
         header = [

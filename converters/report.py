@@ -64,6 +64,20 @@ class Report:
     published: dict[str, Any] | None = None
     error: str | None = None
 
+    def may_publish(self, force: bool, dry_run: bool) -> bool:
+        """Whether the conversion goes on to publish; when not, `status` says why (validation
+        failed without --force, or --dry-run). When it does, `status` is published and `forced`
+        says whether it was over a failed validation."""
+        passed = self.validation is not None and self.validation.passed
+        if not passed and not force:
+            self.status = "validation_failed"
+            return False
+        if dry_run:
+            self.status = "not_published"
+            return False
+        self.status, self.forced = "published", not passed
+        return True
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready mapping (non-finite floats become null)."""
         data = dataclasses.asdict(self)
