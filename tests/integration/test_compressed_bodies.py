@@ -76,8 +76,10 @@ async def test_bombs_get_413_while_health_probes_answer(server: ServerProcess) -
         await watcher
     assert statuses == [413] * 4
     assert len(probes) >= 3
+    # Inflated on the loop, two bombs sent together stall a probe for about two bombs' time;
+    # off the loop it never waits as long as one bomb takes, even on a loaded machine.
     worst = max(probes)
-    assert worst < max(one_bomb_s / 2, 0.1), (
+    assert worst < max(one_bomb_s, 0.1), (
         f"a health probe waited {worst:.2f} s while one bomb takes {one_bomb_s:.2f} s to refuse"
     )
 
