@@ -10,7 +10,8 @@ at once. A request is never split across batches; requests whose shapes differ a
 batch of n rows costs from its own recent batches (`batching.cost`) and waits for more rows only
 while the oldest queued request, after the predicted compute, still meets its deadline (its own
 timeout, else `latency_target_s` after it was queued). A request that can no longer meet its
-deadline when its batch forms is answered DeadlinePassed without being run (it is "shed").
+deadline when its batch forms is answered DeadlinePassed without being run (it is "shed"), and
+the batch is topped up from the queue with what the deadlines of those left still allow.
 
 Requests are answered with batching.errors (QueueFull, BatcherClosed, DeadlinePassed,
 BatchFailed); the engine translates them (engine.errors.from_batching).
@@ -121,8 +122,8 @@ class Batcher:
         self.cost = BatchCost()
         """What a batch costs here, fitted from the batches this batcher ran."""
         self.shed = 0
-        self._last_ran = time.monotonic()  # when a batch last finished (or the batcher started)
         """Requests answered DeadlinePassed unrun because their batch could not meet it."""
+        self._last_ran = time.monotonic()  # when a batch last finished (or the batcher started)
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -231,7 +232,7 @@ class Batcher:
                     continue
                 batch = self.queue.take(head.group, policy.max_batch_size)
             if policy.auto:
-                batch = self._shed(batch)
+                batch = self._meet_deadlines(batch)
             if batch:
                 return batch
 
@@ -249,6 +250,25 @@ class Batcher:
         if head.deadline is None:
             return head.enqueued + predicted
         return head.deadline - predicted - max(predicted * SLACK, MIN_RESERVE_S)
+
+    def _meet_deadlines(self, batch: list[Pending]) -> list[Pending]:
+        """Shed what cannot make it, then top the batch up from the queue with as many rows as
+        its requests' deadlines leave room for, and again while that sheds more: under load a
+        batch that shed its late head must not run short while requests wait behind it."""
+        while True:
+            batch = self._shed(batch)
+            if not batch or not self.batched:
+                return batch
+            rows = sum(item.rows for item in batch)
+            room = self.policy.max_batch_size - rows
+            deadlines = [item.deadline for item in batch if item.deadline is not None]
+            if deadlines and room > 0:
+                fits = self.cost.rows_within(min(deadlines) - time.monotonic())
+                room = room if fits is None else min(room, fits - rows)
+            more = self.queue.take(batch[0].group, room) if room > 0 else []
+            if not more:
+                return batch
+            batch += more
 
     def _shed(self, batch: list[Pending]) -> list[Pending]:
         """Answer DeadlinePassed, without running it, the most urgent request whose deadline

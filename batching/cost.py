@@ -3,7 +3,11 @@
 The batcher feeds it every batch it runs (assembly, compute and split together, as the caller
 waits for all three) and asks it how long a batch of n rows will take. The fit is least squares
 with exponential forgetting, so it follows the machine as load, threads and neighbours change:
-an observation's weight halves every `half_life` batches.
+an observation's weight halves every `half_life` batches. A batch slower than STALL_FACTOR times
+its prediction counts as that much: a stall (the core taken by a neighbour, a GC pause) says
+nothing about the model, and averaged in whole one such batch would more than double the fit
+for the next `half_life` batches, so the batcher would shed requests that could have made it.
+A machine that really slowed is still followed: each batch may raise the fit by that factor.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import math
 
 MIN_BATCHES = 3
 """Batches seen before the model predicts anything (`predict` is None until then)."""
+STALL_FACTOR = 3.0
+"""An observation counts as at most this many times its prediction (see the module docstring)."""
 
 
 class BatchCost:
@@ -27,9 +33,13 @@ class BatchCost:
         """Batches observed in all."""
 
     def observe(self, rows: int, seconds: float) -> None:
-        """One batch of `rows` rows took `seconds`; negative or non-finite times are ignored."""
+        """One batch of `rows` rows took `seconds`; negative or non-finite times are ignored, and
+        one slower than STALL_FACTOR predictions counts as that many."""
         if rows < 1 or not math.isfinite(seconds) or seconds < 0:
             return
+        predicted = self.predict(rows)
+        if predicted is not None and predicted > 0:
+            seconds = min(seconds, predicted * STALL_FACTOR)
         keep = self._keep
         self._w = self._w * keep + 1.0
         self._x = self._x * keep + rows
@@ -51,7 +61,8 @@ class BatchCost:
         if spread <= 1e-9 * max(1.0, mean_x * mean_x):
             return 0.0, mean_y / mean_x
         slope = (self._xy / self._w - mean_x * mean_y) / spread
-        if slope < 0:  # noise on a flat curve: the batch costs the same whatever its rows
+        # A flat curve, its noise or its rounding: the batch costs the same whatever its rows.
+        if slope <= 1e-9 * mean_y / mean_x:
             return mean_y, 0.0
         intercept = mean_y - slope * mean_x
         if intercept < 0:  # all cost scales with rows: fit through the origin instead
@@ -65,3 +76,13 @@ class BatchCost:
             return None
         per_batch, per_row = fitted
         return per_batch + per_row * rows
+
+    def rows_within(self, seconds: float) -> int | None:
+        """The most rows a batch can hold and still be predicted to finish within `seconds` (0
+        when not even one row can); None when there is no such bound: rows cost nothing, or
+        nothing is fitted yet."""
+        fitted = self.coefficients()
+        if fitted is None or fitted[1] <= 0:
+            return None if fitted is None or seconds >= fitted[0] else 0
+        per_batch, per_row = fitted
+        return max(0, math.floor((seconds - per_batch) / per_row))

@@ -78,3 +78,45 @@ def test_one_batch_size_so_far_is_taken_per_row_so_smaller_batches_look_cheaper(
         cost.observe(8, seconds)
     assert cost.predict(8) == pytest.approx(0.080)
     assert cost.predict(2) == pytest.approx(0.020)
+
+
+def test_one_stalled_batch_barely_moves_the_fit() -> None:
+    # A batch held up by a stall (the core taken by a neighbour, a GC pause) says nothing about
+    # the model. Averaged in, one 3 s batch among 48 ms ones more than doubled the fitted cost
+    # for the next ~64 batches, and auto shed requests that would have met their deadlines.
+    cost = BatchCost()
+    for index in range(200):
+        cost.observe(1 + index % 8, 0.006 * (1 + index % 8))
+    cost.observe(8, 3.0)
+    assert cost.predict(8) == pytest.approx(0.048, rel=0.1)  # averaged in: 0.135
+    assert cost.predict(1) == pytest.approx(0.006, rel=0.25)
+
+
+def test_a_machine_that_slows_past_the_stall_bound_is_still_followed() -> None:
+    # Every batch now takes 10x its prediction: no stall, the machine changed. Each observation
+    # counts up to STALL_FACTOR predictions, so the fit climbs geometrically and gets there.
+    cost = BatchCost(half_life=8)
+    for index in range(100):
+        cost.observe(1 + index % 8, 0.001 * (1 + index % 8))
+    for index in range(100):
+        cost.observe(1 + index % 8, 0.010 * (1 + index % 8))
+    assert cost.predict(8) == pytest.approx(0.080, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "rows"), [(0.0, 0), (0.0019, 0), (0.0025, 1), (0.0101, 16), (1.0001, 1996)]
+)
+def test_rows_within_a_time_inverts_the_fit(seconds: float, rows: int) -> None:
+    cost = BatchCost()
+    for size in (1, 2, 4, 8):
+        cost.observe(size, 0.002 + 0.0005 * size)
+    assert cost.rows_within(seconds) == rows
+
+
+def test_rows_within_is_unbounded_when_rows_cost_nothing_or_nothing_is_fitted() -> None:
+    cost = BatchCost()
+    assert cost.rows_within(0.01) is None  # nothing seen yet
+    for size in (1, 2, 4, 8):
+        cost.observe(size, 0.004)
+    assert cost.rows_within(0.01) is None  # flat: any batch takes 4 ms
+    assert cost.rows_within(0.003) == 0
