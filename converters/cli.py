@@ -23,6 +23,42 @@ def _parse_all(parse: Any, values: tuple[str, ...], option: str) -> list[Any]:
         raise click.BadParameter(exc.message, param_hint=option) from None
 
 
+class _Bytes(click.ParamType):  # type: ignore[type-arg]  # generic only since click 8.2
+    """A positive whole number of bytes; a size with a unit is refused with what to give."""
+
+    name = "bytes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        try:
+            count = int(value)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of bytes (give an integer: 1073741824 is 1 GiB)")
+        if count < 1:
+            self.fail(f"{count} is not a positive number of bytes")
+        return count
+
+
+def _check_tensorrt_options(params: dict[str, Any]) -> None:
+    given = [
+        option
+        for option, value in (
+            ("--workspace", params["workspace"]),
+            ("--engine-cache", params["engine_cache"]),
+            ("--no-engine-cache", params["no_engine_cache"] or None),
+        )
+        if value is not None
+    ]
+    if given and params["target"] != "tensorrt":
+        raise click.UsageError(
+            f"{given[0]} is used only with --target tensorrt (the target is {params['target']})"
+        )
+    if params["engine_cache"] is not None and params["no_engine_cache"]:
+        raise click.UsageError(
+            f"--engine-cache {params['engine_cache']} and --no-engine-cache contradict each "
+            "other: give one"
+        )
+
+
 @click.command("convert")
 @click.argument("source")
 @click.option("--name", help="Model name in the repository [default: from SOURCE].")
@@ -56,6 +92,24 @@ def _parse_all(parse: Any, values: tuple[str, ...], option: str) -> list[Any]:
     type=click.Choice(["onnxruntime", "tensorrt"]),
     default="onnxruntime",
     show_default=True,
+)
+@click.option(
+    "--workspace",
+    type=_Bytes(),
+    metavar="BYTES",
+    help="tensorrt: device memory TensorRT may use while building, in bytes [default: 1 GiB].",
+)
+@click.option(
+    "--engine-cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="tensorrt: engine cache folder [default: $SLUICE_TENSORRT_CACHE, else "
+    "~/.cache/sluice/tensorrt].",
+)
+@click.option(
+    "--no-engine-cache",
+    is_flag=True,
+    help="tensorrt: build even if the engine cache has this engine, and store nothing.",
 )
 @click.option(
     "--calibration",
@@ -174,6 +228,7 @@ def convert(**params: Any) -> None:
     from converters.report import Report, Steps, console_for, progress_bar, render
     from converters.spec import parse_input, parse_pad
 
+    _check_tensorrt_options(params)
     options = ConvertOptions(
         source=params["source"],
         repository=params["repository"],
@@ -184,6 +239,9 @@ def convert(**params: Any) -> None:
         trust_pickle=params["trust_pickle"],
         precision=params["precision"],
         target=params["target"],
+        tensorrt_workspace_bytes=params["workspace"],
+        tensorrt_engine_cache=params["engine_cache"],
+        tensorrt_engine_cache_enabled=not params["no_engine_cache"],
         calibration=params["calibration"],
         validation_data=params["validation_data"],
         samples=params["samples"],

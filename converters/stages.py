@@ -46,6 +46,9 @@ def optimize(
                     max_batch,
                     options.preferred_batch_sizes,
                     options.precision,
+                    options.tensorrt_workspace_bytes or tensorrt.WORKSPACE_BYTES,
+                    options.tensorrt_engine_cache,
+                    options.tensorrt_engine_cache_enabled,
                 )
                 steps.report.tensorrt = build.record
                 cached = " (from the engine cache)" if build.record["cached"] else ""

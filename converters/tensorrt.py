@@ -5,15 +5,18 @@ absent.
 fp16 engines are built from the fp32 ONNX model with TensorRT's FP16 flag. int8 engines use
 explicit quantization: the ONNX model is first quantized to symmetric QDQ with the calibration
 data (TensorRT's recommended path since its implicit calibrators were deprecated), then built
-with the INT8 flag. One optimization profile covers batch 1 to max_batch_size, tuned for the
-largest preferred batch size; other dynamic axes range from 1 to their example size.
+with the INT8 flag. Batched models get one optimization profile per preferred batch size
+bucket (preferred 4 and 16 with max_batch_size 32: batches 1-4, 5-16 and 17-32), each tuned for
+its largest size, the size the batcher aims for; the server runs each batch on the profile that
+holds it, as Triton does. Other dynamic axes range from 1 to their example size.
 
 An engine runs only on the TensorRT version and GPU architecture that built it, so each build
-records both (with precision, profiles and workspace) for `conversion.json`, where the server
-checks them before loading. Builds are cached by (ONNX hash, TensorRT version, compute
-capability, precision, profiles, workspace) under `$SLUICE_TENSORRT_CACHE` (default
-`~/.cache/sluice/tensorrt`), so converting the same model again on the same machine reuses
-the engine. Validation runs the engine through the serving backend's own code."""
+records both (with precision, profiles, workspace and engine cache) for `conversion.json`, where
+the server checks them before loading. Builds are cached by (ONNX hash, TensorRT version,
+compute capability, precision, profiles, workspace) under `--engine-cache DIR`, else
+`$SLUICE_TENSORRT_CACHE`, else `~/.cache/sluice/tensorrt`, so converting the same model again on
+the same machine reuses the engine (`--no-engine-cache` builds and stores nothing). Validation
+runs the engine through the serving backend's own code."""
 
 from __future__ import annotations
 
@@ -76,24 +79,42 @@ class Build:
     record: dict[str, Any]
 
 
-def profile_shapes(
-    spec: InputSpec, max_batch_size: int, preferred: list[int]
-) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(min, opt, max) shapes of one input for the optimization profile."""
-    fitting = [size for size in preferred if 0 < size <= max_batch_size]
-    opt_batch = max(fitting) if fitting else max_batch_size
-    low, opt, high = [], [], []
-    for index, axis in enumerate(spec.axes):
-        if index == 0 and spec.batched and max_batch_size > 0:
-            sizes = (1, opt_batch, max_batch_size)
-        elif axis.dynamic:
-            sizes = (1, axis.size, axis.size)
-        else:
-            sizes = (axis.size, axis.size, axis.size)
-        low.append(sizes[0])
-        opt.append(sizes[1])
-        high.append(sizes[2])
-    return tuple(low), tuple(opt), tuple(high)
+Profile = dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
+"""One optimization profile: each input's (min, opt, max) shapes."""
+
+
+def batch_buckets(max_batch_size: int, preferred: list[int]) -> list[tuple[int, int]]:
+    """(first, last) batch size of each profile: one bucket ending at each preferred batch size
+    up to max_batch_size, and a last one ending at max_batch_size."""
+    edges = sorted({size for size in preferred if 0 < size < max_batch_size} | {max_batch_size})
+    return [(low + 1, high) for low, high in zip([0, *edges], edges, strict=False)]
+
+
+def optimization_profiles(
+    specs: list[InputSpec], max_batch_size: int, preferred: list[int]
+) -> list[Profile]:
+    """The engine's optimization profiles. Batched models get one per preferred batch size
+    bucket, each tuned (opt) for its largest size, which is the size the batcher aims for; other
+    dynamic axes range from 1 to their example size in every profile."""
+    buckets = batch_buckets(max_batch_size, preferred) if max_batch_size > 0 else [(0, 0)]
+    profiles = []
+    for first, last in buckets:
+        profile: Profile = {}
+        for spec in specs:
+            low, opt, high = [], [], []
+            for index, axis in enumerate(spec.axes):
+                if index == 0 and spec.batched and max_batch_size > 0:
+                    sizes = (first, last, last)
+                elif axis.dynamic:
+                    sizes = (1, axis.size, axis.size)
+                else:
+                    sizes = (axis.size, axis.size, axis.size)
+                low.append(sizes[0])
+                opt.append(sizes[1])
+                high.append(sizes[2])
+            profile[spec.name] = (tuple(low), tuple(opt), tuple(high))
+        profiles.append(profile)
+    return profiles
 
 
 def build_engine(
@@ -104,15 +125,17 @@ def build_engine(
     precision: str,
     workspace_bytes: int = WORKSPACE_BYTES,
     cache: Path | None = None,
+    use_cache: bool = True,
 ) -> Build:
     """A serialized TensorRT engine (`model.plan`) for this GPU and TensorRT version, from the
-    cache when the same model was built here with the same settings."""
+    engine cache (`cache`, default `cache_dir()`; none when `use_cache` is False) when the same
+    model was built here with the same settings."""
     require_tensorrt()
     import tensorrt as trt
 
     cuda = Cuda(load_runtime())
     gpu, capability = cuda.properties(int(cuda.call("cudaGetDevice")))
-    shapes = {spec.name: profile_shapes(spec, max_batch_size, preferred) for spec in specs}
+    profiles = optimization_profiles(specs, max_batch_size, preferred)
     record: dict[str, Any] = {
         "version": trt.__version__,
         "gpu": gpu,
@@ -120,7 +143,8 @@ def build_engine(
         "precision": precision,
         "profiles": [
             {name: {"min": list(low), "opt": list(opt), "max": list(high)}
-             for name, (low, opt, high) in shapes.items()}
+             for name, (low, opt, high) in profile.items()}
+            for profile in profiles
         ],
         "workspace_bytes": workspace_bytes,
     }  # fmt: skip
@@ -128,21 +152,19 @@ def build_engine(
     identity = {k: record[k] for k in record if k != "gpu"}  # the architecture, not the name
     key = hashlib.sha256((key + json.dumps(identity, sort_keys=True)).encode()).hexdigest()[:32]
     record["cache_key"] = key
-    folder = cache if cache is not None else cache_dir()
-    cached = folder / f"{key}.plan"
-    if cached.is_file():
+    folder = (cache if cache is not None else cache_dir()) if use_cache else None
+    record["engine_cache"] = None if folder is None else str(folder)
+    cached = None if folder is None else folder / f"{key}.plan"
+    if cached is not None and cached.is_file():
         return Build(cached.read_bytes(), {**record, "cached": True})
-    plan = _build(trt, onnx_model, shapes, precision, workspace_bytes)
-    _store(cached, plan)
+    plan = _build(trt, onnx_model, profiles, precision, workspace_bytes)
+    if cached is not None:
+        _store(cached, plan)
     return Build(plan, {**record, "cached": False})
 
 
 def _build(
-    trt: Any,
-    onnx_model: bytes,
-    shapes: Mapping[str, tuple[tuple[int, ...], ...]],
-    precision: str,
-    workspace_bytes: int,
+    trt: Any, onnx_model: bytes, profiles: list[Profile], precision: str, workspace_bytes: int
 ) -> bytes:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -157,10 +179,14 @@ def _build(
         config.set_flag(trt.BuilderFlag.FP16)
     if precision == "int8":
         config.set_flag(trt.BuilderFlag.INT8)
-    profile = builder.create_optimization_profile()
-    for name, (low, opt, high) in shapes.items():
-        profile.set_shape(name, low, opt, high)
-    config.add_optimization_profile(profile)
+    for index, shapes in enumerate(profiles):
+        profile = builder.create_optimization_profile()
+        for name, (low, opt, high) in shapes.items():
+            profile.set_shape(name, low, opt, high)
+        # -1 (not an exception) is how TensorRT refuses a profile.
+        if config.add_optimization_profile(profile) < 0:
+            shown = {name: [list(dims) for dims in limits] for name, limits in shapes.items()}
+            raise ConversionError(f"TensorRT refused optimization profile {index} {shown}")
     plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise ConversionError("TensorRT could not build an engine; its log above says why")

@@ -209,11 +209,12 @@ class OnnxRuntimeOptions(Section):
 
 class TensorRTOptions(Section):
     profile: int | None = Field(None, ge=0)
-    """Optimization profile every execution context uses; unset: instance i on a device uses
-    profile i modulo the engine's profile count."""
+    """Optimization profile every instance uses; unset: each instance has an execution context
+    per profile and runs each batch on the one whose ranges hold its shapes (nearest its opt
+    shapes), as Triton does."""
     workspace_bytes: int | None = Field(None, gt=0)
-    """Device memory one execution context may take for activations; a load whose engine needs
-    more fails, naming both sizes."""
+    """Device memory one execution context may take for activations (an instance has one
+    context per profile it uses); a load whose engine needs more fails, naming both sizes."""
 
 
 class InstanceGroup(Section):

@@ -1,10 +1,12 @@
 """TensorRT backend for `model.plan` engines (TensorRT 10 Python API, cuda-python runtime).
 
-Each instance owns, on its GPU: an execution context on one optimization profile, a
-non-blocking CUDA stream, and a device buffer plus a pinned host buffer per tensor, sized at
-load for the profile's largest shapes (grown only if an engine reports a larger one). A batch
-is: set input shapes (a shape outside the profile is bad input), async copies in, one
-`execute_async_v3`, async copies out, one stream sync. No allocation per batch.
+Each instance owns, on its GPU: an execution context per optimization profile it may use (all
+of them unless `tensorrt.profile` names one), a non-blocking CUDA stream, and a device buffer
+plus a pinned host buffer per tensor, shared by its contexts and sized at load for the largest
+shapes of its profiles (grown only if an engine reports a larger one). A batch is: choose the
+profile whose ranges hold its shapes (a shape none holds is bad input naming each profile's
+range), set input shapes, async copies in, one `execute_async_v3`, async copies out, one stream
+sync. No allocation per batch.
 
 Before deserializing, the engine's `conversion.json` (written by `sluice convert`) is checked
 against this machine's TensorRT version and GPU compute capability, so a plan built elsewhere
@@ -63,11 +65,15 @@ def import_gpu_modules(label: str) -> tuple[Any, Cuda]:
     return trt, cuda
 
 
-class _Tensor:
-    """One tensor's device and pinned host buffers, grown only when a larger size is needed."""
+Shape = tuple[int, ...]
 
-    def __init__(self, cuda: Cuda, context: Any, name: str, dtype: np.dtype[Any]) -> None:
-        self.cuda, self.context, self.name, self.dtype = cuda, context, name, dtype
+
+class _Tensor:
+    """One tensor's device and pinned host buffers, grown only when a larger size is needed, and
+    bound to every execution context of its instance."""
+
+    def __init__(self, cuda: Cuda, contexts: list[Any], name: str, dtype: np.dtype[Any]) -> None:
+        self.cuda, self.contexts, self.name, self.dtype = cuda, contexts, name, dtype
         self.device: DeviceBuffer | None = None
         self.host: PinnedBuffer | None = None
 
@@ -77,8 +83,9 @@ class _Tensor:
         self.close()
         self.device = DeviceBuffer(self.cuda, nbytes)
         self.host = PinnedBuffer(self.cuda, nbytes)
-        if not self.context.set_tensor_address(self.name, self.device.ptr):
-            raise BackendError(f"set_tensor_address('{self.name}') returned False")
+        for context in self.contexts:
+            if not context.set_tensor_address(self.name, self.device.ptr):
+                raise BackendError(f"set_tensor_address('{self.name}') returned False")
 
     def close(self) -> None:
         buffers, self.device, self.host = (self.device, self.host), None, None
@@ -94,62 +101,119 @@ class _Tensor:
 
 
 class _Instance:
-    """An execution context with its stream and buffers on one GPU."""
+    """One instance on one GPU: a stream, a buffer pair per tensor, and an execution context per
+    optimization profile it may use, each context pinned to its profile for good (switching a
+    context's profile makes TensorRT update layer resources on its next run). Its contexts share
+    the stream and buffers: an instance runs one batch at a time, as a Triton instance does."""
 
-    def __init__(self, cuda: Cuda, device: int, profile: int, specs: Any) -> None:
-        self.cuda, self.device, self.profile = cuda, device, profile
+    def __init__(self, cuda: Cuda, device: int, profiles: list[int], specs: Any) -> None:
+        self.cuda, self.device, self.profiles = cuda, device, profiles
         self.inputs, self.outputs = specs
         self.tensors: dict[str, _Tensor] = {}
         self.stream: Stream | None = None
-        self.context: Any = None
+        self.contexts: dict[int, Any] = {}
+        self.limits: dict[int, dict[str, tuple[Shape, Shape, Shape]]] = {}
+        """Per profile, each input's (min, opt, max) shapes."""
 
     def start(self, engine: Any) -> None:
-        """Create the context, stream and buffers (`close` frees whatever a failure left)."""
-        cuda, device, profile = self.cuda, self.device, self.profile
+        """Create the stream, contexts and buffers (`close` frees whatever a failure left)."""
+        cuda, device = self.cuda, self.device
         cuda.call("cudaSetDevice", device)
-        self.context = engine.create_execution_context()
-        if self.context is None:
-            raise BackendError(f"create_execution_context() on GPU {device} returned None")
         self.stream = Stream(cuda)
-        if not self.context.set_optimization_profile_async(profile, int(self.stream)):
-            raise BackendError(f"set_optimization_profile_async({profile}) returned False")
-        self.stream.synchronize()
-        self.limits = {
-            s.name: engine.get_tensor_profile_shape(s.name, profile) for s in self.inputs
-        }
+        for profile in self.profiles:
+            context = engine.create_execution_context()
+            if context is None:
+                raise BackendError(f"create_execution_context() on GPU {device} returned None")
+            self.contexts[profile] = context
+            if not context.set_optimization_profile_async(profile, int(self.stream)):
+                raise BackendError(f"set_optimization_profile_async({profile}) returned False")
+            self.limits[profile] = {
+                s.name: _limits(engine.get_tensor_profile_shape(s.name, profile))
+                for s in self.inputs
+            }
+        self.stream.synchronize()  # the profile switches are done before any shape is set
+        contexts = list(self.contexts.values())
         for spec in (*self.inputs, *self.outputs):
             dtype = np.dtype(_numpy_type(spec.datatype))
-            self.tensors[spec.name] = _Tensor(cuda, self.context, spec.name, dtype)
-        for spec in self.inputs:
-            largest = tuple(self.limits[spec.name][2])
-            self._set_shape(spec.name, largest)
-            self.tensors[spec.name].reserve(_nbytes(largest, self.tensors[spec.name].dtype))
-        for spec in self.outputs:
-            shape = tuple(self.context.get_tensor_shape(spec.name))
-            if any(size < 0 for size in shape):
-                raise BackendError(
-                    f"output '{spec.name}' has data-dependent shape {list(shape)}; this backend "
-                    "needs output shapes that follow from the input shapes"
-                )
-            self.tensors[spec.name].reserve(_nbytes(shape, self.tensors[spec.name].dtype))
+            self.tensors[spec.name] = _Tensor(cuda, contexts, spec.name, dtype)
+        # Sized once for the largest shapes of every profile, so no batch reallocates.
+        needed = dict.fromkeys(self.tensors, 0)
+        for profile, context in self.contexts.items():
+            for spec in self.inputs:
+                largest = self.limits[profile][spec.name][2]
+                self._set_shape(context, profile, spec.name, largest)
+                needed[spec.name] = max(needed[spec.name], self._nbytes(spec.name, largest))
+            for spec in self.outputs:
+                shape = tuple(context.get_tensor_shape(spec.name))
+                if any(size < 0 for size in shape):
+                    raise BackendError(
+                        f"output '{spec.name}' has data-dependent shape {list(shape)}; this "
+                        "backend needs output shapes that follow from the input shapes"
+                    )
+                needed[spec.name] = max(needed[spec.name], self._nbytes(spec.name, shape))
+        for name, nbytes in needed.items():
+            self.tensors[name].reserve(nbytes)
 
-    def _set_shape(self, name: str, shape: tuple[int, ...]) -> None:
-        if not self.context.set_input_shape(name, shape):
-            low, _, high = self.limits[name]
-            raise InvalidInput(
-                f"input '{name}' has shape {list(shape)}; the TensorRT engine's optimization "
-                f"profile {self.profile} allows {list(low)} to {list(high)}"
+    def _nbytes(self, name: str, shape: Sequence[int]) -> int:
+        return _nbytes(shape, self.tensors[name].dtype)
+
+    def _set_shape(self, context: Any, profile: int, name: str, shape: Shape) -> None:
+        if not context.set_input_shape(name, shape):
+            raise BackendError(
+                f"set_input_shape('{name}', {list(shape)}) returned False on optimization "
+                f"profile {profile}, which allows that shape"
             )
+
+    def choose(self, shapes: dict[str, Shape]) -> int:
+        """The profile whose ranges hold every input's shape, nearest its opt shapes (as Triton
+        picks); a shape no profile holds is bad input naming what each profile allows."""
+        fitting = [
+            p for p in self.profiles if all(_fits(shapes[n], self.limits[p][n]) for n in shapes)
+        ]
+        if fitting:
+            return min(fitting, key=lambda p: (self._distance(p, shapes), p))
+        for name, shape in shapes.items():
+            if not any(_fits(shape, self.limits[p][name]) for p in self.profiles):
+                ranges = [(p, self.limits[p][name]) for p in self.profiles]
+                if len(ranges) == 1:
+                    allowed = f"profile {ranges[0][0]} allows {_range(ranges[0][1])}"
+                else:
+                    allowed = "profiles allow " + " or ".join(
+                        f"{_range(limits)} (profile {p})" for p, limits in ranges
+                    )
+                raise InvalidInput(
+                    f"input '{name}' has shape {list(shape)}; the TensorRT engine's "
+                    f"optimization {allowed}"
+                )
+        each = _join([f"{name} {list(shape)}" for name, shape in shapes.items()])
+        allowed = "; ".join(
+            f"profile {p} allows "
+            + _join([f"{name} {_range(self.limits[p][name])}" for name in shapes])
+            for p in self.profiles
+        )
+        raise InvalidInput(
+            f"inputs {each} fit no single optimization profile of the TensorRT engine ({allowed})"
+        )
+
+    def _distance(self, profile: int, shapes: dict[str, Shape]) -> int:
+        return sum(
+            abs(size - best)
+            for name, shape in shapes.items()
+            for size, best in zip(shape, self.limits[profile][name][1], strict=True)
+        )
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self.stream is not None
         self.cuda.call("cudaSetDevice", self.device)  # worker threads are not tied to a GPU
         arrays = {}
         for spec in self.inputs:
-            tensor = self.tensors[spec.name]
-            arrays[spec.name] = np.ascontiguousarray(inputs[spec.name], dtype=tensor.dtype)
-            self._set_shape(spec.name, arrays[spec.name].shape)
-        shapes = {s.name: tuple(self.context.get_tensor_shape(s.name)) for s in self.outputs}
+            dtype = self.tensors[spec.name].dtype
+            arrays[spec.name] = np.ascontiguousarray(inputs[spec.name], dtype=dtype)
+        profile = self.choose({name: array.shape for name, array in arrays.items()})
+        context = self.contexts[profile]
+        for name, array in arrays.items():
+            self._set_shape(context, profile, name, array.shape)
+        shapes = {s.name: tuple(context.get_tensor_shape(s.name)) for s in self.outputs}
         for name, shape in shapes.items():
             self.tensors[name].reserve(_nbytes(shape, self.tensors[name].dtype))
         for name, array in arrays.items():
@@ -159,7 +223,7 @@ class _Instance:
             assert tensor.device is not None
             tensor.host.bytes[: array.nbytes] = array.reshape(-1).view(np.uint8)
             self.stream.copy_in(tensor.device, tensor.host, array.nbytes)
-        if not self.context.execute_async_v3(int(self.stream)):
+        if not context.execute_async_v3(int(self.stream)):
             raise BackendError("execute_async_v3 returned False (TensorRT's log says why)")
         for name, shape in shapes.items():
             tensor = self.tensors[name]
@@ -191,7 +255,7 @@ class _Instance:
                 step()
             except BackendError as exc:
                 failures.append(exc)
-        self.stream, self.context, self.tensors = None, None, {}
+        self.stream, self.contexts, self.tensors = None, {}, {}
         if failures:
             raise failures[0]
 
@@ -266,10 +330,11 @@ class TensorRTBackend:
                 f"{path} needs {needed} bytes of device memory per execution context; "
                 f"tensorrt.workspace_bytes allows {options.workspace_bytes}"
             )
-        for index, device in enumerate(devices):
-            on_device = devices[:index].count(device)
-            profile = options.profile if options.profile is not None else on_device % profiles
-            instance = _Instance(self._cuda, device, profile, (self.inputs, self.outputs))
+        # Every instance may use every profile unless one is configured (Triton's default);
+        # a fixed profile per instance would refuse the batches its profile does not hold.
+        usable = [options.profile] if options.profile is not None else list(range(profiles))
+        for device in devices:
+            instance = _Instance(self._cuda, device, usable, (self.inputs, self.outputs))
             self._instances.append(instance)
             instance.start(engines[device])
             self._free.put(instance)
@@ -336,6 +401,26 @@ def built_for(record_path: Path) -> tuple[str, str, str] | None:
         log.warning("ignoring %s: its TensorRT build record is not text", record_path)
         return None
     return fields
+
+
+def _limits(dims: Sequence[Sequence[int]]) -> tuple[Shape, Shape, Shape]:
+    low, opt, high = (tuple(int(size) for size in shape) for shape in dims)
+    return low, opt, high
+
+
+def _fits(shape: Shape, limits: tuple[Shape, Shape, Shape]) -> bool:
+    low, _, high = limits
+    return len(shape) == len(low) and all(
+        lo <= size <= hi for size, lo, hi in zip(shape, low, high, strict=True)
+    )
+
+
+def _range(limits: tuple[Shape, Shape, Shape]) -> str:
+    return f"{list(limits[0])} to {list(limits[2])}"
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _numpy_type(datatype: str) -> str:

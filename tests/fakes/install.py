@@ -51,6 +51,7 @@ def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setattr(fake_tensorrt, "__version__", fake_tensorrt.__version__)
     monkeypatch.setattr(fake_tensorrt, "refuse", set())
     monkeypatch.setattr(fake_tensorrt, "engines", [])
+    monkeypatch.setattr(fake_tensorrt, "configs", [])
     return fake_tensorrt
 
 

@@ -14,7 +14,11 @@ The "network" of a fake plan copies input tensors to output tensors (`copy_of`),
 `cudaMemcpyAsync(..., cudaMemcpyDeviceToDevice, stream)` through whichever
 `cuda.bindings.runtime` is importable, so on a GPU machine with cuda-python this fake drives
 real device buffers and streams. Build fake plans with `plan()`; the builder half
-(`Builder`, `OnnxParser`) makes such plans from ONNX models for the converter's tests."""
+(`Builder`, `OnnxParser`) makes such plans from ONNX models for the converter's tests, with the
+builder's refusals: `IOptimizationProfile.set_shape` raises RuntimeError for min > opt > max,
+`IBuilderConfig.add_optimization_profile` answers -1 for a profile that is not valid, and
+`build_serialized_network` answers None when a profile misses a dynamic input or contradicts a
+fixed axis."""
 
 from __future__ import annotations
 
@@ -28,10 +32,12 @@ import numpy as np
 __version__ = "10.3.0"
 MAGIC = "sluice-fake-tensorrt-plan"
 refuse: set[str] = set()
+"""Test control: the methods named here answer their failure value (False, None, -1) instead
+of working, as TensorRT does when it logs an error."""
 engines: list[ICudaEngine] = []
 """Every engine deserialized, so tests can see what its contexts ran."""
-"""Test control: the methods named here answer their failure value (False, None) instead of
-working, as TensorRT does when it logs an error."""
+configs: list[IBuilderConfig] = []
+"""Every builder config an engine was built with (pool limits, flags, profiles)."""
 
 
 class DataType(enum.Enum):
@@ -300,11 +306,25 @@ class BuilderFlag(enum.Enum):
 
 
 class IOptimizationProfile:
+    """`set_shape` raises RuntimeError for shapes that are inconsistent among themselves (as the
+    real binding's PY_ASSERT_RUNTIME_ERROR does); `bool(profile)` is its `isValid()`."""
+
     def __init__(self) -> None:
         self.shapes: dict[str, list[list[int]]] = {}
 
     def set_shape(self, input: str, min: Any, opt: Any, max: Any) -> None:
-        self.shapes[input] = [list(min), list(opt), list(max)]
+        low, best, high = (tuple(int(d) for d in dims) for dims in (min, opt, max))
+        if not len(low) == len(best) == len(high):
+            raise RuntimeError("Shape provided for opt is inconsistent with other shapes.")
+        if not all(0 <= a <= b <= c for a, b, c in zip(low, best, high, strict=True)):
+            raise RuntimeError("Shape provided for max is inconsistent with other shapes.")
+        self.shapes[input] = [list(low), list(best), list(high)]
+
+    def get_shape(self, input: str) -> list[Dims]:
+        return [Dims(dims) for dims in self.shapes.get(input, [])]
+
+    def __bool__(self) -> bool:
+        return "add_optimization_profile" not in refuse
 
 
 class IBuilderConfig:
@@ -314,12 +334,25 @@ class IBuilderConfig:
         self.profiles: list[IOptimizationProfile] = []
 
     def set_memory_pool_limit(self, pool: MemoryPoolType, pool_size: int) -> None:
+        if not isinstance(pool, MemoryPoolType) or not isinstance(pool_size, int):
+            raise TypeError("set_memory_pool_limit(): incompatible function arguments")
+        if pool_size < 0:
+            return  # the real one does nothing and records INVALID_ARGUMENT
         self.pool_limits[pool] = pool_size
 
     def set_flag(self, flag: BuilderFlag) -> None:
         self.flags.add(flag)
 
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self.profiles)
+
     def add_optimization_profile(self, profile: IOptimizationProfile) -> int:
+        """The new profile's index, or -1 for a profile that is not valid (`bool(profile)`)."""
+        if not isinstance(profile, IOptimizationProfile):
+            raise TypeError("add_optimization_profile(): incompatible function arguments")
+        if not profile:
+            return -1
         self.profiles.append(profile)
         return len(self.profiles) - 1
 
@@ -393,7 +426,23 @@ class Builder:
     ) -> bytes | None:
         if not config.profiles:
             return None  # dynamic shapes need a profile
+        for profile in config.profiles:  # each must cover every input, matching fixed axes
+            for tensor in network.tensors:
+                if tensor["mode"] != "input":
+                    continue
+                shapes = profile.shapes.get(tensor["name"])
+                if shapes is None:
+                    if -1 in tensor["shape"]:
+                        return None  # "the profile has no shape for a dynamic input"
+                    continue
+                for dims in shapes:
+                    if len(dims) != len(tensor["shape"]) or any(
+                        fixed not in (-1, size)
+                        for fixed, size in zip(tensor["shape"], dims, strict=True)
+                    ):
+                        return None  # the real builder logs the mismatch and returns None
         Builder.builds += 1
+        configs.append(config)
         cudart = _cudart()
         _, device = cudart.cudaGetDevice()
         _, props = cudart.cudaGetDeviceProperties(device)

@@ -1,14 +1,22 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import Result
 
-from converters.errors import MissingDependency
+from converters.errors import ConversionError, MissingDependency
 from converters.spec import parse_input
-from converters.tensorrt import build_engine, missing_requirements, profile_shapes, require_tensorrt
+from converters.tensorrt import (
+    build_engine,
+    missing_requirements,
+    optimization_profiles,
+    require_tensorrt,
+)
 from engine.backends.tensorrt import TensorRTBackend
 from engine.errors import BackendError
 from engine.model_config import TensorRTOptions
@@ -31,15 +39,21 @@ def test_missing_tensorrt_or_gpu_is_named() -> None:
     assert any("tensorrt package" in item or "CUDA GPU" in item for item in MISSING)
 
 
-def test_profile_follows_max_batch_and_preferred_sizes() -> None:
+def test_one_profile_per_preferred_batch_size_bucket() -> None:
     spec = parse_input("ids:INT64:-1,sequence=128")
-    assert profile_shapes(spec, 32, [4, 16, 64]) == ((1, 1), (16, 128), (32, 128))
-    assert profile_shapes(spec, 8, []) == ((1, 1), (8, 128), (8, 128))
+    # Preferred sizes above max_batch_size are dropped; the last bucket ends at max_batch_size.
+    assert optimization_profiles([spec], 32, [16, 4, 64]) == [
+        {"ids": ((1, 1), (4, 128), (4, 128))},
+        {"ids": ((5, 1), (16, 128), (16, 128))},
+        {"ids": ((17, 1), (32, 128), (32, 128))},
+    ]
+    assert optimization_profiles([spec], 8, []) == [{"ids": ((1, 1), (8, 128), (8, 128))}]
+    assert optimization_profiles([spec], 8, [8]) == [{"ids": ((1, 1), (8, 128), (8, 128))}]
 
 
 def test_profile_of_an_unbatched_input_is_its_shape() -> None:
     spec = parse_input("x:FP32:1,3,224,224")
-    assert profile_shapes(spec, 0, []) == ((1, 3, 224, 224),) * 3
+    assert optimization_profiles([spec], 0, [4]) == [{"x": ((1, 3, 224, 224),) * 3}]
 
 
 @pytest.mark.gpu
@@ -53,11 +67,14 @@ def test_fp16_engine_matches_onnx_runtime() -> None:
 
     model = mlp().SerializeToString()
     specs = [parse_input("x:FP32:-1,8")]
-    plan = build_engine(model, specs, 16, [8], "fp16").plan
-    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
-    [expected] = OnnxRunner(model).run({"x": x})
-    [actual] = TensorRTRunner(plan).run({"x": x})
-    np.testing.assert_allclose(actual, expected, rtol=2e-2, atol=2e-2)
+    build = build_engine(model, specs, 16, [8], "fp16", use_cache=False)
+    assert len(build.record["profiles"]) == 2  # batch 1-8 and 9-16
+    runner = TensorRTRunner(build.plan)
+    for rows in (5, 12):  # one batch on each profile
+        x = np.random.default_rng(rows).standard_normal((rows, 8)).astype(np.float32)
+        [expected] = OnnxRunner(model).run({"x": x})
+        [actual] = runner.run({"x": x})
+        np.testing.assert_allclose(actual, expected, rtol=2e-2, atol=2e-2)
 
 
 # -- builds, the engine cache and the build record, against the fakes (tests/fakes) -------------
@@ -83,11 +100,21 @@ def test_a_build_records_what_the_engine_is_for(fakes: FakeCudaRuntime) -> None:
         "gpu": "NVIDIA H100 80GB HBM3",
         "compute_capability": "9.0",
         "precision": "fp16",
-        "profiles": [{"x": {"min": [1, 4], "opt": [8, 4], "max": [16, 4]}}],
+        "profiles": [
+            {"x": {"min": [1, 4], "opt": [8, 4], "max": [8, 4]}},
+            {"x": {"min": [9, 4], "opt": [16, 4], "max": [16, 4]}},
+        ],
         "workspace_bytes": 1 << 30,
         "cache_key": build.record["cache_key"],
+        "engine_cache": os.environ["SLUICE_TENSORRT_CACHE"],
         "cached": False,
     }
+    [config] = fake_tensorrt.configs
+    assert config.pool_limits == {fake_tensorrt.MemoryPoolType.WORKSPACE: 1 << 30}
+    assert [p.shapes for p in config.profiles] == [
+        {"x": [[1, 4], [8, 4], [8, 4]]},
+        {"x": [[9, 4], [16, 4], [16, 4]]},
+    ]
 
 
 def test_the_engine_cache_skips_rebuilds_of_the_same_build(
@@ -142,4 +169,102 @@ def test_convert_publishes_an_engine_the_server_loads_and_checks(
     assert (
         "this machine has TensorRT 10.3.0 and NVIDIA A100-SXM4-80GB (compute capability 8.0)"
         in (str(caught.value))
+    )
+
+
+def test_a_profile_tensorrt_refuses_fails_the_build(fakes: FakeCudaRuntime) -> None:
+    # add_optimization_profile answers -1 for a profile it does not take; building on would
+    # make an engine without it (or none, with a bare None from the builder).
+    fake_tensorrt.refuse.add("add_optimization_profile")
+    with pytest.raises(ConversionError, match=r"TensorRT refused optimization profile 0 \{"):
+        build_engine(identity_onnx(), [parse_input("x:FP32:-1,4")], 16, [8], "fp16")
+
+
+def test_an_explicit_engine_cache_folder_or_none(fakes: FakeCudaRuntime, tmp_path: Path) -> None:
+    specs = [parse_input("x:FP32:-1,4")]
+    folder = tmp_path / "explicit"
+    first = build_engine(identity_onnx(), specs, 8, [], "fp32", cache=folder)
+    assert first.record["engine_cache"] == str(folder)
+    assert [p.name for p in folder.iterdir()] == [f"{first.record['cache_key']}.plan"]
+    assert build_engine(identity_onnx(), specs, 8, [], "fp32", cache=folder).record["cached"]
+    builds = fake_tensorrt.Builder.builds
+    uncached = build_engine(identity_onnx(), specs, 8, [], "fp32", cache=folder, use_cache=False)
+    assert (uncached.record["cached"], uncached.record["engine_cache"]) == (False, None)
+    assert fake_tensorrt.Builder.builds == builds + 1  # rebuilt although the cache has it
+    assert not (tmp_path / "engine-cache").exists()  # $SLUICE_TENSORRT_CACHE was never used
+
+
+def convert_identity(tmp_path: Path, *args: str | Path) -> tuple[Result, dict[str, Any]]:
+    source = tmp_path / "identity.onnx"
+    source.write_bytes(identity_onnx())
+    repository = tmp_path / "repo"
+    result = run_convert(
+        source, "--target", "tensorrt", "--max-batch-size", "8", "--measure-iterations", "0",
+        "--repository", repository, "--name", "ident", "--replace-config", *args,
+    )  # fmt: skip
+    if result.exit_code != 0:
+        return result, {}
+    versions = sorted((repository / "ident").glob("[0-9]*"), key=lambda p: int(p.name))
+    return result, json.loads((versions[-1] / "conversion.json").read_text())["tensorrt"]
+
+
+def test_workspace_and_engine_cache_options_reach_the_build_and_its_record(
+    fakes: FakeCudaRuntime, tmp_path: Path
+) -> None:
+    folder = tmp_path / "my-cache"
+    result, record = convert_identity(
+        tmp_path, "--workspace", "268435456", "--engine-cache", folder
+    )
+    assert result.exit_code == 0, result.output
+    assert (record["workspace_bytes"], record["engine_cache"]) == (1 << 28, str(folder))
+    assert fake_tensorrt.configs[-1].pool_limits[fake_tensorrt.MemoryPoolType.WORKSPACE] == 1 << 28
+    assert (folder / f"{record['cache_key']}.plan").is_file()
+    assert not (tmp_path / "engine-cache").exists()  # --engine-cache overrides the environment
+    result, again = convert_identity(tmp_path, "--workspace", "268435456", "--engine-cache", folder)
+    assert (result.exit_code, again["cached"]) == (0, True), result.output
+    result, off = convert_identity(tmp_path, "--workspace", "268435456", "--no-engine-cache")
+    assert (result.exit_code, off["cached"], off["engine_cache"]) == (0, False, None)
+    assert not (tmp_path / "engine-cache").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--workspace", "0"],
+            "Invalid value for '--workspace': 0 is not a positive number of bytes",
+        ),
+        (
+            ["--workspace", "1GiB"],
+            "Invalid value for '--workspace': '1GiB' is not a number of bytes (give an integer: "
+            "1073741824 is 1 GiB)",
+        ),
+        (
+            ["--engine-cache", "DIR", "--no-engine-cache"],
+            "--engine-cache DIR and --no-engine-cache contradict each other: give one",
+        ),
+        (["--engine-cache", "FILE"], "Directory"),
+    ],
+)
+def test_tensorrt_option_usage_errors_exit_2(
+    fakes: FakeCudaRuntime, tmp_path: Path, args: list[str], message: str
+) -> None:
+    (tmp_path / "FILE").write_text("not a folder")
+    args = [str(tmp_path / a) if a in ("DIR", "FILE") else a for a in args]
+    result, _ = convert_identity(tmp_path, *args)
+    assert result.exit_code == 2, result.output
+    assert message.replace("DIR", str(tmp_path / "DIR")) in " ".join(result.output.split())
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.mark.parametrize(
+    "args", [["--workspace", "1024"], ["--engine-cache", "c"], ["--no-engine-cache"]]
+)
+def test_tensorrt_options_without_target_tensorrt_exit_2(tmp_path: Path, args: list[str]) -> None:
+    source = tmp_path / "identity.onnx"
+    source.write_bytes(identity_onnx())
+    result = run_convert(source, "--repository", tmp_path / "repo", *args)
+    assert result.exit_code == 2, result.output
+    assert f"{args[0]} is used only with --target tensorrt (the target is onnxruntime)" in (
+        " ".join(result.output.split())
     )

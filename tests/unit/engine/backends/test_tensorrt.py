@@ -162,6 +162,51 @@ def test_shape_outside_the_profile_is_invalid_input(tmp_path: Path, trt: ModuleT
         backend.close()
 
 
+# Profiles as `sluice convert` builds them: one per preferred batch size bucket.
+SMALL = {"x": [[1, 4], [4, 4], [4, 4]], "ids": [[1, 1], [4, 16], [4, 32]]}
+LARGE = {"x": [[5, 4], [8, 4], [8, 4]], "ids": [[5, 1], [8, 16], [8, 32]]}
+
+
+def test_each_batch_runs_on_the_profile_its_shapes_fit(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    path = write_plan(tmp_path, trt, profiles=[SMALL, LARGE])
+    backend = open_backend(path, [InstanceGroup(count=2, kind="gpu")])
+    try:
+        for rows, seed in [(3, 0), (7, 1), (4, 2), (5, 3), (8, 4), (1, 5)]:
+            feed = batch(rows, 9, seed)
+            np.testing.assert_array_equal(backend.run(feed)["ids_out"], feed["ids"])
+        [engine] = trt.engines
+        # Each instance has a context per profile, each pinned to its profile for good.
+        assert [c.active_optimization_profile for c in engine.contexts] == [0, 1, 0, 1]
+        ran = {
+            profile: sorted(s["x"][0] for c in engine.contexts[profile::2] for s in c.executions)
+            for profile in (0, 1)
+        }
+        assert ran == {0: [1, 3, 4], 1: [5, 7, 8]}
+        # The contexts of one instance share its buffers (sized for the largest profile) and
+        # its stream: 4 tensors and one stream per instance, not per context.
+        assert (cudart.live_device_allocations, cudart.live_streams) == (2 * 4, 2)
+        assert cudart.malloc_calls == 2 * 4
+    finally:
+        backend.close()
+
+
+def test_a_shape_no_profile_allows_names_each_profile(tmp_path: Path, trt: ModuleType) -> None:
+    backend = open_backend(write_plan(tmp_path, trt, profiles=[SMALL, LARGE]))
+    try:
+        with pytest.raises(InvalidInput) as caught:
+            backend.run(batch(6, 40))
+        assert str(caught.value) == (
+            "input 'ids' has shape [6, 40]; the TensorRT engine's optimization profiles allow "
+            "[1, 1] to [4, 32] (profile 0) or [5, 1] to [8, 32] (profile 1)"
+        )
+        with pytest.raises(InvalidInput, match=r"^inputs x \[3, 4\] and ids \[6, 5\] fit no"):
+            backend.run({"x": batch(3, 5)["x"], "ids": batch(6, 5)["ids"]})
+    finally:
+        backend.close()
+
+
 def test_the_configured_profile_is_used(tmp_path: Path, trt: ModuleType) -> None:
     path = write_plan(tmp_path, trt, profiles=[PROFILE_0, PROFILE_1])
     backend = open_backend(path, profile=1)
@@ -359,9 +404,12 @@ def concurrent_batches(backend: TensorRTBackend, count: int) -> None:
         np.testing.assert_array_equal(out["ids_out"], feed["ids"])
 
 
-def test_concurrent_batches_never_share_an_instance(tmp_path: Path, trt: ModuleType) -> None:
+@pytest.mark.parametrize("profiles", [[PROFILE_0], [SMALL, LARGE]], ids=["one", "two"])
+def test_concurrent_batches_never_share_an_instance(
+    tmp_path: Path, trt: ModuleType, profiles: list[dict[str, list[list[int]]]]
+) -> None:
     groups = [InstanceGroup(count=2, kind="gpu", gpus=[0, 1])]
-    backend = open_backend(write_plan(tmp_path, trt), groups)
+    backend = open_backend(write_plan(tmp_path, trt, profiles=profiles), groups)
     try:
         concurrent_batches(backend, 40)
     finally:
@@ -381,8 +429,18 @@ def test_real_cuda_buffers_and_streams_under_a_fake_engine(
     fake_trt = install_tensorrt(monkeypatch)
     _, capability = Cuda(REAL).properties(0)
     major, minor = (int(part) for part in capability.split("."))
+    wide = {"x": [[1, 4], [8, 4], [8, 4]], "ids": [[1, 1], [8, 32], [8, 32]]}
     backend = open_backend(
-        write_plan(tmp_path, fake_trt, compute_capability=(major, minor)),
+        write_plan(tmp_path, fake_trt, compute_capability=(major, minor), profiles=[wide]),
+        [InstanceGroup(count=2, kind="gpu")],
+    )
+    try:
+        concurrent_batches(backend, 200)
+    finally:
+        backend.close()
+    # Two profiles: each instance's contexts share its real buffers and stream.
+    backend = open_backend(
+        write_plan(tmp_path, fake_trt, compute_capability=(major, minor), profiles=[SMALL, LARGE]),
         [InstanceGroup(count=2, kind="gpu")],
     )
     try:
