@@ -127,10 +127,7 @@ class _Instance:
             self.contexts[profile] = context
             if not context.set_optimization_profile_async(profile, int(self.stream)):
                 raise BackendError(f"set_optimization_profile_async({profile}) returned False")
-            self.limits[profile] = {
-                s.name: _limits(engine.get_tensor_profile_shape(s.name, profile))
-                for s in self.inputs
-            }
+            self.limits[profile] = {s.name: _limits(engine, s, profile) for s in self.inputs}
         self.stream.synchronize()  # the profile switches are done before any shape is set
         contexts = list(self.contexts.values())
         for spec in (*self.inputs, *self.outputs):
@@ -277,7 +274,7 @@ class TensorRTBackend:
         trt, self._cuda = import_gpu_modules(label)
         self._instances: list[_Instance] = []
         self._runtimes: list[Any] = []
-        self._engines: dict[int, Any] = {}
+        self._engines: list[Any] = []
         self._free: queue.SimpleQueue[_Instance] = queue.SimpleQueue()
         devices = [d for group in groups for d in group.devices] or [0]
         try:
@@ -293,7 +290,7 @@ class TensorRTBackend:
         record = built_for(path.parent / "conversion.json")
         # Runtimes and engines are kept for the backend's life: a context must not outlive
         # its engine, nor (in some TensorRT releases) an engine its runtime.
-        engines: dict[int, Any] = self._engines
+        runtimes: dict[int, Any] = {}
         for device in dict.fromkeys(devices):
             self._cuda.call("cudaSetDevice", device)
             gpu, capability = self._cuda.properties(device)
@@ -304,16 +301,23 @@ class TensorRTBackend:
                     f"capability {record[2]}); this machine has {here}: TensorRT engines run "
                     f"only where they were built, so rebuild it here with `{REBUILD}`"
                 )
-            runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-            self._runtimes.append(runtime)
-            engine = runtime.deserialize_cuda_engine(plan)
+            runtimes[device] = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            self._runtimes.append(runtimes[device])
+
+        def deserialize(device: int) -> Any:
+            self._cuda.call("cudaSetDevice", device)
+            engine = runtimes[device].deserialize_cuda_engine(plan)
             if engine is None:
+                gpu, capability = self._cuda.properties(device)
                 raise BackendError(
                     f"TensorRT {trt.__version__} cannot deserialize {path} on {gpu} (compute "
                     f"capability {capability}): it was built by another TensorRT version or for "
                     f"another GPU, or the file is damaged; rebuild it here with `{REBUILD}`"
                 )
-            engines[device] = engine
+            self._engines.append(engine)
+            return engine
+
+        engines = {device: deserialize(device) for device in runtimes}
         first = engines[devices[0]]
         self.inputs, self.outputs = describe(trt, first)
         profiles = first.num_optimization_profiles
@@ -333,10 +337,16 @@ class TensorRTBackend:
         # Every instance may use every profile unless one is configured (Triton's default);
         # a fixed profile per instance would refuse the batches its profile does not hold.
         usable = [options.profile] if options.profile is not None else list(range(profiles))
-        for device in devices:
+        # TensorRT: "If the engine supports dynamic shapes, each execution context in concurrent
+        # use must use a separate optimization profile." Instances run concurrently and may
+        # use the same profiles, so with dynamic shapes each instance after a device's first
+        # deserializes its own engine (its weights are on the GPU once more), as Triton does.
+        dynamic = any(-1 in spec.shape for spec in (*self.inputs, *self.outputs))
+        for index, device in enumerate(devices):
             instance = _Instance(self._cuda, device, usable, (self.inputs, self.outputs))
             self._instances.append(instance)
-            instance.start(engines[device])
+            first_here = device not in devices[:index]
+            instance.start(engines[device] if first_here or not dynamic else deserialize(device))
             self._free.put(instance)
         # Runs that reach every context once (they are handed out in turn): for warm-up.
         self.instance_slots = len(self._instances)
@@ -403,8 +413,15 @@ def built_for(record_path: Path) -> tuple[str, str, str] | None:
     return fields
 
 
-def _limits(dims: Sequence[Sequence[int]]) -> tuple[Shape, Shape, Shape]:
-    low, opt, high = (tuple(int(size) for size in shape) for shape in dims)
+def _limits(engine: Any, spec: TensorSpec, profile: int) -> tuple[Shape, Shape, Shape]:
+    """An input's (min, opt, max) shapes under a profile. A static input's are its shape: an
+    engine built without profiles has no profile shapes to report for it."""
+    if -1 not in spec.shape:
+        return spec.shape, spec.shape, spec.shape
+    low, opt, high = (
+        tuple(int(size) for size in shape)
+        for shape in engine.get_tensor_profile_shape(spec.name, profile)
+    )
     return low, opt, high
 
 

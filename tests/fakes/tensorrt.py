@@ -164,6 +164,10 @@ class ICudaEngine:
         self._profiles = data["profiles"]
         self.device_memory_size_v2 = int(data["device_memory_bytes"])
         self.contexts: list[IExecutionContext] = []
+        self.busy: dict[int, IExecutionContext] = {}
+        """Profile -> the context whose queued work uses it (tracked on the fake runtime)."""
+        self.violations: list[str] = []
+        """Concurrent uses of one profile by two contexts, which TensorRT leaves undefined."""
 
     @property
     def num_io_tensors(self) -> int:
@@ -234,7 +238,13 @@ class IExecutionContext:
         shape = tuple(int(d) for d in shape)
         if len(shape) != len(declared):
             return False
-        low, _, high = self.engine.get_tensor_profile_shape(name, self.active_optimization_profile)
+        profile = self.engine._profiles[self.active_optimization_profile]
+        if name not in profile and -1 not in declared:  # a static input of a profile-less engine
+            low = high = declared
+        else:
+            low, _, high = self.engine.get_tensor_profile_shape(
+                name, self.active_optimization_profile
+            )
         for size, fixed, lo, hi in zip(shape, declared, low, high, strict=True):
             if (fixed != -1 and size != fixed) or not lo <= size <= hi:
                 return False
@@ -274,6 +284,8 @@ class IExecutionContext:
         if self.infer_shapes() or set(self.engine._order) - set(self._addresses):
             return False  # TensorRT logs "not all shapes/addresses are specified"
         cudart = _cudart()
+        if not self._claim_profile(cudart, stream_handle):
+            return False
         for name in self.engine._order:
             tensor = self.engine._tensors[name]
             if "copy_of" not in tensor:
@@ -291,6 +303,28 @@ class IExecutionContext:
                 return False
         self.executions.append(dict(self._shapes))
         return True
+
+    def _claim_profile(self, cudart: Any, stream_handle: int) -> bool:
+        """TensorRT: "If the engine supports dynamic shapes, each execution context in concurrent
+        use must use a separate optimization profile." On the fake runtime (which can queue a
+        host callback) a context's claim lasts until its stream runs the work; a second
+        context of the same engine on the same profile meanwhile is recorded and refused."""
+        enqueue = getattr(cudart, "enqueue", None)
+        dynamic = any(-1 in t["shape"] for t in self.engine._tensors.values())
+        if enqueue is None or not dynamic:
+            return True
+        profile, busy = self.active_optimization_profile, self.engine.busy
+        holder = busy.get(profile)
+        if holder is not None and holder is not self:
+            self.engine.violations.append(f"profile {profile} used by two contexts at once")
+            return False
+        busy[profile] = self
+
+        def release() -> None:
+            if busy.get(profile) is self:
+                del busy[profile]
+
+        return bool(enqueue(stream_handle, release))
 
 
 # -- the builder half, for the converter -------------------------------------------------------

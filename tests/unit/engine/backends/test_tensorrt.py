@@ -176,11 +176,11 @@ def test_each_batch_runs_on_the_profile_its_shapes_fit(
         for rows, seed in [(3, 0), (7, 1), (4, 2), (5, 3), (8, 4), (1, 5)]:
             feed = batch(rows, 9, seed)
             np.testing.assert_array_equal(backend.run(feed)["ids_out"], feed["ids"])
-        [engine] = trt.engines
         # Each instance has a context per profile, each pinned to its profile for good.
-        assert [c.active_optimization_profile for c in engine.contexts] == [0, 1, 0, 1]
+        contexts = [context for engine in trt.engines for context in engine.contexts]
+        assert [c.active_optimization_profile for c in contexts] == [0, 1, 0, 1]
         ran = {
-            profile: sorted(s["x"][0] for c in engine.contexts[profile::2] for s in c.executions)
+            profile: sorted(s["x"][0] for c in contexts[profile::2] for s in c.executions)
             for profile in (0, 1)
         }
         assert ran == {0: [1, 3, 4], 1: [5, 7, 8]}
@@ -188,6 +188,38 @@ def test_each_batch_runs_on_the_profile_its_shapes_fit(
         # its stream: 4 tensors and one stream per instance, not per context.
         assert (cudart.live_device_allocations, cudart.live_streams) == (2 * 4, 2)
         assert cudart.malloc_calls == 2 * 4
+    finally:
+        backend.close()
+
+
+STATIC = [
+    {"name": "x", "mode": "input", "dtype": "FLOAT", "shape": [2, 4]},
+    {"name": "y", "mode": "output", "dtype": "FLOAT", "shape": [2, 4], "copy_of": "x"},
+]
+
+
+def test_instances_on_one_gpu_share_an_engine_only_when_its_shapes_are_static(
+    tmp_path: Path, trt: ModuleType
+) -> None:
+    # TensorRT: "If the engine supports dynamic shapes, each execution context in concurrent use
+    # must use a separate optimization profile." Instances run concurrently and each may use
+    # every profile, so each gets its own engine (as Triton does); static engines are shared.
+    groups = [InstanceGroup(count=3, kind="gpu", gpus=[0, 1])]
+    backend = open_backend(write_plan(tmp_path, trt, profiles=[SMALL, LARGE]), groups)
+    try:
+        assert [len(engine.contexts) for engine in trt.engines] == [2] * 6
+        concurrent_batches(backend, 40)
+        assert all(not engine.violations for engine in trt.engines)
+    finally:
+        backend.close()
+    trt.engines.clear()
+    path = write_plan(tmp_path / "static", trt)
+    path.write_bytes(trt.plan(STATIC, [{}]))  # built without profiles: none to report
+    backend = open_backend(path, groups)
+    try:
+        assert [len(engine.contexts) for engine in trt.engines] == [3, 3]  # one per GPU
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(backend.run({"x": x})["y"], x)
     finally:
         backend.close()
 
