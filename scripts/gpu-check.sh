@@ -6,7 +6,9 @@
 #
 # Runs what CPU-only CI cannot: cuda-python's real runtime under the native TensorRT backend's
 # buffer and stream code (even where TensorRT itself is absent: a fake engine then drives real
-# device buffers and streams), TensorRT builds and serving, ONNX Runtime's CUDA provider, NVML.
+# device buffers and streams), TensorRT builds (several optimization profiles, --workspace,
+# --engine-cache) and serving (a context per profile, an engine per instance), ONNX Runtime's
+# CUDA provider, NVML.
 # Every step has a timeout and the whole run stays under 10 minutes. It prints one line per
 # check (PASS, SKIP with the reason, FAIL) and every gpu-marked test's outcome, then a summary;
 # the exit status is 1 when anything failed, else 0. Logs: $GPU_CHECK_LOGS (default a temp dir).
@@ -127,6 +129,22 @@ print(f"{count} GPU(s); GPU 0 {name} (compute capability {capability}); "
 EOF
 }
 
+# What the native TensorRT paths (convert --target tensorrt, backend: tensorrt) need beyond
+# cuda-python; without it the gpu-marked TensorRT tests skip and the fake engine stands in.
+tensorrt_present() {
+    "$python" - <<'EOF'
+import importlib.util, sys
+if importlib.util.find_spec("tensorrt") is None:
+    print("the tensorrt package is not installed (pip install 'sluice[gpu]' "
+          "--extra-index-url https://pypi.nvidia.com)"); sys.exit(77)
+import tensorrt
+if int(tensorrt.__version__.split(".")[0]) != 10:
+    print(f"TensorRT {tensorrt.__version__}: sluice's backend is written for TensorRT 10")
+    sys.exit(1)
+print(f"TensorRT {tensorrt.__version__}")
+EOF
+}
+
 gpu_tests() {
     if ! "$python" -c "import pytest, pydantic_settings" 2>/dev/null; then
         echo "pytest or sluice's dependencies are missing (pip install -e '.[dev,gpu]')"
@@ -167,12 +185,13 @@ EOF
 }
 
 export python logs
-export -f driver python_deps cuda_smoke gpu_tests nvml
+export -f driver python_deps cuda_smoke tensorrt_present gpu_tests nvml
 echo "sluice GPU check: python $python, logs in $logs"
 check driver 30 driver
 check python-deps 60 python_deps
 check cuda-python 120 cuda_smoke
 check nvml 30 nvml
+check tensorrt 60 tensorrt_present
 check gpu-tests 420 gpu_tests
 
 echo

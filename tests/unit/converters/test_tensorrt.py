@@ -268,3 +268,32 @@ def test_tensorrt_options_without_target_tensorrt_exit_2(tmp_path: Path, args: l
     assert f"{args[0]} is used only with --target tensorrt (the target is onnxruntime)" in (
         " ".join(result.output.split())
     )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(bool(MISSING), reason=f"needs TensorRT and a CUDA GPU: {'; '.join(MISSING)}")
+def test_real_convert_with_profiles_workspace_and_engine_cache(tmp_path: Path) -> None:
+    """Real TensorRT: two profiles built under a given workspace into a given cache, rebuilt
+    from that cache, then served by two instances on GPU 0 (an engine each) on both profiles."""
+    from engine.model_config import InstanceGroup
+
+    args = ["--precision", "fp16", "--preferred-batch-size", "4", "--workspace", str(1 << 28)]
+    args += ["--engine-cache", str(tmp_path / "engines")]
+    result, record = convert_identity(tmp_path, *args)
+    assert result.exit_code == 0, result.output
+    assert (record["workspace_bytes"], record["cached"], len(record["profiles"])) == (
+        1 << 28,
+        False,
+        2,
+    )
+    result, again = convert_identity(tmp_path, *args)
+    assert (result.exit_code, again["cached"]) == (0, True), result.output
+    plan = tmp_path / "repo" / "ident" / "2" / "model.plan"
+    groups = [InstanceGroup(count=2, kind="gpu", gpus=[0])]
+    backend = TensorRTBackend(plan, TensorRTOptions(), "model 'ident' version 2", groups)
+    try:
+        for rows in (3, 7, 4, 8):  # profile 0 (1-4) and profile 1 (5-8)
+            x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+            np.testing.assert_allclose(backend.run({"x": x})["y"], x, rtol=1e-3, atol=1e-3)
+    finally:
+        backend.close()

@@ -44,6 +44,10 @@ def test_without_cuda_every_check_skips_with_its_reason(tmp_path: Path) -> None:
         in lines
     )
     assert "SKIP  nvml: nvidia-ml-py (pynvml) is not installed" in lines
+    assert (
+        "SKIP  tensorrt: the tensorrt package is not installed (pip install 'sluice[gpu]' "
+        "--extra-index-url https://pypi.nvidia.com)" in lines
+    )
     assert "SKIP  gpu-tests: every gpu-marked test skipped (reasons above)" in lines
     assert "PASS  python-deps: sluice's Python dependencies import" in lines
     skipped = [line for line in output.splitlines() if line.startswith("SKIPPED [1] ")]
@@ -62,6 +66,7 @@ def test_with_cuda_python_present_the_cuda_checks_run(tmp_path: Path) -> None:
     )
     assert "PASS  nvml: GPU 0 NVIDIA Fake GPU: 40% busy, 1024 of 81920 MiB used" in lines
     assert any(line.startswith("PASS  gpu-tests: ") for line in lines), output
+    assert any(line.startswith("SKIP  tensorrt: the tensorrt package") for line in lines)
     passed = [line for line in output.splitlines() if line.startswith("PASSED ")]
     assert any("test_real_cuda_buffers_and_streams_under_a_fake_engine" in line for line in passed)
     assert sum("test_cuda.py" in line and "[real]" in line for line in passed) == 7
