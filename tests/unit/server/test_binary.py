@@ -266,6 +266,41 @@ def test_decompression_is_bounded_and_checked() -> None:
     assert binary.decompress(b"abc", None, limit_bytes=1) == b"abc"
 
 
+_DECOMPRESSOBJ = zlib.decompressobj
+
+
+class _Inflater:
+    """zlib's decompressobj, recording how much each call may return."""
+
+    def __init__(self, wbits: int, asked: list[int]) -> None:
+        self._inner, self._asked = _DECOMPRESSOBJ(wbits=wbits), asked
+
+    def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+        self._asked.append(max_length)
+        return self._inner.decompress(data, max_length)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@pytest.mark.parametrize("plain_bytes", [3 * binary.INFLATE_STEP_BYTES + 5, 40 << 20])
+def test_inflation_runs_in_bounded_steps(monkeypatch: pytest.MonkeyPatch, plain_bytes: int) -> None:
+    """No single zlib call inflates more than a step: between steps the inflating thread gives
+    up the GIL (one call up to the limit held it for the final copy, about a second for a
+    200 MiB bomb), and a bomb is refused one step past the limit at most."""
+    asked: list[int] = []
+    monkeypatch.setattr(binary.zlib, "decompressobj", lambda wbits: _Inflater(wbits, asked))
+    body = gzip.compress(b" " * plain_bytes)
+    limit = 32 << 20
+    if plain_bytes > limit:
+        with pytest.raises(PayloadTooLarge):
+            binary.decompress(body, "gzip", limit)
+        assert sum(asked) == limit + 1  # stopped as soon as it passed the limit
+    else:
+        assert binary.decompress(body, "gzip", limit) == b" " * plain_bytes
+    assert max(asked) == binary.INFLATE_STEP_BYTES
+
+
 def test_no_compression_unless_asked() -> None:
     response = InferResponse("m", "1", {"y": np.zeros(3, np.float32)}, {"y": "FP32"})
     for accept in (None, "*", "br", "gzip;q=0"):
