@@ -3,9 +3,13 @@
 -- KEYS[i]  one hash per check; all carry the tenant's {hash tag}, so this also runs on a cluster
 -- ARGV[1]  clock override in microseconds, or "" for Redis TIME (only tests override it)
 -- ARGV[2]  units this request costs
--- ARGV[3]  "1": charge every check when all pass; "0": only read (the usage endpoint)
+-- ARGV[3]  "1": charge every check when all pass; "0": only read (the usage endpoint);
+--          "2": refund ARGV[2] units an earlier admission charged (a bucket gains them up to its
+--          burst; a quota counter loses them, never below 0, only if it still counts the window
+--          that was charged)
 -- ARGV[3i+1], ARGV[3i+2], ARGV[3i+3] describe KEYS[i]:
---          "bucket", rate_per_s, burst   or   "day" | "month", limit, 0
+--          "bucket", rate_per_s, burst   or   "day" | "month", limit, 0 (refund: the charge's
+--          Unix time in seconds, naming the window it charged)
 -- Returns {allowed (0|1), now_us, then for each KEYS[i]: level, window_end_s, garbage (0|1)}.
 -- Numbers travel as %.17g strings because Redis truncates Lua numbers in replies to integers. A
 -- bucket's level is its tokens before this request; a quota's level is the units used before it.
@@ -99,6 +103,7 @@ else
 end
 local now_s = now_us / 1000000
 local units = tonumber(ARGV[2])
+local refund = ARGV[3] == "2"
 local allowed = 1
 local reply = {0, fmt(now_us)}
 local writes = {}
@@ -127,7 +132,8 @@ for i, key in ipairs(KEYS) do
     reply[#reply + 1] = fmt(tokens)
     reply[#reply + 1] = "0"
     -- Once a bucket is full again its key means nothing: let it expire then.
-    writes[i] = {"tokens", fmt(tokens - units), "ts", fmt(now_us), math.ceil(b / a * 1000) + 1000}
+    local after = refund and math.min(b, tokens + units) or tokens - units
+    writes[i] = {"tokens", fmt(after), "ts", fmt(now_us), math.ceil(b / a * 1000) + 1000}
   else
     local id, end_s = window(kind, now_s)
     local stored_id, count, exists
@@ -144,8 +150,13 @@ for i, key in ipairs(KEYS) do
     end
     reply[#reply + 1] = fmt(used)
     reply[#reply + 1] = fmt(end_s)
-    writes[i] = {"window", fmt(id), "used", fmt(used + units),
-                 math.ceil((end_s - now_s) * 1000) + 1000}
+    if not refund then
+      writes[i] = {"window", fmt(id), "used", fmt(used + units),
+                   math.ceil((end_s - now_s) * 1000) + 1000}
+    elseif used > 0 and window(kind, b) == id then
+      writes[i] = {"window", fmt(id), "used", fmt(math.max(0, used - units)),
+                   math.ceil((end_s - now_s) * 1000) + 1000}
+    end
   end
   reply[#reply + 1] = garbage and "1" or "0"
   if garbage then
@@ -154,12 +165,17 @@ for i, key in ipairs(KEYS) do
   end
 end
 
+if refund then
+  allowed = 1 -- a refund always applies (it may only give units back)
+end
 reply[1] = allowed
-if allowed == 1 and ARGV[3] == "1" then
+if allowed == 1 and (ARGV[3] == "1" or refund) then
   for i, key in ipairs(KEYS) do
     local w = writes[i]
-    redis.call("HSET", key, w[1], w[2], w[3], w[4])
-    redis.call("PEXPIRE", key, w[5])
+    if w then
+      redis.call("HSET", key, w[1], w[2], w[3], w[4])
+      redis.call("PEXPIRE", key, w[5])
+    end
   end
 end
 return reply

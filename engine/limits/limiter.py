@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -59,7 +60,7 @@ class Admission:
     """A granted request. Holds its concurrency slots until `release()` (or the end of a
     `with`/`async with` block); releasing twice is harmless."""
 
-    __slots__ = ("_release", "headers", "priority")
+    __slots__ = ("_refund", "_release", "charged", "headers", "priority")
 
     def __init__(
         self,
@@ -68,6 +69,9 @@ class Admission:
         priority: int = 0,
     ) -> None:
         self._release = release
+        self._refund: Callable[[int], Awaitable[None]] | None = None
+        self.charged = 0
+        """Units charged to the tenant's buckets and quotas (0 when none applies)."""
         self.headers: dict[str, str] = headers or {}
         """X-RateLimit-Limit/-Remaining/-Reset of the tightest limit (empty if unlimited)."""
         self.priority = priority
@@ -78,6 +82,15 @@ class Admission:
         release, self._release = self._release, None
         if release is not None:
             release()
+
+    async def refund(self, units: int) -> None:
+        """Give back `units` of the `charged` ones, once (later calls do nothing): for a request
+        charged up front for more than it used, such as a generation that stopped before
+        max_tokens. Never raises: when the backend cannot be reached the charge stands."""
+        refund, self._refund = self._refund, None
+        units = min(units, self.charged)
+        if refund is not None and units > 0:
+            await refund(units)
 
     def __enter__(self) -> Admission:
         return self
@@ -153,7 +166,11 @@ class Limiter:
         admission = Admission(lambda: self._gate.release(tenant, plan.caps), priority=plan.priority)
         try:
             if plan.checks:
-                admission.headers = await self._charge(tenant, plan.checks, units)
+                admission.headers, charged_at, backend = await self._charge(
+                    tenant, plan.checks, units
+                )
+                admission.charged = units
+                admission._refund = partial(self._refund, tenant, plan.checks, charged_at, backend)
         except BaseException:
             admission.release()  # rejected, failed or cancelled: the slot must not leak
             raise
@@ -163,7 +180,7 @@ class Limiter:
         """The tenant's quotas, buckets and slots now, for `GET /v2/tenants/self/usage`."""
         plan = full_plan(self._settings, tenant)
         if plan.checks:
-            outcome, source = await self._apply(tenant, plan.checks, 0, commit=False)
+            outcome, source, _ = await self._apply(tenant, plan.checks, 0, commit=False)
         else:  # nothing stored anywhere: no round trip to Redis
             outcome, source = Outcome(True, (), time.time()), self._backend.name
         reports = [verdict.report(level, 0, False, outcome.now_unix_s) for level in outcome.levels]
@@ -184,8 +201,12 @@ class Limiter:
             plan = self._plans[(tenant, scoped)] = build_plan(self._settings, tenant, scoped)
         return plan
 
-    async def _charge(self, tenant: str, checks: Sequence[Check], units: int) -> dict[str, str]:
-        outcome, _ = await self._apply(tenant, checks, units, commit=True)
+    async def _charge(
+        self, tenant: str, checks: Sequence[Check], units: int
+    ) -> tuple[dict[str, str], float, LimitBackend]:
+        """The headers of an admission charged `units`, the backend's clock then, and the
+        backend that charged them (the local one when Redis failed open)."""
+        outcome, _, backend = await self._apply(tenant, checks, units, commit=True)
         reports = [
             verdict.report(level, units, outcome.allowed, outcome.now_unix_s)
             for level in outcome.levels
@@ -195,11 +216,25 @@ class Limiter:
             self._reject(tenant, reason)
             raise error
         tightest = verdict.tightest(reports)
-        return verdict.headers(tightest) if tightest is not None else {}
+        headers = verdict.headers(tightest) if tightest is not None else {}
+        return headers, outcome.now_unix_s, backend
+
+    async def _refund(
+        self,
+        tenant: str,
+        checks: Sequence[Check],
+        charged_at_unix_s: float,
+        backend: LimitBackend,
+        units: int,
+    ) -> None:
+        try:
+            await backend.refund(tenant, checks, units, charged_at_unix_s)
+        except BackendUnavailable as exc:
+            self._note_failure(exc)  # the tenant keeps paying what it did not use, no more
 
     async def _apply(
         self, tenant: str, checks: Sequence[Check], units: int, *, commit: bool
-    ) -> tuple[Outcome, str]:
+    ) -> tuple[Outcome, str, LimitBackend]:
         try:
             outcome = await self._backend.apply(tenant, checks, units, commit=commit)
         except BackendUnavailable as exc:
@@ -211,10 +246,11 @@ class Limiter:
                 ) from exc
             self.counters.fallback_admissions += 1
             outcome = await self._local.apply(tenant, checks, units, commit=commit)
-            return outcome, f"{self._local.name} (fallback: {self._backend.name} unavailable)"
+            fallback = f"{self._local.name} (fallback: {self._backend.name} unavailable)"
+            return outcome, fallback, self._local
         if outcome.repaired:
             self._note_garbage(tenant, outcome.repaired)
-        return outcome, self._backend.name
+        return outcome, self._backend.name, self._backend
 
     def _note_garbage(self, tenant: str, repaired: Sequence[Check]) -> None:
         self.counters.garbage_state += len(repaired)

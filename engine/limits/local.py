@@ -70,6 +70,24 @@ class MemoryBackend:
                     self._quotas[key] = quota.QuotaState(current.id, int(level.level) + units)
         return Outcome(allowed, tuple(levels), now_unix_s)
 
+    async def refund(
+        self, tenant: str, checks: Sequence[Check], units: int, charged_at_unix_s: float
+    ) -> None:
+        """Give back `units` of an admission's charge (see LimitBackend.refund)."""
+        now_s = self._clock()
+        for check in checks:
+            key = (tenant, check.slot)
+            if check.kind == "bucket":
+                state = self._buckets.get(key)
+                if state is not None:  # no state is a full bucket already
+                    tokens = bucket.refill(state, now_s, check.rate_per_s, check.burst)
+                    self._buckets[key] = bucket.BucketState(min(check.burst, tokens + units), now_s)
+            else:
+                charged = quota.window(check.kind, charged_at_unix_s)
+                counter = self._quotas.get(key)
+                if counter is not None and counter.window_id == charged.id:
+                    self._quotas[key] = quota.QuotaState(charged.id, max(0, counter.used - units))
+
     async def aclose(self) -> None:
         """Nothing to release."""
 

@@ -156,6 +156,14 @@ class LimitBackend(Protocol):
         """Evaluate `checks` for `units`; charge all of them only if all pass and `commit`."""
         ...
 
+    async def refund(
+        self, tenant: str, checks: Sequence[Check], units: int, charged_at_unix_s: float
+    ) -> None:
+        """Give back `units` that an admission at `charged_at_unix_s` (its Outcome's clock)
+        charged: each bucket gains them (never past its burst), each quota counter loses them
+        (never below zero, and only while it still counts the window that was charged)."""
+        ...
+
     async def aclose(self) -> None:
         """Release connections."""
         ...

@@ -76,6 +76,18 @@ class RedisBackend:
         self, tenant: str, checks: Sequence[Check], units: int, *, commit: bool
     ) -> Outcome:
         """Evaluate and (if all pass and `commit`) charge `checks` in one script call."""
+        return await self._script(tenant, checks, units, 1 if commit else 0, 0)
+
+    async def refund(
+        self, tenant: str, checks: Sequence[Check], units: int, charged_at_unix_s: float
+    ) -> None:
+        """Give back `units` of an admission's charge (see LimitBackend.refund), in one script
+        call; its reply is checked like an admission's."""
+        await self._script(tenant, checks, units, 2, charged_at_unix_s)
+
+    async def _script(
+        self, tenant: str, checks: Sequence[Check], units: int, mode: int, quota_arg: float
+    ) -> Outcome:
         wait_s = self._down_until - self._clock()
         if wait_s > 0:
             raise BackendUnavailable(
@@ -83,12 +95,12 @@ class RedisBackend:
             )
         keys = [self.key(tenant, check) for check in checks]
         args: list[str | int | float] = ["" if self._now_us is None else self._now_us(), units]
-        args.append(1 if commit else 0)
+        args.append(mode)
         for check in checks:
             if check.kind == "bucket":
                 args += [check.kind, check.rate_per_s, check.burst]
             else:
-                args += [check.kind, check.limit, 0]
+                args += [check.kind, check.limit, quota_arg]
         try:
             async with asyncio.timeout(self._timeout_s):
                 reply = await self._run(keys, args)
