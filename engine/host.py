@@ -4,8 +4,10 @@ the batchers are the engine's own, shared by every worker.
 
 A worker's inputs are viewed in place in its in-arena (engine/shm.py) and its answers written once
 into its out-arena. When a worker's connection ends (the worker died or stopped) every request it
-had in flight is cancelled (withdrawn from the batchers) and the out-slots it held are freed; the
-in-slots stay reserved until no array views them, and a restarted worker is told which."""
+had in flight is cancelled (withdrawn from the batchers, its generations' cache slots freed at
+the next step) and the out-slots it held are freed; the in-slots stay reserved until no array
+views them, and a restarted worker is told which. Generation requests are served by the same
+GenerationService the in-process routes call, their chunks sent back as TOKENS frames."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import orjson
 
 from engine import errors
 from engine.engine import Engine
+from engine.generation.service import GenerateRequest, GenerationService
 from engine.shm import (
     Allocator,
     Arena,
@@ -116,6 +119,7 @@ class EngineHost:
 
     def __init__(self, engine: Engine, arenas: Sequence[tuple[Arena, Arena]]) -> None:
         self.engine = engine
+        self.generation = GenerationService(engine)
         self.workers = [WorkerSlots(i, o, Allocator(o.size_bytes)) for i, o in arenas]
         self._server: asyncio.Server | None = None
         self._peers: set[_Peer] = set()
@@ -155,6 +159,7 @@ class EngineHost:
             "ready": engine.ready,
             "draining": engine.draining,
             "models": sorted({m.name for m in models}),
+            "generative": sorted({m.name for m in models if m.generator is not None}),
             "generation": zlib.crc32(marks),
             "server": engine.server_metadata(),
         }
@@ -220,6 +225,11 @@ class EngineHost:
                     peer.slots.out_allocator.free(offset)
         elif kind is Kind.CALL:
             self._spawn(peer, message["id"], self._call(peer, message))
+        elif kind is Kind.GENERATE and peer.slots is not None:
+            request = GenerateRequest.from_wire(message["request"])
+            rid = message.get("request_id")
+            rid = rid if isinstance(rid, str) else None
+            self._spawn(peer, message["id"], self._generate(peer, message["id"], request, rid))
         elif kind is Kind.EVENTS:
             self._events(message)
         else:
@@ -316,6 +326,43 @@ class EngineHost:
                 },
             },
         )
+
+    # -- generation ------------------------------------------------------------------------------
+
+    async def _generate(
+        self, peer: _Peer, call_id: int, request: GenerateRequest, rid: str | None
+    ) -> None:
+        """Admit and run one generation, its chunks sent as they come; a CANCEL, or the worker
+        going away, cancels this task and so the sequence (freed at the next step)."""
+        request_id.set(rid)
+        try:
+            stream = await self.generation.generate(request)
+        except errors.EngineError as exc:
+            peer.send(Kind.ERROR, error_payload(call_id, exc))
+            return
+        except Exception:
+            log.exception("generation failed in the engine process")
+            peer.send(Kind.ERROR, error_payload(call_id, errors.BackendError("internal error")))
+            return
+        try:
+            started = {"headers": stream.headers, "prompt_tokens": stream.prompt_tokens}
+            peer.send(Kind.STREAM, {"id": call_id, **started})
+            async for chunk in stream.chunks():
+                if chunk.error is not None:
+                    peer.send(Kind.ERROR, error_payload(call_id, chunk.error))
+                    return
+                peer.send(
+                    Kind.TOKENS,
+                    {
+                        "id": call_id,
+                        "tokens": chunk.tokens,
+                        "text": chunk.text,
+                        "finish_reason": chunk.finish_reason,
+                        "completion_tokens": stream.completion_tokens,
+                    },
+                )
+        finally:
+            stream.cancel()
 
     # -- everything else -------------------------------------------------------------------------
 

@@ -10,7 +10,11 @@ Readiness, draining and which models are loaded are a copy the engine pushes whe
 (within STATE_INTERVAL_S); declared-shape checks are cached per model generation. Metadata,
 configuration, statistics and the repository index are asked of the engine (a short blocking call
 on a separate socket: they are not on the inference path). Front-end request counts are sent to
-the engine in batches, so `/metrics` from any worker shows every worker's requests."""
+the engine in batches, so `/metrics` from any worker shows every worker's requests.
+
+Generation is relayed: `generate` sends the request the routes parsed (after authenticating
+here) and returns a `RemoteStream` fed by the engine's TOKENS frames as they arrive; leaving it
+early sends CANCEL, and losing the engine ends every stream with ShuttingDown."""
 
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 from engine import errors
 from engine.auth import Authenticator
+from engine.generation.scheduler import Chunk
+from engine.generation.service import GenerateRequest
 from engine.metrics import Metrics
 from engine.settings import Settings
 from engine.shm import (
@@ -126,6 +132,7 @@ class RemoteEngine:
         self.metrics: Metrics = RemoteMetrics(self)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._streams: dict[int, RemoteStream] = {}
         self._infers = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -252,6 +259,60 @@ class RemoteEngine:
             parameters=spec.get("parameters") or {},
         )
 
+    # -- generation ------------------------------------------------------------------------------
+
+    def generative_models(self) -> list[str]:
+        """The engine's generative models (from the state it pushes)."""
+        return [str(name) for name in self._state.get("generative", ())]
+
+    async def generate(self, request: GenerateRequest) -> RemoteStream:
+        """Have the engine process admit and queue `request`; its chunks arrive on the stream."""
+        if self.draining:
+            raise errors.ShuttingDown()
+        if self.engine_gone.is_set():
+            raise errors.ShuttingDown("the engine process is gone")
+        assert self._loop is not None
+        stream = RemoteStream(self, next(self._ids), self._loop)
+        self._streams[stream.id] = stream
+        self._infers += 1  # a stream counts as a request in flight until it ends (drain)
+        self._idle.clear()
+        message = {"id": stream.id, "request": request.to_wire(), "request_id": request_id.get()}
+        self._send(Kind.GENERATE, message)
+        try:
+            await stream.started
+        except BaseException:
+            stream.cancel()  # refused (the engine's error), or our caller was cancelled
+            raise
+        return stream
+
+    def _stream_ended(self, stream: RemoteStream, tell_engine: bool) -> None:
+        if self._streams.pop(stream.id, None) is None:
+            return
+        if tell_engine and not self.engine_gone.is_set():
+            self._send(Kind.CANCEL, {"id": stream.id})
+        self._infers -= 1
+        if not self._infers:
+            self._idle.set()
+
+    def _stream_frame(self, stream: RemoteStream, kind: Kind, message: dict[str, Any]) -> None:
+        if kind is Kind.STREAM:
+            headers = message["headers"]
+            if not isinstance(headers, dict):
+                raise TypeError(f"STREAM headers must be an object; got {headers!r:.80}")
+            stream.admitted(
+                {str(k): str(v) for k, v in headers.items()}, int(message["prompt_tokens"])
+            )
+        elif kind is Kind.TOKENS:
+            finish = message["finish_reason"]
+            chunk = Chunk(
+                [int(t) for t in message["tokens"]],
+                str(message["text"]),
+                None if finish is None else str(finish),  # type: ignore[arg-type]
+            )
+            stream.push(chunk, int(message["completion_tokens"]))
+        else:  # ERROR: refused, or failed while running
+            stream.fail(rebuild_error(message))
+
     def _free_out_slot(self, offset: int) -> None:
         self._free_out.append(offset)
         self._schedule_flush()
@@ -303,9 +364,17 @@ class RemoteEngine:
             if not future.done():
                 future.set_exception(errors.ShuttingDown("the engine process is gone"))
         self._pending.clear()
+        for stream in list(self._streams.values()):
+            stream.fail(errors.ShuttingDown("the engine process is gone"))
 
     def _dispatch(self, kind: Kind, message: Any) -> None:
-        if kind is Kind.FREE_IN:
+        call_id = message.get("id") if isinstance(message, dict) else None
+        stream = self._streams.get(call_id) if type(call_id) is int else None
+        if stream is not None and kind in (Kind.STREAM, Kind.TOKENS, Kind.ERROR):
+            self._stream_frame(stream, kind, message)
+        elif kind in (Kind.STREAM, Kind.TOKENS):
+            pass  # a stream this worker already left: the engine had sent these meanwhile
+        elif kind is Kind.FREE_IN:
             for offset in message["slots"]:
                 self.allocator.free(offset)
         elif kind in (Kind.RESULT, Kind.REPLY, Kind.ERROR):
@@ -428,6 +497,62 @@ class RemoteEngine:
 
     def label_for(self, name: str) -> str:
         return name if name in self._state.get("models", ()) else "_unknown"
+
+
+class RemoteStream:
+    """One generation relayed from the engine process (engine.generation.service.TokenStream):
+    chunks are queued as their frames arrive and handed on one by one, so a stream is never
+    buffered to its end."""
+
+    def __init__(self, remote: RemoteEngine, call_id: int, loop: asyncio.AbstractEventLoop):
+        self.id = call_id
+        self.started: asyncio.Future[None] = loop.create_future()
+        self.headers: dict[str, str] = {}
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self._remote = remote
+        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        self._ended = False
+
+    def admitted(self, headers: dict[str, str], prompt_tokens: int) -> None:
+        self.headers, self.prompt_tokens = headers, prompt_tokens
+        if not self.started.done():
+            self.started.set_result(None)
+
+    def push(self, chunk: Chunk, completion_tokens: int) -> None:
+        self.completion_tokens = completion_tokens
+        self._queue.put_nowait(chunk)
+        if chunk.finish_reason is not None:
+            self._end(tell_engine=False)
+
+    def fail(self, error: errors.EngineError) -> None:
+        """The engine refused it (before it started) or it failed, or the engine is gone."""
+        if not self.started.done():
+            self.started.set_exception(error)
+        else:
+            self._queue.put_nowait(Chunk([], "", "error", error))
+        self._end(tell_engine=False)
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        try:
+            while True:
+                chunk = await self._queue.get()
+                if chunk.finish_reason is not None:
+                    self.finish_reason = chunk.finish_reason
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        self._end(tell_engine=True)
+
+    def _end(self, tell_engine: bool) -> None:
+        if not self._ended:
+            self._ended = True
+            self._remote._stream_ended(self, tell_engine)
 
 
 class _RemoteProtocol(asyncio.Protocol):

@@ -1,7 +1,12 @@
 """The control channel between a worker process and the engine process: a unix stream socket
 carrying frames of `<u32 length><u8 kind><JSON payload>`. Tensors never travel here, only their
 descriptors (engine/shm.py); the payload is orjson, never pickle, and a frame larger than
-MAX_FRAME_BYTES or a kind that is not known ends the connection."""
+MAX_FRAME_BYTES or a kind that is not known ends the connection.
+
+Generation (engine/generation/service.py) is a GENERATE request answered by STREAM once it is
+admitted, then one TOKENS frame per chunk the scheduler gives, the last with its finish reason;
+an ERROR with the same id refuses it or ends it, and the worker's CANCEL (its client left)
+frees the sequence's slot at the next step. Tokens are small: they travel in the frames."""
 
 from __future__ import annotations
 
@@ -17,8 +22,8 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 
 
 class Kind(enum.IntEnum):
-    """What a frame is. Worker -> engine: HELLO, INFER, CANCEL, FREE_OUT, CALL, EVENTS.
-    Engine -> worker: WELCOME, RESULT, ERROR, FREE_IN, REPLY, STATE."""
+    """What a frame is. Worker -> engine: HELLO, INFER, CANCEL, FREE_OUT, CALL, EVENTS,
+    GENERATE. Engine -> worker: WELCOME, RESULT, ERROR, FREE_IN, REPLY, STATE, STREAM, TOKENS."""
 
     HELLO = 1  # {"worker": index, "pid": pid}
     INFER = 2  # {"id", "slot", "inputs": [descriptor...], "request": {...}}
@@ -26,12 +31,15 @@ class Kind(enum.IntEnum):
     FREE_OUT = 4  # {"slots": [offset...]}: the worker is done with these answers
     CALL = 5  # {"id", "method", "args"}: everything but inference
     EVENTS = 6  # {"requests": [[model, version, protocol, status, seconds]...], "encoded": ...}
+    GENERATE = 7  # {"id", "request": GenerateRequest.to_wire(), "request_id"}
     WELCOME = 11  # {"held": [[offset, nbytes]...], "state": {...}}
     RESULT = 12  # {"id", "slot", "outputs": [descriptor...], "response": {...}}
     ERROR = 13  # {"id", "error": class name, "message", "retry_after_s", "headers"}
     FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
     REPLY = 15  # {"id", "result"}
-    STATE = 16  # {"ready", "draining", "generation"}
+    STATE = 16  # {"ready", "draining", "generation", "generative": [model...]}
+    STREAM = 17  # {"id", "headers", "prompt_tokens"}: the generation is admitted
+    TOKENS = 18  # {"id", "tokens", "text", "finish_reason", "completion_tokens"}
 
 
 class ProtocolError(Exception):

@@ -13,22 +13,21 @@ from typing import cast
 import numpy as np
 
 from engine.errors import EngineError, InvalidInput
-from engine.generation.sampling import sampling_params
+from engine.generation.service import GenerateRequest
 from engine.types import InferResponse
 from server.grpc_tensors import decode_request, encode_response
-from server.openai import SAMPLING_KEYS, GenerativeEngine, find_generator, start
+from server.openai import SAMPLING_KEYS, FrontEnd, caller, generation_of
 from server.proto import grpc_service_pb2 as pb
 
 Metadata = Iterable[tuple[str, str | bytes]]
 
 
 def is_generative(engine: object, name: str) -> bool:
-    """Whether `name` is a loaded generative model of the in-process engine (anything else,
-    unknown models included, takes the ordinary inference path and its errors)."""
-    registry = getattr(engine, "registry", None)
-    if registry is None or not registry.has(name):
-        return False
-    return any(m.generator is not None for m in registry.versions(name))
+    """Whether `name` is a loaded generative model of the engine, in this process or the
+    engine process (anything else, unknown models included, takes the ordinary inference path
+    and its errors)."""
+    generation = generation_of(engine)
+    return generation is not None and name in generation.generative_models()
 
 
 def _text(request: pb.ModelInferRequest) -> str:
@@ -65,27 +64,25 @@ async def stream_generation(
     engine: object, request: pb.ModelInferRequest, metadata: Metadata
 ) -> AsyncIterator[pb.ModelStreamInferResponse]:
     """The answers to one generation request on a stream (never raises an EngineError);
-    `engine` is the in-process engine (is_generative said so)."""
-    generative = cast(GenerativeEngine, engine)
+    `engine` serves generation (is_generative said so)."""
+    generation = generation_of(engine)
+    assert generation is not None
     headers = {str(k): v if isinstance(v, str) else v.decode("latin-1") for k, v in metadata}
     try:
-        generator = find_generator(generative, headers, request.model_name)
+        tenant = caller(cast(FrontEnd, engine), headers, request.model_name)
         options = {k: v for k, v in decode_request(request).parameters.items() if v is not None}
         unknown = sorted(set(options) - set(SAMPLING_KEYS))
         if unknown:
             raise InvalidInput(
                 f"unknown generation parameter '{unknown[0]}'; allowed: {', '.join(SAMPLING_KEYS)}"
             )
-        options.setdefault("max_tokens", generator.options.default_max_tokens)
-        prompt = generator.prompt_ids(_text(request))
-        sequence, admission = await start(
-            generative, headers, request.model_name, generator, prompt, sampling_params(**options)
-        )
+        generate = GenerateRequest(request.model_name, tenant, _text(request), None, options)
+        tokens = await generation.generate(generate)
     except EngineError as exc:
         yield pb.ModelStreamInferResponse(error_message=exc.message)
         return
     try:
-        async for chunk in sequence.stream():
+        async for chunk in tokens.chunks():
             if chunk.error is not None:
                 yield pb.ModelStreamInferResponse(error_message=chunk.error.message)
                 return
@@ -96,10 +93,9 @@ async def stream_generation(
             final: dict[str, object] = {
                 "triton_final_response": True,
                 "finish_reason": chunk.finish_reason,
-                "prompt_tokens": len(sequence.prompt),
-                "completion_tokens": len(sequence.generated),
+                "prompt_tokens": tokens.prompt_tokens,
+                "completion_tokens": tokens.completion_tokens,
             }
             yield _answer(request, chunk.text, final)
     finally:
-        generator.cancel(sequence)  # the client went away: free the slot at the next step
-        admission.release()
+        tokens.cancel()  # the client went away: free the slot at the next step

@@ -5,13 +5,17 @@ counts. Errors are OpenAI's error object (`{"error": {"message", "type", "param"
 with the status engine errors map to everywhere else.
 
 Authentication is engine.auth's, as on every route (the OpenAI client's `Authorization: Bearer`
-key is read like `x-api-key`); admission is the limiter's, one request per completion."""
+key is read like `x-api-key`), in the process that serves the HTTP request; the rest (model,
+sampling, tokens, admission, the scheduler) is engine/generation/service.py's, called in process
+or, under `--workers N`, relayed to the engine process (engine/remote.py): these routes are the
+same code either way."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
@@ -19,14 +23,16 @@ import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.auth import ANONYMOUS_TENANT, Authenticator, authenticate_headers
-from engine.errors import EngineError, InvalidInput, ModelNotFound, ShuttingDown
-from engine.generation.generator import Generator
-from engine.generation.sampling import SamplingParams, sampling_params
-from engine.generation.scheduler import Chunk, GenSequence
-from engine.limits import Limiter
-from engine.limits.limiter import Admission
-from engine.registry import ModelRegistry
+from engine.auth import Authenticator, authenticate_headers
+from engine.errors import EngineError, InvalidInput, ShuttingDown
+from engine.generation.scheduler import Chunk
+from engine.generation.service import (
+    SAMPLING_KEYS,
+    GenerateRequest,
+    Generation,
+    GenerationService,
+    TokenStream,
+)
 from server.errors import error_headers, http_status
 
 ERROR_TYPES = {
@@ -37,31 +43,46 @@ ERROR_TYPES = {
     429: "rate_limit_error",
 }
 Headers = Mapping[str, str]
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+__all__ = ["SAMPLING_KEYS", "FrontEnd", "caller", "generation_of", "mount_openai"]
 
 
-class GenerativeEngine(Protocol):
-    """What these routes use of the in-process engine (`engine.engine.Engine`): the generation
-    scheduler lives beside the models, so the routes are served where the registry is."""
+class FrontEnd(Protocol):
+    """What these routes use of the engine facade besides generation."""
 
     @property
     def authenticator(self) -> Authenticator: ...
     @property
     def draining(self) -> bool: ...
-    @property
-    def registry(self) -> ModelRegistry: ...
-    @property
-    def limiter(self) -> Limiter: ...
+
+
+_services: weakref.WeakKeyDictionary[object, GenerationService] = weakref.WeakKeyDictionary()
+
+
+def generation_of(engine: object) -> Generation | None:
+    """Who serves generation for `engine`: a worker's RemoteEngine relays to the engine process
+    (it is a Generation itself); the in-process engine gets one GenerationService over its
+    registry and limiter; anything else has no generation (the routes are not mounted)."""
+    if hasattr(engine, "generate") and hasattr(engine, "generative_models"):
+        return engine
+    if hasattr(engine, "registry") and hasattr(engine, "limiter"):
+        service = _services.get(engine)
+        if service is None:
+            service = _services[engine] = GenerationService(engine)  # type: ignore[arg-type]
+        return service
+    return None
 
 
 def mount_openai(app: FastAPI, engine: object) -> None:
     """Add the /v1 routes and Triton's generate extension (server/triton_generate.py) when
-    `engine` is the in-process engine (not a worker's proxy to the engine process)."""
+    `engine` serves generation (see generation_of)."""
     from server.triton_generate import generate_router
 
-    if hasattr(engine, "registry") and hasattr(engine, "limiter"):
-        app.include_router(openai_router(engine))  # type: ignore[arg-type]
-        app.include_router(generate_router(engine))  # type: ignore[arg-type]
+    generation = generation_of(engine)
+    if generation is not None:
+        front: FrontEnd = engine  # type: ignore[assignment]
+        app.include_router(openai_router(front, generation))
+        app.include_router(generate_router(front, generation))
 
 
 def openai_error(exc: EngineError) -> Response:
@@ -91,50 +112,19 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-def find_generator(engine: GenerativeEngine, headers: Headers, name: object) -> Generator:
-    """The generator of model `name` once the caller may use it (the API key's principal),
-    the engine is not draining and the model is generative (else ModelNotFound)."""
+def caller(engine: FrontEnd, headers: Headers, name: object) -> str | None:
+    """The tenant of a caller allowed to generate with model `name` (its API key's principal):
+    authentication comes before anything else is read of the request; ShuttingDown while
+    draining."""
     if not isinstance(name, str) or not name:
         raise InvalidInput(f"model must be a model name (string); got {name!r}")
-    authenticate_headers(engine.authenticator, headers, name)
+    tenant = authenticate_headers(engine.authenticator, headers, name).tenant
     if engine.draining:
         raise ShuttingDown()
-    model = engine.registry.resolve(name, None)
-    if model.generator is None:
-        raise ModelNotFound(name, available=generative_models(engine))
-    return model.generator
+    return tenant
 
 
-async def start(
-    engine: GenerativeEngine,
-    headers: Headers,
-    name: str,
-    generator: Generator,
-    prompt: list[int],
-    params: SamplingParams,
-) -> tuple[GenSequence, Admission]:
-    """Admit the request (the limiter charges one request, or with `unit: tokens` the prompt
-    plus the completion tokens it may generate) and queue its sequence; the caller releases
-    the admission when the stream ends."""
-    tenant = authenticate_headers(engine.authenticator, headers, name).tenant
-    context = generator.options.context_length
-    tokens = len(prompt) + max(0, min(params.max_tokens, context - len(prompt)))
-    cost = tokens if engine.limiter.unit == "tokens" else 1
-    admission = await engine.limiter.admit(tenant or ANONYMOUS_TENANT, name, cost)
-    try:
-        return generator.start(prompt, params), admission
-    except BaseException:
-        admission.release()
-        raise
-
-
-def generative_models(engine: GenerativeEngine) -> list[str]:
-    """The names of the models served by the generation scheduler."""
-    names = {m.name for m in engine.registry.all() if m.generator is not None}
-    return sorted(names)
-
-
-def _params(body: dict[str, Any], generator: Generator) -> SamplingParams:
+def _options(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise InvalidInput(f"n must be 1 (one choice per request); got {body['n']!r}")
     if body.get("best_of", 1) != 1:
@@ -142,22 +132,17 @@ def _params(body: dict[str, Any], generator: Generator) -> SamplingParams:
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     if "max_completion_tokens" in body and "max_tokens" not in options:
         options["max_tokens"] = body["max_completion_tokens"]
-    options.setdefault("max_tokens", generator.options.default_max_tokens)
-    return sampling_params(**options)
+    return options
 
 
-def _prompt(body: dict[str, Any], generator: Generator) -> list[int]:
+def _prompt(body: dict[str, Any]) -> Any:
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        return generator.prompt_ids(prompt)
-    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
-        vocab = generator.text.tokenizer.get_vocab_size()
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidInput(f"prompt token {bad[0]} is not in the vocabulary (0 to {vocab - 1})")
-        return list(prompt)
+    if isinstance(prompt, str) or (
+        isinstance(prompt, list) and all(type(t) is int for t in prompt)
+    ):
+        return prompt  # the ids are checked against the model's vocabulary by the service
     raise InvalidInput(
         "prompt must be a string or a list of token ids (one prompt per request); "
         f"got {type(prompt).__name__}"
@@ -229,23 +214,21 @@ class Completion:
                 "choices": [choice]}  # fmt: skip
 
 
-async def until_disconnected(
-    request: Request, generator: Generator, sequence: GenSequence
-) -> list[Chunk]:
-    """Every chunk of a sequence answered in one response; a client that goes away first
+async def until_disconnected(request: Request, stream: TokenStream) -> list[Chunk]:
+    """Every chunk of a stream answered in one response; a client that goes away first
     cancels it (its slot is freed at the next step) instead of leaving it to run to the end."""
 
     async def watch() -> None:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-        generator.cancel(sequence)
+        stream.cancel()
 
     watcher = asyncio.create_task(watch())
     try:
-        return [chunk async for chunk in sequence.stream()]
+        return [chunk async for chunk in stream.chunks()]
     finally:
         watcher.cancel()
-        generator.cancel(sequence)  # a no-op once finished
+        stream.cancel()  # a no-op once finished
 
 
 def _sse(data: dict[str, Any] | str) -> bytes:
@@ -253,38 +236,33 @@ def _sse(data: dict[str, Any] | str) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
-def openai_router(engine: GenerativeEngine) -> APIRouter:
-    """The /v1 routes over `engine`'s generative models."""
+def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
+    """The /v1 routes over `generation`'s models."""
     router = APIRouter()
 
     async def complete(request: Request, chat: bool) -> Response:
         try:
             body = await _body(request)
-            name = body.get("model")
-            generator = find_generator(engine, request.headers, name)
-            params = _params(body, generator)
-            prompt = generator.chat_ids(_messages(body)) if chat else _prompt(body, generator)
+            tenant = caller(engine, request.headers, body.get("model"))
+            options = _options(body)
+            prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
             stream = body.get("stream", False)
             if not isinstance(stream, bool):
                 raise InvalidInput(f"stream must be true or false; got {stream!r}")
-            sequence, admission = await start(engine, request.headers, str(name), generator,
-                                              prompt, params)  # fmt: skip
+            generate = GenerateRequest(body["model"], tenant, prompt, messages, options)
+            tokens = await generation.generate(generate)
         except EngineError as exc:
             return openai_error(exc)
-        answer = Completion(chat, str(name), len(prompt))
+        answer = Completion(chat, str(body["model"]), tokens.prompt_tokens)
         if stream:
-            events = _stream(generator, sequence, answer, admission.release)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers=admission.headers)  # fmt: skip
-        try:
-            chunks = await until_disconnected(request, generator, sequence)
-        finally:
-            admission.release()
+            return StreamingResponse(_stream(tokens, answer), media_type="text/event-stream",
+                                     headers=tokens.headers)  # fmt: skip
+        chunks = await until_disconnected(request, tokens)
         last = chunks[-1]
         if last.error is not None:
             return openai_error(last.error)
         text = "".join(chunk.text for chunk in chunks)
-        return _json(answer.whole(text, last.finish_reason, len(sequence.generated)))
+        return _json(answer.whole(text, last.finish_reason, tokens.completion_tokens))
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -301,7 +279,7 @@ def openai_router(engine: GenerativeEngine) -> APIRouter:
         except EngineError as exc:
             return openai_error(exc)
         data = []
-        for name in generative_models(engine):
+        for name in generation.generative_models():
             try:
                 principal.check_model(name)
             except EngineError:
@@ -312,14 +290,12 @@ def openai_router(engine: GenerativeEngine) -> APIRouter:
     return router
 
 
-async def _stream(
-    generator: Generator, sequence: GenSequence, answer: Completion, release: Any
-) -> AsyncIterator[bytes]:
+async def _stream(tokens: TokenStream, answer: Completion) -> AsyncIterator[bytes]:
     """Server-sent events; when the client goes away Starlette cancels this generator and the
     sequence's slot is freed at the scheduler's next step."""
     try:
         first = True
-        async for chunk in sequence.stream():
+        async for chunk in tokens.chunks():
             if chunk.error is not None:
                 yield _sse({"error": {"message": chunk.error.message, "type": "server_error",
                                       "param": None, "code": None}})  # fmt: skip
@@ -327,10 +303,9 @@ async def _stream(
             if chunk.text or first or chunk.finish_reason is not None:
                 event = answer.chunk(chunk.text, chunk.finish_reason, first)
                 if chunk.finish_reason is not None:
-                    event["usage"] = answer.usage(len(sequence.generated))
+                    event["usage"] = answer.usage(tokens.completion_tokens)
                 yield _sse(event)
                 first = False
         yield _sse("[DONE]")
     finally:
-        generator.cancel(sequence)
-        release()
+        tokens.cancel()

@@ -15,16 +15,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.errors import EngineError, InvalidInput
-from engine.generation.sampling import sampling_params
-from engine.generation.scheduler import GenSequence
+from engine.generation.service import GenerateRequest, Generation, TokenStream
 from server.errors import error_headers, http_status
-from server.openai import (
-    SAMPLING_KEYS,
-    GenerativeEngine,
-    find_generator,
-    start,
-    until_disconnected,
-)
+from server.openai import SAMPLING_KEYS, FrontEnd, caller, until_disconnected
 
 
 def v2_error(exc: EngineError) -> Response:
@@ -50,71 +43,62 @@ def _request(body: Any) -> tuple[str, dict[str, Any]]:
     return text, merged
 
 
-def generate_router(engine: GenerativeEngine) -> APIRouter:
-    """The /v2/models/{name}/generate[_stream] routes over `engine`'s generative models."""
+def generate_router(engine: FrontEnd, generation: Generation) -> APIRouter:
+    """The /v2/models/{name}/generate[_stream] routes over `generation`'s models."""
     router = APIRouter()
 
-    async def begin(request: Request, name: str) -> tuple[GenSequence, Any, Any]:
+    async def begin(request: Request, name: str) -> TokenStream:
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
             raise InvalidInput(f"the request body is not JSON: {exc}") from exc
+        tenant = caller(engine, request.headers, name)
         text, options = _request(body)
         options.pop("stream", None)
-        generator = find_generator(engine, request.headers, name)
-        options.setdefault("max_tokens", generator.options.default_max_tokens)
-        params = sampling_params(**{k: v for k, v in options.items() if v is not None})
-        sequence, admission = await start(
-            engine, request.headers, name, generator, generator.prompt_ids(text), params
-        )
-        return sequence, generator, admission
+        return await generation.generate(GenerateRequest(name, tenant, text, None, options))
 
-    def answer(name: str, text: str, sequence: GenSequence, final: bool) -> dict[str, Any]:
+    def answer(name: str, text: str, tokens: TokenStream, final: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model_name": name, "model_version": "", "text_output": text}
         if final:
-            body["finish_reason"] = sequence.finish_reason
+            body["finish_reason"] = tokens.finish_reason
             body["usage"] = {
-                "prompt_tokens": len(sequence.prompt),
-                "completion_tokens": len(sequence.generated),
+                "prompt_tokens": tokens.prompt_tokens,
+                "completion_tokens": tokens.completion_tokens,
             }
         return body
 
     @router.post("/v2/models/{name}/generate")
     async def generate(request: Request, name: str) -> Response:
         try:
-            sequence, generator, admission = await begin(request, name)
+            tokens = await begin(request, name)
         except EngineError as exc:
             return v2_error(exc)
-        try:
-            chunks = await until_disconnected(request, generator, sequence)
-        finally:
-            admission.release()
+        chunks = await until_disconnected(request, tokens)
         if chunks[-1].error is not None:
             return v2_error(chunks[-1].error)
         text = "".join(chunk.text for chunk in chunks)
-        body = orjson.dumps(answer(name, text, sequence, True))
+        body = orjson.dumps(answer(name, text, tokens, True))
         return Response(body, media_type="application/json")
 
     @router.post("/v2/models/{name}/generate_stream")
     async def generate_stream(request: Request, name: str) -> Response:
         try:
-            sequence, generator, admission = await begin(request, name)
+            tokens = await begin(request, name)
         except EngineError as exc:
             return v2_error(exc)
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                async for chunk in sequence.stream():
+                async for chunk in tokens.chunks():
                     if chunk.error is not None:
                         yield b"data: " + orjson.dumps({"error": chunk.error.message}) + b"\n\n"
                         return
                     final = chunk.finish_reason is not None
                     if chunk.text or final:
-                        event = answer(name, chunk.text, sequence, final)
+                        event = answer(name, chunk.text, tokens, final)
                         yield b"data: " + orjson.dumps(event) + b"\n\n"
             finally:
-                generator.cancel(sequence)
-                admission.release()
+                tokens.cancel()
 
         return StreamingResponse(events(), media_type="text/event-stream")
 

@@ -157,3 +157,39 @@ def publish_tiny(
     assert report.status == "published", report.to_json()
     assert report.published is not None
     return Path(report.published["model_path"]).parent
+
+
+TOKEN_QUOTA = 50
+"""A daily quota in tokens (`rate_limit.unit: tokens`) for `check_unused_tokens_are_refunded`."""
+
+
+def token_quota_settings() -> dict[str, Any]:
+    return {"rate_limit": {"unit": "tokens", "default": {"quota_per_day": TOKEN_QUOTA}}}
+
+
+def check_unused_tokens_are_refunded(url: str, folder: Path) -> None:
+    """Against a server of the tiny GPT-2 under `token_quota_settings()`: a completion charged
+    prompt + max_tokens up front that stops at its first token pays prompt + 1, so a second one
+    that fits only in what the first left unused is admitted, and the quota counts exactly the
+    prompt and completion tokens of both. Each request on a new connection (under `--workers`
+    they land on different workers)."""
+    import httpx
+    from tokenizers import Tokenizer
+
+    prompt = list(range(1, 11))
+    first_token = reference_greedy(folder, prompt, 1)
+    stop = Tokenizer.from_file(str(folder / "tokenizer.json")).decode(first_token)
+    assert stop.strip(), f"the first greedy token {first_token} has no text to stop on"
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": 30, "temperature": 0, "stop": stop}
+    first = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert first.status_code == 200, first.text
+    assert first.json()["choices"][0]["finish_reason"] == "stop"
+    used = first.json()["usage"]["total_tokens"]  # 10 + 1 of the 40 charged up front
+    assert used == 11
+    fits = TOKEN_QUOTA - used - len(prompt)  # 29: admitted only once 29 of the 40 came back
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": fits, "temperature": 0}
+    second = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+    assert second.status_code == 200, second.text
+    used += second.json()["usage"]["total_tokens"]
+    day = httpx.get(f"{url}/v2/tenants/self/usage", timeout=10).json()["day"]
+    assert (day["used"], day["limit"]) == (used, TOKEN_QUOTA)

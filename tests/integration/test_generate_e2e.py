@@ -13,7 +13,12 @@ import httpx
 import orjson
 import pytest
 
-from tests.generative import publish_tiny, reference_greedy
+from tests.generative import (
+    check_unused_tokens_are_refunded,
+    publish_tiny,
+    reference_greedy,
+    token_quota_settings,
+)
 from tests.integration.helpers_e2e import Key, write_settings
 from tests.servers import ServerProcess
 
@@ -118,6 +123,16 @@ def test_rate_limit_in_tokens_charges_prompt_and_completion(
         huge = httpx.post(url, json={"model": "tiny", "prompt": ten, "max_tokens": 50})
         assert huge.status_code == 400
         assert "request of 60 tokens exceeds" in huge.json()["error"]["message"]
+    finally:
+        process.stop()
+
+
+def test_tokens_a_generation_did_not_use_are_refunded(
+    repository: tuple[Path, Path], tmp_path: Path
+) -> None:
+    process = serve(repository[1], tmp_path, token_quota_settings())
+    try:
+        check_unused_tokens_are_refunded(process.url, repository[0])
     finally:
         process.stop()
 

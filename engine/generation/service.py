@@ -1,0 +1,238 @@
+"""Generation as the front-ends ask for it: `GenerationService.generate` resolves the model,
+checks the sampling parameters, tokenizes the prompt, admits the request (one request, or with
+`unit: tokens` the prompt plus every token it may generate) and queues its sequence; the
+`TokenStream` it returns yields the chunks and, when the stream ends, gives the limiter back the
+tokens charged but not generated (a stop string, the end-of-text token, a cancel).
+
+The in-process front-ends call the service directly. Under `--workers N` a worker sends the same
+`GenerateRequest` over its control socket (engine/remote.py) and the engine process serves it
+with this class (engine/host.py): one implementation, and the scheduler, the key/value cache
+and the limiter stay the engine's. Authentication is the front-end's (the request carries the
+tenant it authenticated)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
+from engine.generation.generator import Generator
+from engine.generation.sampling import sampling_params
+from engine.generation.scheduler import Chunk, GenSequence
+from engine.limits import Limiter
+from engine.limits.limiter import Admission
+from engine.registry import ModelRegistry
+
+ANONYMOUS = "anonymous"
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """One generation as a front-end parsed it. Exactly one of `prompt` (text or token ids)
+    and `messages` (a chat, rendered with the model's template) is set; `options` holds the
+    sampling keys given (SAMPLING_KEYS; max_tokens absent takes the model's default)."""
+
+    model: str
+    tenant: str | None
+    prompt: str | list[int] | None = None
+    messages: list[dict[str, Any]] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"model": self.model, "tenant": self.tenant, "prompt": self.prompt,
+                "messages": self.messages, "options": self.options}  # fmt: skip
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any]) -> GenerateRequest:
+        """The request a worker sent (engine/wire.py GENERATE); a field of the wrong type is a
+        TypeError (the connection's protocol error), never a crash further in."""
+        model, tenant = message["model"], message.get("tenant")
+        prompt, messages = message.get("prompt"), message.get("messages")
+        options = message.get("options") or {}
+        if not isinstance(model, str) or not (tenant is None or isinstance(tenant, str)):
+            raise TypeError("GENERATE: model and tenant must be strings")
+        if not (prompt is None or isinstance(prompt, str | list)):
+            raise TypeError("GENERATE: prompt must be text or a list")
+        if not (messages is None or isinstance(messages, list)) or not isinstance(options, dict):
+            raise TypeError("GENERATE: messages must be a list and options an object")
+        return cls(model, tenant, prompt, messages, options)
+
+
+class TokenStream(Protocol):
+    """An admitted generation, as the routes answer it (in-process `LocalStream`, or a worker's
+    relay of one, engine/remote.py)."""
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The admission's X-RateLimit-* headers."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated so far (the final count once the stream ended)."""
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    def chunks(self) -> AsyncIterator[Chunk]:
+        """Chunks until the one with a finish reason (included); leaving early cancels."""
+
+    def cancel(self) -> None:
+        """The client is gone: the sequence's cache slot is freed at the next step."""
+
+
+class Generation(Protocol):
+    """What the generation routes call: this module's service, or a worker's relay to it."""
+
+    def generative_models(self) -> list[str]:
+        """The names of the models served by the generation scheduler."""
+
+    async def generate(self, request: GenerateRequest) -> TokenStream:
+        """Admit and queue `request`, or raise the EngineError saying why not."""
+
+
+class GenerativeEngine(Protocol):
+    """What the service uses of the in-process engine (`engine.engine.Engine`)."""
+
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def registry(self) -> ModelRegistry: ...
+    @property
+    def limiter(self) -> Limiter: ...
+
+
+class GenerationService:
+    """Generation over the engine's generative models (see the module docstring)."""
+
+    def __init__(self, engine: GenerativeEngine) -> None:
+        self._engine = engine
+        self._settling: set[asyncio.Task[None]] = set()
+
+    def generative_models(self) -> list[str]:
+        return sorted({m.name for m in self._engine.registry.all() if m.generator is not None})
+
+    async def generate(self, request: GenerateRequest) -> LocalStream:
+        engine = self._engine
+        if engine.draining:
+            raise ShuttingDown()
+        model = engine.registry.resolve(request.model, None)
+        generator = model.generator
+        if generator is None:
+            raise ModelNotFound(request.model, available=self.generative_models())
+        options = {k: v for k, v in request.options.items() if k in SAMPLING_KEYS}
+        options.setdefault("max_tokens", generator.options.default_max_tokens)
+        params = sampling_params(**{k: v for k, v in options.items() if v is not None})
+        if request.messages is not None:
+            prompt = generator.chat_ids(request.messages)
+        else:
+            prompt = prompt_ids(generator, request.prompt)
+        context = generator.options.context_length
+        tokens = len(prompt) + max(0, min(params.max_tokens, context - len(prompt)))
+        in_tokens = engine.limiter.unit == "tokens"
+        cost = tokens if in_tokens else 1
+        admission = await engine.limiter.admit(request.tenant or ANONYMOUS, request.model, cost)
+        try:
+            sequence = generator.start(prompt, params)
+        except BaseException:
+            admission.release()
+            if in_tokens:
+                await admission.refund(admission.charged)  # refused: no token was used
+            raise
+        return LocalStream(generator, sequence, admission, self._spawn if in_tokens else None)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+
+def prompt_ids(generator: Generator, prompt: object) -> list[int]:
+    """The token ids of a prompt given as text or as ids (each checked against the vocabulary);
+    InvalidInput for anything else."""
+    if isinstance(prompt, str):
+        return generator.prompt_ids(prompt)
+    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+        vocab = generator.text.tokenizer.get_vocab_size()
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInput(f"prompt token {bad[0]} is not in the vocabulary (0 to {vocab - 1})")
+        return list(prompt)
+    raise InvalidInput(
+        "prompt must be a string or a list of token ids (one prompt per request); "
+        f"got {type(prompt).__name__}"
+    )
+
+
+class LocalStream:
+    """A sequence of this process's scheduler and its admission. When it ends the admission's
+    slots are released and, when `spawn` is given (`unit: tokens`), the charge not used
+    (prompt + generated tokens) is refunded: before the final chunk is handed on (a client
+    that has seen the end may count on it), or in a task `spawn` keeps when cancelled."""
+
+    def __init__(
+        self,
+        generator: Generator,
+        sequence: GenSequence,
+        admission: Admission,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] | None,
+    ) -> None:
+        self._generator = generator
+        self._sequence = sequence
+        self._admission = admission
+        self._spawn = spawn
+        self._settled = False
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self._admission.headers
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._sequence.prompt)
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self._sequence.generated)
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self._sequence.finish_reason
+
+    @property
+    def sequence(self) -> GenSequence:
+        return self._sequence
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        try:
+            async for chunk in self._sequence.stream():
+                if chunk.finish_reason is not None:
+                    refund = self._settle()
+                    if refund is not None:
+                        await refund
+                yield chunk
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        self._generator.cancel(self._sequence)  # a no-op once finished
+        refund = self._settle()
+        if refund is not None and self._spawn is not None:
+            self._spawn(refund)
+
+    def _settle(self) -> Coroutine[Any, Any, None] | None:
+        """Release the admission's slots (once); the refund of the unused charge to run."""
+        if self._settled:
+            return None
+        self._settled = True
+        admission = self._admission
+        admission.release()
+        if self._spawn is None:
+            return None
+        used = len(self._sequence.prompt) + len(self._sequence.generated)
+        return admission.refund(admission.charged - used)
