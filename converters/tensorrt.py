@@ -51,7 +51,7 @@ def missing_requirements() -> list[str]:
         missing.append(f"the cuda-python package is not installed ({INSTALL})")
     else:
         if cuda.device_count() == 0:
-            missing.append("no CUDA GPU: the CUDA runtime reports no devices")
+            missing.append(f"no CUDA GPU ({cuda.no_device})")
     return missing
 
 

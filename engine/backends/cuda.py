@@ -37,13 +37,15 @@ class Cuda:
             self._native = int
         self.to_device = runtime.cudaMemcpyKind.cudaMemcpyHostToDevice
         self.to_host = runtime.cudaMemcpyKind.cudaMemcpyDeviceToHost
+        self.no_device = ""
+        """Why `device_count()` last answered 0 (empty when it has not)."""
 
     def call(self, name: str, *args: Any) -> Any:
         """`runtime.<name>(*args)`'s value (None, one value, or a tuple of them)."""
         err, *values = getattr(self.rt, name)(*args)
         if err != self.ok:
             raise BackendError(
-                f"{name}({', '.join(_show(a) for a in args)}) failed: {self.describe(err)}"
+                f"{name}({', '.join(self._show(a) for a in args)}) failed: {self.describe(err)}"
             )
         if not values:
             return None
@@ -60,14 +62,36 @@ class Cuda:
         return int(self._native(obj))
 
     def device_count(self) -> int:
-        """CUDA devices visible to this process (0 when the driver sees none)."""
-        err, count = self.rt.cudaGetDeviceCount()
-        return int(count) if err == self.ok else 0
+        """CUDA devices visible to this process; 0, with the reason in `no_device`, when there
+        are none or the driver does not load."""
+        try:
+            err, count = self.rt.cudaGetDeviceCount()
+        except RuntimeError as exc:  # cuda-python < 12.9 raises when libcuda cannot be loaded
+            self.no_device = f"the CUDA driver does not load: {exc}"
+            return 0
+        if err != self.ok:
+            self.no_device = f"cudaGetDeviceCount() failed: {self.describe(err)}"
+            return 0
+        if not count:
+            self.no_device = "the CUDA driver reports no devices"
+        return int(count)
 
     def properties(self, device: int) -> tuple[str, str]:
         """(name, compute capability as "major.minor") of a device."""
         props = self.call("cudaGetDeviceProperties", device)
         return _text(props.name), f"{props.major}.{props.minor}"
+
+    def _show(self, arg: Any) -> str:
+        name = getattr(arg, "name", None)
+        if isinstance(name, str):  # an enum member (cuda-python's enums are IntEnum-like)
+            return name
+        if isinstance(arg, int) and arg > 1 << 32:
+            return hex(arg)
+        if isinstance(arg, int):
+            return str(arg)
+        if isinstance(arg, self.rt.cudaStream_t):  # getPtr() is its storage, not the handle
+            return f"stream {self.native_handle(arg):#x}"
+        return repr(arg)
 
 
 class DeviceBuffer:
@@ -132,17 +156,6 @@ class Stream:
         if self.handle is not None:
             handle, self.handle = self.handle, None
             self._cuda.call("cudaStreamDestroy", handle)
-
-
-def _show(arg: Any) -> str:
-    name = getattr(arg, "name", None)
-    if isinstance(name, str):  # an enum member (cuda-python's enums are IntEnum-like)
-        return name
-    if isinstance(arg, int) and arg > 1 << 32:
-        return hex(arg)
-    if isinstance(arg, int):
-        return str(arg)
-    return f"stream {arg.getPtr():#x}" if hasattr(arg, "getPtr") else repr(arg)
 
 
 def _text(value: Any) -> str:

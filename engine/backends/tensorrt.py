@@ -55,7 +55,7 @@ def import_gpu_modules(label: str) -> tuple[Any, Cuda]:
     except ImportError:
         missing.append("the 'cuda-python' package (cuda.bindings.runtime)")
     if cuda is not None and cuda.device_count() == 0:
-        missing.append("a CUDA GPU")
+        missing.append(f"a CUDA GPU ({cuda.no_device})")
     if missing:
         raise BackendError(
             f"{label} needs TensorRT, but this machine lacks {' and '.join(missing)}; on a "
@@ -348,7 +348,7 @@ class TensorRTBackend:
             first_here = device not in devices[:index]
             instance.start(engines[device] if first_here or not dynamic else deserialize(device))
             self._free.put(instance)
-        # Runs that reach every context once (they are handed out in turn): for warm-up.
+        # Runs that reach every instance once (they are handed out in turn): for warm-up.
         self.instance_slots = len(self._instances)
         log.info("%s: %d TensorRT instance(s) on GPU %s", label, len(devices), sorted(set(devices)))
 

@@ -3,9 +3,16 @@
 What is the same as the real module:
 - every function returns a tuple whose first element is a `cudaError_t` member, followed by the
   call's values (`cudaMalloc(n) -> (err, ptr)`, `cudaFree(p) -> (err,)`);
-- enum parameters are typed: `cudaMemcpyAsync(..., kind=1, ...)` raises TypeError, as the
-  Cython signature `kind not None : cudaMemcpyKind` does; so does `cudaGetErrorString(0)`;
-- streams are `cudaStream_t` objects (`int(stream)` is the handle TensorRT takes);
+- enum parameters are typed: `cudaMemcpyAsync(..., kind=1, ...)` raises TypeError, and so does
+  `cudaGetErrorString(0)` (cuda-python 12.6 fails on an int there too, with AttributeError;
+  12.9 accepts ints: `FakeCudaRuntime(int_enums=True)` behaves so), so code passing here
+  passes on every cuda-python 12 release;
+- streams are `cudaStream_t` objects: `int(stream)` (or `get_cuda_native_handle`) is the handle
+  TensorRT takes, while `getPtr()` is the address of the object's own storage, as in the real
+  module;
+- without a loadable driver, cuda-python 12.6-12.8 raise RuntimeError("Failed to dlopen
+  libcuda.so.1") from any call (`FakeCudaRuntime(driver=False)`), where 12.9 answers
+  `cudaErrorInsufficientDriver`;
 - async work is queued on its stream and only happens at `cudaStreamSynchronize` (so a reader
   that skips the sync sees stale memory, as it may on a GPU);
 - the legacy default stream (0 or None) works, and each use is counted;
@@ -82,7 +89,8 @@ class cudaStream_t:
         return self._value
 
     def getPtr(self) -> int:
-        return self._value
+        """The address of this object's storage (not the stream handle), as in cuda-python."""
+        return 0x7F00_0000_0000 + id(self) % (1 << 32) * 16
 
     def __repr__(self) -> str:
         return f"<cudaStream_t {self._value:#x}>"
@@ -129,8 +137,16 @@ class FakeCudaRuntime:
     cudaHostAllocDefault = 0
     cudaHostAllocPortable = 1
 
-    def __init__(self, devices: list[cudaDeviceProp] | None = None) -> None:
+    def __init__(
+        self,
+        devices: list[cudaDeviceProp] | None = None,
+        *,
+        int_enums: bool = False,
+        driver: bool = True,
+    ) -> None:
         self.__name__ = "cuda.bindings.runtime"
+        self.int_enums = int_enums
+        self.driver = driver
         self.devices = [cudaDeviceProp()] if devices is None else devices
         self._thread = threading.local()  # the current device is per host thread, as in CUDA
         self._device: dict[int, _Allocation] = {}
@@ -181,6 +197,8 @@ class FakeCudaRuntime:
 
     def _failure(self, name: str) -> cudaError_t | None:
         self.calls.append(name)
+        if not self.driver:
+            raise RuntimeError("Failed to dlopen libcuda.so.1")
         return self._failures.pop(name, None)
 
     # -- devices -------------------------------------------------------------------------------
@@ -203,6 +221,7 @@ class FakeCudaRuntime:
         return _err(OK)
 
     def cudaGetDevice(self) -> tuple[cudaError_t, int]:
+        self._failure("cudaGetDevice")
         return OK, self.current_device
 
     def cudaGetDeviceProperties(self, device: int) -> tuple[cudaError_t, cudaDeviceProp]:
@@ -213,12 +232,18 @@ class FakeCudaRuntime:
         return OK, self.devices[device]
 
     def cudaGetErrorString(self, error: cudaError_t) -> tuple[cudaError_t, bytes]:
-        _typed("error", error, cudaError_t)
+        error = self._enum("error", error, cudaError_t)
         return OK, _MESSAGES[error].encode()
 
     def cudaGetErrorName(self, error: cudaError_t) -> tuple[cudaError_t, bytes]:
-        _typed("error", error, cudaError_t)
+        error = self._enum("error", error, cudaError_t)
         return OK, error.name.encode()
+
+    def _enum(self, argument: str, value: Any, kind: type[enum.IntEnum]) -> Any:
+        if self.int_enums and isinstance(value, int) and not isinstance(value, kind):
+            return kind(value)
+        _typed(argument, value, kind)
+        return value
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -273,7 +298,7 @@ class FakeCudaRuntime:
     def cudaMemcpy(
         self, dst: int, src: int, count: int, kind: cudaMemcpyKind
     ) -> tuple[cudaError_t]:
-        _typed("kind", kind, cudaMemcpyKind)
+        kind = self._enum("kind", kind, cudaMemcpyKind)
         if (failed := self._failure("cudaMemcpy")) is not None:
             return _err(failed)
         self.sync_copies += 1
@@ -288,7 +313,7 @@ class FakeCudaRuntime:
     def cudaMemcpyAsync(
         self, dst: int, src: int, count: int, kind: cudaMemcpyKind, stream: Any
     ) -> tuple[cudaError_t]:
-        _typed("kind", kind, cudaMemcpyKind)
+        kind = self._enum("kind", kind, cudaMemcpyKind)
         if (failed := self._failure("cudaMemcpyAsync")) is not None:
             return _err(failed)
         queue = self._stream(stream)
@@ -412,14 +437,14 @@ def get_cuda_native_handle(obj: cudaStream_t) -> int:
     """`cuda.bindings.utils.get_cuda_native_handle`: the address behind a CUDA object."""
     if not isinstance(obj, cudaStream_t):
         raise TypeError(f"unsupported type {type(obj).__name__}")
-    return obj.getPtr()
+    return obj._value
 
 
 def _handle(stream: Any) -> int:
     if stream is None:
         return 0
     if isinstance(stream, cudaStream_t):
-        return stream.getPtr()
+        return stream._value
     if isinstance(stream, int):
         return stream
     raise TypeError(f"Argument 'stream' is not instance of type (expected <class 'int'>, or "

@@ -64,16 +64,19 @@ def real_cuda() -> tuple[Any, str]:
         from cuda.bindings import runtime
     except ImportError as exc:
         return None, f"cuda.bindings.runtime does not import: {exc}"
-    err, count = runtime.cudaGetDeviceCount()
-    if err != runtime.cudaError_t.cudaSuccess or count == 0:
-        return None, f"no CUDA GPU (cudaGetDeviceCount: {err!r})"
+    from engine.backends.cuda import Cuda
+
+    cuda = Cuda(runtime)
+    if cuda.device_count() == 0:  # never raises, whichever cuda-python release this is
+        return None, f"no CUDA GPU ({cuda.no_device})"
     return runtime, ""
 
 
-def write_shims(folder: Path, tensorrt: bool = True) -> Path:
+def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:
     """A folder that, first on PYTHONPATH, makes `cuda.bindings.runtime`, `pynvml` and (unless
     told not to) `tensorrt` import as the fakes in a child process (a server, a script), the
-    way real installs are found. One fake GPU, "NVIDIA Fake GPU", compute capability 9.0."""
+    way real installs are found. One fake GPU, "NVIDIA Fake GPU", compute capability 9.0;
+    `runtime` goes to FakeCudaRuntime (`int_enums=True`, `driver=False`)."""
     package = folder / "cuda" / "bindings"
     package.mkdir(parents=True)
     (folder / "cuda" / "__init__.py").write_text("")
@@ -83,7 +86,7 @@ def write_shims(folder: Path, tensorrt: bool = True) -> Path:
     )
     (package / "runtime.py").write_text(
         "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
-        "sys.modules[__name__] = FakeCudaRuntime()\n"
+        f"sys.modules[__name__] = FakeCudaRuntime(**{runtime!r})\n"
     )
     if tensorrt:
         (folder / "tensorrt.py").write_text(

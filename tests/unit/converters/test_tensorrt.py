@@ -297,3 +297,11 @@ def test_real_convert_with_profiles_workspace_and_engine_cache(tmp_path: Path) -
             np.testing.assert_allclose(backend.run({"x": x})["y"], x, rtol=1e-3, atol=1e-3)
     finally:
         backend.close()
+
+
+def test_no_loadable_cuda_driver_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_cuda(monkeypatch, FakeCudaRuntime(driver=False))
+    install_tensorrt(monkeypatch)
+    assert missing_requirements() == [
+        "no CUDA GPU (the CUDA driver does not load: Failed to dlopen libcuda.so.1)"
+    ]

@@ -490,5 +490,33 @@ def test_without_tensorrt_or_a_gpu_every_missing_piece_is_named(
         TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
     assert str(caught.value).startswith(
         "model 'm' version 1 needs TensorRT, but this machine lacks the 'tensorrt' package and "
-        "a CUDA GPU; on a machine with an NVIDIA GPU run pip install 'sluice[gpu]'"
+        "a CUDA GPU (cudaGetDeviceCount() failed: cudaErrorNoDevice (no CUDA-capable device is "
+        "detected)); on a machine with an NVIDIA GPU run pip install 'sluice[gpu]'"
     )
+
+
+def test_without_a_loadable_cuda_driver_the_gpu_is_named_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cuda-python 12.6-12.8 raise RuntimeError from any call when libcuda cannot be loaded (a
+    # GPU install on a machine without the NVIDIA driver); that is a missing GPU, not a crash.
+    install_tensorrt(monkeypatch)
+    install_cuda(monkeypatch, FakeCudaRuntime(driver=False))
+    with pytest.raises(BackendError) as caught:
+        TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
+    assert str(caught.value).startswith(
+        "model 'm' version 1 needs TensorRT, but this machine lacks a CUDA GPU (the CUDA driver "
+        "does not load: Failed to dlopen libcuda.so.1); on a machine with an NVIDIA GPU run "
+    )
+
+
+def test_a_failed_stream_call_names_the_stream_by_its_handle(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    backend = open_backend(write_plan(tmp_path, trt))
+    try:
+        cudart.fail_next("cudaStreamSynchronize", cudaError_t.cudaErrorIllegalAddress)
+        with pytest.raises(BackendError, match=r"^cudaStreamSynchronize\(stream 0x5000\) failed"):
+            backend.run(batch(2, 3))
+    finally:
+        backend.close()
