@@ -273,7 +273,8 @@ class EngineHost:
             tenant=spec.get("tenant"),
         )
         rid = spec.get("request_id")
-        work = self._answer(peer, slots, call_id, request, rid if isinstance(rid, str) else None)
+        rid = rid if isinstance(rid, str) else None
+        work = self._answer(peer, slots, call_id, request, rid, spec.get("trace"))
         self._spawn(peer, call_id, work)
 
     def _release_in(self, slots: WorkerSlots, offset: int) -> None:
@@ -288,8 +289,11 @@ class EngineHost:
         call_id: int,
         request: InferRequest,
         rid: str | None,
+        trace: object,
     ) -> None:
         request_id.set(rid)  # this task's own context: no reset needed
+        if self.engine.tracing is not None:
+            self.engine.tracing.adopt(trace)  # the worker's request span is the parent
         try:
             response = await self.engine.infer(request)
             del request

@@ -204,6 +204,8 @@ class RemoteEngine:
             self._transport.close()
         if self._sync is not None:
             self._sync.close()
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.close)  # flushes spans: network, off the loop
 
     # -- inference -------------------------------------------------------------------------------
 
@@ -232,6 +234,8 @@ class RemoteEngine:
                     "timeout_s": request.timeout_s,
                     "tenant": request.tenant,
                     "request_id": request_id.get(),  # the engine's log lines name it too
+                    # The engine's stage spans join this request's trace.
+                    "trace": None if self.tracing is None else self.tracing.traceparent(),
                 },
             }
             result = await self._request(Kind.INFER, message)

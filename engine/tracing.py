@@ -37,6 +37,9 @@ request_id: ContextVar[str | None] = ContextVar("sluice_request_id", default=Non
 REQUEST_ID = "sluice.request_id"
 """Span attribute carrying the request id."""
 
+MAX_TRACEPARENT = 55
+"""Length of a version-00 W3C traceparent ("00-<32 hex>-<16 hex>-<2 hex>")."""
+
 
 class RequestSpan:
     """A request's root span, current in the request's context until `Tracing.end`."""
@@ -96,6 +99,23 @@ class Tracing:
             request.span.set_status(self._trace.StatusCode.ERROR)
         request.span.end()
         self._context.detach(request.token)  # type: ignore[arg-type]
+
+    def traceparent(self) -> str | None:
+        """The current span as a W3C `traceparent`, for another process to continue its trace
+        (a worker sends it with each request to the engine process)."""
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier)
+        return carrier.get("traceparent")
+
+    def adopt(self, traceparent: object) -> None:
+        """Make the span named by `traceparent` (from `traceparent()`, untrusted) the current
+        parent for the rest of the calling task, whose own context it is: the engine process's
+        stage spans then join the worker's request trace. Anything that is not a valid W3C
+        traceparent string leaves the context as it is."""
+        if isinstance(traceparent, str) and len(traceparent) <= MAX_TRACEPARENT:
+            parent = self._propagator.extract({"traceparent": traceparent})
+            if self._trace.get_current_span(parent).get_span_context().is_valid:
+                self._context.attach(parent)
 
     async def stage(self, name: str, work: Awaitable[T]) -> T:
         """Await `work` inside a child span of the current one (an exception marks it failed)."""

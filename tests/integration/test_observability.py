@@ -22,6 +22,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from engine.demo import DEMO_CONFIG, mlp_model
 from server.grpc_service import INFER_SPAN as GRPC_SPAN
@@ -357,13 +358,19 @@ class Collector:
     def spans(self) -> list[tuple[str, str, dict[str, Any]]]:
         """(service name, span name, attributes) of every span received."""
         found = []
+        for service, span in self.exported():
+            values = {a.key: a.value for a in span.attributes}
+            found.append((service, span.name, values))
+        return found
+
+    def exported(self) -> list[tuple[str, Span]]:
+        """(service name, OTLP span) of every span received."""
+        found = []
         for request in self.requests:
             for resource in request.resource_spans:
                 attrs = {a.key: a.value.string_value for a in resource.resource.attributes}
                 for scope in resource.scope_spans:
-                    for span in scope.spans:
-                        values = {a.key: a.value for a in span.attributes}
-                        found.append((attrs["service.name"], span.name, values))
+                    found += [(attrs["service.name"], span) for span in scope.spans]
         return found
 
 
@@ -413,3 +420,30 @@ def test_spans_exported_over_otlp_with_text_logs(tmp_path: Path, collector: Coll
                for line in text)  # fmt: skip
     assert any("sluice.grpc: gRPC ModelInfer demo -> 200" in line and "[otlp-grpc]" in line
                for line in text)  # fmt: skip
+
+
+def test_worker_and_engine_spans_form_one_trace(collector: Collector) -> None:
+    """With --workers, the request span (worker process) and its stage spans (engine process)
+    are one trace: every stage span is a child of the request's root span."""
+    env = {"SLUICE_TRACING__OTLP_ENDPOINT": collector.endpoint}
+    server = ServerProcess("--workers", "2", env=env)
+    server.start()
+    try:
+        response = httpx.post(f"{server.url}/v2/models/demo/infer", json=infer_body(1),
+                              headers={"x-request-id": "traced-http"}, timeout=10)  # fmt: skip
+        assert response.status_code == 200, response.text
+        with grpc.insecure_channel(server.grpc_url) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)  # type: ignore[no-untyped-call]
+            assert grpc_infer(stub, grpc_request(), (("x-request-id", "traced-grpc"),))[0] == "OK"
+    finally:
+        assert server.stop() == 0  # every process flushes its buffered spans as it stops
+    exported = [span for _, span in collector.exported()]
+    for rid, root_name in (("traced-http", HTTP_SPAN), ("traced-grpc", GRPC_SPAN)):
+        spans = {span.name: span for span in exported
+                 if {a.key: a.value.string_value for a in span.attributes}.get(
+                     "sluice.request_id") == rid}  # fmt: skip
+        assert sorted(spans) == sorted([root_name, "admission", "queue", "execute", "encode"])
+        root = spans.pop(root_name)
+        for name, span in spans.items():
+            assert span.trace_id == root.trace_id, name
+            assert span.parent_span_id == root.span_id, name

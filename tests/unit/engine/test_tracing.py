@@ -4,6 +4,7 @@ imported at all while tracing is off."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import textwrap
@@ -251,3 +252,45 @@ def test_engine_tracing_module_imports_no_opentelemetry() -> None:
         check=True,
     )
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [None, 42, "", "not a traceparent", f"00-{'0' * 32}-00f067aa0ba902b7-01",
+     f"00-{PARENT_TRACE}-00f067aa0ba902b7-01" + "x" * 100],
+)  # fmt: skip
+async def test_adopting_garbage_leaves_the_context(garbage: object) -> None:
+    """What the engine process adopts comes over a socket: anything but a valid traceparent
+    (a zero trace id is invalid) starts no trace of its own and breaks nothing."""
+    exporter = InMemorySpanExporter()
+    traced = tracing(exporter)
+    traced.adopt(garbage)
+    traced.record("execute", time.monotonic(), time.monotonic())
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+
+
+async def test_a_span_continues_in_another_tracing() -> None:
+    """A worker's request span, sent as `traceparent()`, is the parent of the spans the engine
+    process's own Tracing records after `adopt` (another provider, as in another process)."""
+    worker_spans, engine_spans = InMemorySpanExporter(), InMemorySpanExporter()
+    worker, engine = tracing(worker_spans), tracing(engine_spans)
+    root = worker.begin("infer", "http", "demo")
+    sent = worker.traceparent()
+    worker.end(root, 200)
+    assert sent is not None
+    assert len(sent) == 55
+
+    async def engine_task() -> None:
+        engine.adopt(sent)
+        engine.record("execute", time.monotonic(), time.monotonic())
+
+    await asyncio.create_task(engine_task())
+    (request,) = worker_spans.get_finished_spans()
+    (stage,) = engine_spans.get_finished_spans()
+    assert request.context is not None
+    assert stage.parent is not None
+    assert stage.parent.span_id == request.context.span_id
+    assert stage.context is not None
+    assert stage.context.trace_id == request.context.trace_id
+    assert engine.traceparent() is None  # the task's context, not the caller's
