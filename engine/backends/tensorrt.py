@@ -125,7 +125,13 @@ class _Instance:
             if context is None:
                 raise BackendError(f"create_execution_context() on GPU {device} returned None")
             self.contexts[profile] = context
-            if not context.set_optimization_profile_async(profile, int(self.stream)):
+            try:  # the binding raises RuntimeError where the C++ call returns false
+                switched = context.set_optimization_profile_async(profile, int(self.stream))
+            except RuntimeError as exc:
+                raise BackendError(
+                    f"set_optimization_profile_async({profile}) on GPU {device} failed: {exc}"
+                ) from exc
+            if not switched:
                 raise BackendError(f"set_optimization_profile_async({profile}) returned False")
             self.limits[profile] = {s.name: _limits(engine, s, profile) for s in self.inputs}
         self.stream.synchronize()  # the profile switches are done before any shape is set

@@ -7,8 +7,8 @@ by name (`num_io_tensors`, `get_tensor_name`, `get_tensor_mode`, `get_tensor_dty
 `set_input_shape` returns False for a shape outside the active profile; `set_tensor_address`
 takes an int; `execute_async_v3(stream_handle: int)` returns False while an input shape or a
 tensor address is unset, and queues its work on the stream (the outputs are written only when
-the stream runs). `set_optimization_profile_async(index, stream_handle)` returns False for an
-index the engine lacks.
+the stream runs). `set_optimization_profile_async(index, stream_handle)` raises RuntimeError for
+an index the engine lacks (the binding's PY_ASSERT_RUNTIME_ERROR; it never returns False).
 
 The "network" of a fake plan copies input tensors to output tensors (`copy_of`), with
 `cudaMemcpyAsync(..., cudaMemcpyDeviceToDevice, stream)` through whichever
@@ -223,10 +223,13 @@ class IExecutionContext:
         self.executions: list[dict[str, tuple[int, ...]]] = []
 
     def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+        """True, or RuntimeError: the binding asserts on the C++ call's false (it never
+        answers False)."""
         if not isinstance(stream_handle, int):
             raise TypeError("set_optimization_profile_async(): incompatible function arguments")
-        if not 0 <= profile_index < self.engine.num_optimization_profiles:
-            return False
+        valid = 0 <= profile_index < self.engine.num_optimization_profiles
+        if not valid or "set_optimization_profile_async" in refuse:
+            raise RuntimeError("Error in set optimization profile async.")
         self.active_optimization_profile = profile_index
         self._shapes.clear()
         return True

@@ -520,3 +520,18 @@ def test_a_failed_stream_call_names_the_stream_by_its_handle(
             backend.run(batch(2, 3))
     finally:
         backend.close()
+
+
+def test_a_refused_profile_switch_is_a_backend_error_naming_it(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    # TensorRT's Python binding raises RuntimeError here (PY_ASSERT_RUNTIME_ERROR), where the
+    # C++ call returns false: the load must still fail with a BackendError, freeing what it made.
+    trt.refuse.add("set_optimization_profile_async")
+    with pytest.raises(BackendError) as caught:
+        open_backend(write_plan(tmp_path, trt))
+    assert str(caught.value) == (
+        "set_optimization_profile_async(0) on GPU 0 failed: Error in set optimization profile "
+        "async."
+    )
+    assert (cudart.live_device_allocations, cudart.live_streams) == (0, 0)
