@@ -7,7 +7,8 @@ a client that leaves, or a worker that dies, frees its slot, errors keep their b
 engine dying ends a stream with an error, SIGTERM drains streams, and token limits are exact.
 
 Two models in one repository: `tiny` (64-token context) for answers, `long` (1,024 tokens, no
-end-of-text stop) for generations that run long enough to leave or kill mid-way."""
+end-of-text stop, one running sequence and one waiting) for generations that run long enough
+to leave or kill mid-way, and to be refused while the scheduler is full."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     tiny_gpt2(root / "hf-long", n_positions=1024)
     version = publish_tiny(root / "hf-long", root / "models", name="long")
     config = version.parent / "config.yaml"
-    config.write_text(config.read_text().replace("eos_token_ids:\n  - 0", "eos_token_ids: []"))
+    long_only = "eos_token_ids: []\n  max_running_sequences: 1\n  max_waiting_sequences: 1"
+    config.write_text(config.read_text().replace("eos_token_ids:\n  - 0", long_only))
     return root / "hf", root / "models"
 
 
@@ -284,6 +286,31 @@ def test_a_client_that_leaves_frees_its_slot(
     assert metric(server, "sluice_generation_tokens_total") - before < 999
 
 
+def test_a_full_scheduler_is_a_503_with_the_openai_error_object(server: ServerProcess) -> None:
+    with (
+        open_stream(server, "/v1/completions", {**LONG, "stream": True}) as client,
+        open_stream(server, "/v1/completions", {**LONG, "stream": True}) as waiting,
+    ):
+        client.settimeout(20)
+        waiting.settimeout(20)
+        # One runs, one waits: the scheduler has no room for a third.
+        wait_for(lambda: metric(server, "sluice_generation_waiting_sequences") == 1, "a wait")
+        refused = [
+            httpx.post(f"{server.url}/v1/completions", json={**LONG, "max_tokens": 5}, timeout=10),
+            httpx.post(
+                f"{server.url}/v2/models/long/generate", json={"text_input": "a"}, timeout=10
+            ),
+        ]
+    for reply in refused:
+        assert reply.status_code == 503, reply.text
+        assert "Retry-After" in reply.headers
+    message = "has 1 sequences waiting for cache room (max_waiting_sequences 1)"
+    assert message in refused[0].json()["error"]["message"]
+    assert refused[0].json()["error"]["type"] == "server_error"
+    assert message in refused[1].json()["error"]
+    wait_for(lambda: settled(server), "the slot freed after the client left")
+
+
 def test_a_worker_that_dies_has_its_sequences_cancelled(server: ServerProcess) -> None:
     with open_stream(server, "/v1/completions", {**LONG, "stream": True}) as client:
         client.settimeout(20)
@@ -335,10 +362,18 @@ def test_sigterm_drains_a_running_stream(repository: tuple[Path, Path], tmp_path
 # -- limits --------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis"])
 def test_a_token_limit_is_exact_across_the_workers(
-    repository: tuple[Path, Path], tmp_path: Path
+    repository: tuple[Path, Path], tmp_path: Path, backend: str, request: pytest.FixtureRequest
 ) -> None:
-    process = serve(repository[1], tmp_path, token_quota_settings())
+    settings = token_quota_settings()
+    if backend == "redis":
+        redis_url = request.getfixturevalue("redis_url")
+        namespace = f"t{time.monotonic_ns()}"
+        # A generous timeout: a slow reply on a loaded host must not fall back to local.
+        settings["rate_limit"] |= {"backend": "redis", "redis_url": redis_url,
+                                   "namespace": namespace, "redis_timeout_s": 2.0}  # fmt: skip
+    process = serve(repository[1], tmp_path, settings)
     try:
         check_unused_tokens_are_refunded(process.url, repository[0])
         over = httpx.post(
