@@ -13,8 +13,6 @@ import argparse
 import json
 import os
 import platform
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,9 +22,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
+from loadtests.benchmarks.harness import free_port as free_port  # other benchmarks import it here
+from loadtests.benchmarks.harness import markdown_table, pinned, require, serving
 from loadtests.benchmarks.models import MODELS, write_repository
 
 SERVER_CORE, CLIENT_CORE = "0", "1"
@@ -46,52 +45,11 @@ end
 """
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def pinned(core: str, *args: str) -> list[str]:
-    return ["taskset", "-c", core, *args]
-
-
 @contextmanager
 def server(kind: str, repo: Path) -> Iterator[tuple[str, str]]:
     """Start one server pinned to SERVER_CORE; yield its base URL and gRPC target."""
-    port, grpc_port = free_port(), free_port()
-    if kind == "sluice":
-        command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
-                   "--http-port", str(port), "--grpc-port", str(grpc_port),
-                   "--log-level", "warning"]  # fmt: skip
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "loadtests.benchmarks.baseline",
-            kind,
-            str(repo),
-            str(port),
-        ]
-    process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                # sluice must be ready; the peers have no health route (any answer will do)
-                answer = httpx.get(url + "/v2/health/ready", timeout=1.0)
-                if kind != "sluice" or answer.status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"{kind} server did not start")
-            time.sleep(0.1)
-        yield url, f"127.0.0.1:{grpc_port}"
-    finally:
-        process.terminate()
-        process.wait(30)
+    with serving(kind, repo, SERVER_CORE) as served:
+        yield served.url, served.grpc_target
 
 
 def json_body(model: str) -> bytes:
@@ -166,9 +124,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
     parser.add_argument("--seconds", type=float, default=10.0)
     args = parser.parse_args()
-    for tool in ("wrk", "taskset"):
-        if shutil.which(tool) is None:
-            sys.exit(f"{tool} is needed (apt-get install wrk util-linux)")
+    require("wrk", "taskset")
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,21 +177,22 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         "Raw ONNX Runtime (the limit, one thread): "
         + "; ".join(f"{m} {limits[m]:,.0f} samples/s at batch {best[m]}" for m in limits),
         "",
-        "| server | protocol | model | concurrency | req/s | % of limit | x plain FastAPI "
-        "| p50 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    columns = ["server", "protocol", "model", "concurrency", "req/s", "% of limit",
+               "x plain FastAPI", "p50 ms", "p99 ms", "errors"]  # fmt: skip
+    cells = []
     for r in report["rows"]:
         base = plain.get((r["model"], r["concurrency"]))
         vs_plain = f"{r['throughput'] / base:.2f}" if base and r["server"] != "plain" else "-"
         pct = (
             f"{100 * r['throughput'] / limits[r['model']]:.1f}%" if r["server"] != "floor" else "-"
         )
-        lines.append(
-            f"| {r['server']} | {r['protocol']} | {r['model']} | {r['concurrency']} | "
-            f"{r['throughput']:,.0f} | {pct} | {vs_plain} | {r['p50_us'] / 1e3:.2f} | "
-            f"{r['p99_us'] / 1e3:.2f} | {r['errors'] + r['non2xx']} |"
-        )
+        cells.append([
+            r["server"], r["protocol"], r["model"], r["concurrency"], f"{r['throughput']:,.0f}",
+            pct, vs_plain, f"{r['p50_us'] / 1e3:.2f}", f"{r['p99_us'] / 1e3:.2f}",
+            r["errors"] + r["non2xx"],
+        ])  # fmt: skip
+    lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 
 

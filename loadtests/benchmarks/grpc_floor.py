@@ -17,12 +17,9 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +29,16 @@ import grpc
 import httpx
 import numpy as np
 
-from loadtests.benchmarks.batching import SERVER_CORE, free_port, grpc_load, machine, pinned
+from loadtests.benchmarks.batching import SERVER_CORE, grpc_load, machine
+from loadtests.benchmarks.harness import (
+    cpu_s,
+    free_port,
+    markdown_table,
+    pinned,
+    require,
+    running,
+    sluice_command,
+)
 from loadtests.benchmarks.models import MLP_SIZES, write_repository
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
@@ -79,24 +85,13 @@ def started(kind: str, repos: dict[str, Path]) -> Iterator[tuple[str, int, str]]
     once it answers ModelInfer."""
     port, http_port = free_port(), free_port()
     if kind in repos:
-        command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repos[kind]),
-                   "--http-port", str(http_port), "--grpc-port", str(port),
-                   "--log-level", "warning"]  # fmt: skip
+        command = sluice_command(repos[kind], http_port, port)
     else:
         command = [sys.executable, "-m", "loadtests.benchmarks.grpc_floor", "--serve-floor",
                    str(port), *(["--request-id"] if kind == "floor+id" else [])]  # fmt: skip
-    process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=subprocess.DEVNULL)
     target = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while not _answers(target):
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"{kind} server did not start")
-            time.sleep(0.2)
-        yield target, process.pid, f"http://127.0.0.1:{http_port}"
-    finally:
-        process.terminate()
-        process.wait(30)
+    with running(pinned(SERVER_CORE, *command), lambda: _answers(target), f"{kind} server") as p:
+        yield target, p.pid, f"http://127.0.0.1:{http_port}"
 
 
 def _answers(target: str) -> bool:
@@ -119,12 +114,6 @@ def mean_batch(url: str) -> float:
     return float(stats["inference_count"]) / max(1, int(stats["execution_count"]))
 
 
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -141,8 +130,7 @@ def main() -> None:
     if args.serve_floor is not None:
         asyncio.run(serve_floor(args.serve_floor, args.request_id))
         return
-    if shutil.which("taskset") is None:
-        sys.exit("taskset is needed (apt-get install util-linux)")
+    require("taskset")
     args.out.mkdir(parents=True, exist_ok=True)
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -187,10 +175,10 @@ def table(report: dict[str, Any]) -> str:
         f"on core 0, grpc.aio client on core 1, {len(rounds)} rounds (median, min-max); "
         f"{report['machine']}.",
         "",
-        "| server | calls/s | of the floor | server CPU µs per call | requests per batch "
-        "| p50 µs | p99 µs |",
-        "|---|---|---|---|---|---|---|",
     ]
+    columns = ["server", "calls/s", "of the floor", "server CPU µs per call",
+               "requests per batch", "p50 µs", "p99 µs"]  # fmt: skip
+    cells = []
     for kind in KINDS:
         calls = summary([r[kind]["throughput"] for r in rounds])
         ratio = summary([r[kind]["throughput"] / r["floor"]["throughput"] for r in rounds])
@@ -199,11 +187,12 @@ def table(report: dict[str, Any]) -> str:
         p99 = statistics.median(r[kind]["p99_us"] for r in rounds)
         batch = [r[kind]["mean_batch"] for r in rounds if "mean_batch" in r[kind]]
         per_batch = f"{statistics.median(batch):.2f}" if batch else "-"
-        lines.append(
-            f"| {kind} | {calls['median']:,.0f} ({calls['min']:,.0f}-{calls['max']:,.0f}) | "
-            f"{ratio['median']:.0%} ({ratio['min']:.0%}-{ratio['max']:.0%}) | {cpu:,.0f} | "
-            f"{per_batch} | {p50:,.0f} | {p99:,.0f} |"
-        )
+        cells.append([
+            kind, f"{calls['median']:,.0f} ({calls['min']:,.0f}-{calls['max']:,.0f})",
+            f"{ratio['median']:.0%} ({ratio['min']:.0%}-{ratio['max']:.0%})", f"{cpu:,.0f}",
+            per_batch, f"{p50:,.0f}", f"{p99:,.0f}",
+        ])  # fmt: skip
+    lines += markdown_table(columns, cells)
     lines += [
         "",
         "`of the floor`: calls/s over the floor's in the same round. Server CPU per call is the "

@@ -16,23 +16,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 import timeit
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import orjson
 
-from loadtests.benchmarks.batching import SERVER_CORE, free_port, machine, pinned, wrk
+from loadtests.benchmarks.batching import SERVER_CORE, machine, wrk
+from loadtests.benchmarks.harness import cpu_s, markdown_table, require, serving
 from loadtests.benchmarks.models import MODELS, write_repository
 from server import codec
 
@@ -92,50 +88,6 @@ def decode_costs() -> list[dict[str, Any]]:
     return rows
 
 
-@contextmanager
-def started(kind: str, repo: Path) -> Iterator[tuple[str, int]]:
-    """One server on SERVER_CORE (sluice with one worker): its base URL and process id."""
-    port = free_port()
-    if kind == "sluice":
-        command = [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
-                   "--http-port", str(port), "--grpc-port", str(free_port()), "--workers", "1",
-                   "--log-level", "warning"]  # fmt: skip
-    else:
-        command = [
-            sys.executable,
-            "-m",
-            "loadtests.benchmarks.baseline",
-            kind,
-            str(repo),
-            str(port),
-        ]
-    process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:  # sluice must be ready; the peers have no health route (any answer will do)
-                if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200 or (
-                    kind != "sluice"
-                ):
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError(f"{kind} server did not start")
-            time.sleep(0.1)
-        yield url, process.pid  # taskset execs the server: the same process
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-def cpu_s(pid: int) -> float:
-    """CPU time (user + system, every thread) that process `pid` has used, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def throughput(repo: Path, rounds: int, seconds: float) -> list[dict[str, Any]]:
     """Every server runs for the whole benchmark (idle ones cost nothing) and each round loads
     them in turn, so the figures a ratio compares are measured seconds apart. Besides req/s,
@@ -143,11 +95,14 @@ def throughput(repo: Path, rounds: int, seconds: float) -> list[dict[str, Any]]:
     but hardly changes what each request costs."""
     rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
-        servers = {kind: stack.enter_context(started(kind, repo)) for kind in KINDS}
+        servers = {
+            kind: stack.enter_context(serving(kind, repo, SERVER_CORE, "--workers", "1"))
+            for kind in KINDS
+        }
         for round_ in range(rounds):
             for model in MODELS:
-                for kind, (url, pid) in servers.items():
-                    target = f"{url}/v2/models/{model}/infer"
+                for kind, served in servers.items():
+                    target, pid = f"{served.url}/v2/models/{model}/infer", served.pid
                     used = cpu_s(pid)
                     result = wrk(target, json_body(model), CONCURRENCY, seconds, {})
                     answered = result["requests"] - result["non2xx"]
@@ -178,9 +133,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    for tool in ("wrk", "taskset"):
-        if shutil.which(tool) is None:
-            sys.exit(f"{tool} is needed (apt-get install wrk util-linux)")
+    require("wrk", "taskset")
     decode = decode_costs()
     with tempfile.TemporaryDirectory() as tmp:
         rows = throughput(write_repository(Path(tmp)), args.rounds, args.seconds)
@@ -216,10 +169,10 @@ def table(report: dict[str, Any]) -> str:
         "the server used meanwhile, what one core does when it is the server's alone; on a "
         "shared machine it is the steadier figure, req/s moves with the others' load.",
         "",
-        "| model | body | measure | sluice | plain FastAPI | floor | sluice x plain "
-        "| sluice / floor |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    columns = ["model", "body", "measure", "sluice", "plain FastAPI", "floor", "sluice x plain",
+               "sluice / floor"]  # fmt: skip
+    cells = []
     for model in MODELS:
         size = next(d["body_bytes"] for d in report["decode"] if d["model"] == model)
         for label, field, key in (
@@ -227,24 +180,23 @@ def table(report: dict[str, Any]) -> str:
             ("req per CPU second", "per_core", "per_core_ratios"),
         ):
             vs = report[key][model]
-            lines.append(
-                f"| {model} | {size / 1e3:,.1f} kB | {label} | "
-                + " | ".join(_spread(values(kind, model, field), 0) for kind in KINDS)
-                + f" | {_spread(vs['plain'], 2)} | {_spread(vs['floor'], 2)} |"
-            )
+            spreads = [_spread(values(kind, model, field), 0) for kind in KINDS]
+            cells.append([model, f"{size / 1e3:,.1f} kB", label, *spreads,
+                          _spread(vs["plain"], 2), _spread(vs["floor"], 2)])  # fmt: skip
+    lines += markdown_table(columns, cells)
     lines += [
         "",
         f"Decode alone (in process, core {SERVER_CORE}, best of 15, taken in turn), µs per body:",
         "",
-        "| model | values | orjson.loads | reference walk (`walk_data`) "
-        "| vectorized (`decode_data`) | speed-up |",
-        "|---|---|---|---|---|---|",
     ]
-    for d in report["decode"]:
-        lines.append(
-            f"| {d['model']} | {d['values']:,} | {d['parse_us']:,.1f} | {d['walk_us']:,.1f} | "
-            f"{d['decode_us']:,.1f} | {d['walk_us'] / d['decode_us']:.1f}x |"
-        )
+    columns = ["model", "values", "orjson.loads", "reference walk (`walk_data`)",
+               "vectorized (`decode_data`)", "speed-up"]  # fmt: skip
+    cells = [
+        [d["model"], f"{d['values']:,}", f"{d['parse_us']:,.1f}", f"{d['walk_us']:,.1f}",
+         f"{d['decode_us']:,.1f}", f"{d['walk_us'] / d['decode_us']:.1f}x"]
+        for d in report["decode"]
+    ]  # fmt: skip
+    lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 
 

@@ -13,18 +13,20 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from loadtests.benchmarks.batching import binary_body, free_port, machine, raw_limit, wrk
+from loadtests.benchmarks.batching import binary_body, machine, raw_limit, wrk
+from loadtests.benchmarks.harness import (
+    free_port,
+    http_ready,
+    markdown_table,
+    running,
+    sluice_command,
+)
 from loadtests.benchmarks.models import write_repository
 
 CONCURRENCY = 32
@@ -68,17 +70,9 @@ def replica(repo: Path, instances: int, threads: int) -> Iterator[int]:
         f"onnxruntime: {{intra_op_threads: {threads}, inter_op_threads: 1}}\n"
     )
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
-         "--http-port", str(port), "--grpc-port", str(free_port()), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        _wait(f"http://127.0.0.1:{port}/v2/health/ready", process)
+    command = sluice_command(repo, port, free_port())
+    with running(command, http_ready(f"http://127.0.0.1:{port}/v2/health/ready"), "sluice"):
         yield port
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 @contextmanager
@@ -88,25 +82,10 @@ def balancer(ports: list[int], workdir: Path) -> Iterator[int]:
     conf = workdir / "nginx.conf"
     conf.write_text(NGINX.format(dir=workdir, servers=servers, port=port))
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
-    process = subprocess.Popen([nginx, "-c", str(conf), "-p", str(workdir), "-g", "daemon off;"])
-    try:
-        _wait(f"http://127.0.0.1:{port}/v2/health/ready", process)
+    command = [nginx, "-c", str(conf), "-p", str(workdir), "-g", "daemon off;"]
+    ready = http_ready(f"http://127.0.0.1:{port}/v2/health/ready")
+    with running(command, ready, "nginx", stop_s=10):
         yield port
-    finally:
-        process.terminate()
-        process.wait(10)
-
-
-def _wait(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(url, timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 def main() -> None:
@@ -154,14 +133,14 @@ def table(report: dict[str, Any], seconds: float) -> str:
         f"{report['machine']}. Limit: raw ONNX Runtime at one thread "
         f"({report['raw_one_thread']:,.0f} samples/s) x {report['cores']} cores = {limit:,.0f}.",
         "",
-        "| configuration | req/s | % of limit | p50 ms | p99 ms | errors |",
-        "|---|---|---|---|---|---|",
     ]
-    for r in report["rows"]:
-        lines.append(
-            f"| {r['config']} | {r['throughput']:,.0f} | {100 * r['throughput'] / limit:.0f}% | "
-            f"{r['p50_us'] / 1e3:.1f} | {r['p99_us'] / 1e3:.1f} | {r['errors'] + r['non2xx']} |"
-        )
+    columns = ["configuration", "req/s", "% of limit", "p50 ms", "p99 ms", "errors"]
+    cells = [
+        [r["config"], f"{r['throughput']:,.0f}", f"{100 * r['throughput'] / limit:.0f}%",
+         f"{r['p50_us'] / 1e3:.1f}", f"{r['p99_us'] / 1e3:.1f}", r["errors"] + r["non2xx"]]
+        for r in report["rows"]
+    ]  # fmt: skip
+    lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 
 

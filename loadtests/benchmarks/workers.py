@@ -16,11 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +27,16 @@ from typing import Any
 import httpx
 import psutil
 
-from loadtests.benchmarks.batching import binary_body, free_port, json_body, machine, wrk
+from loadtests.benchmarks.batching import binary_body, json_body, machine, wrk
+from loadtests.benchmarks.harness import (
+    free_port,
+    http_ready,
+    markdown_table,
+    pinned,
+    require,
+    running,
+    sluice_command,
+)
 from loadtests.benchmarks.models import write_repository
 
 WORKERS = (1, 2)
@@ -40,27 +47,12 @@ CNN_CONCURRENCY = 64
 @contextmanager
 def server(repo: Path, workers: int, cores: str) -> Iterator[tuple[str, str, psutil.Process]]:
     port, grpc_port = free_port(), free_port()
-    command = ["taskset", "-c", cores, sys.executable, "-m", "server", "serve",
-               "--model-repository", str(repo), "--http-port", str(port),
-               "--grpc-port", str(grpc_port), "--workers", str(workers),
-               "--log-level", "warning"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+    command = pinned(cores, *sluice_command(repo, port, grpc_port, "--workers", str(workers)))
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise RuntimeError("sluice did not start")
-            time.sleep(0.1)
+    # A supervisor forks an engine and the workers (slower to start) and drains them all on stop.
+    ready = http_ready(url + "/v2/health/ready")
+    with running(command, ready, "sluice", timeout_s=90, stop_s=60) as process:
         yield url, f"127.0.0.1:{grpc_port}", psutil.Process(process.pid)
-    finally:
-        process.terminate()
-        process.wait(60)
 
 
 def cpu_s(root: psutil.Process) -> float:
@@ -123,9 +115,7 @@ def main() -> None:
     parser.add_argument("--server-cores", default=default_server)
     parser.add_argument("--client-cores", default=str(cores[-1]))
     args = parser.parse_args()
-    for tool in ("wrk", "taskset"):
-        if shutil.which(tool) is None:
-            sys.exit(f"{tool} is needed (apt-get install wrk util-linux)")
+    require("wrk", "taskset")
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -156,20 +146,20 @@ def table(report: dict[str, Any]) -> str:
         f"--server-cores {report['server_cores']} --client-cores {report['client_cores']}`; "
         f"{report['machine']}.",
         "",
-        "| workers | model | protocol | concurrency | req/s | x 1 worker | p99 ms "
-        "| CPU s / 1,000 req | x 1 worker | avg batch | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    columns = ["workers", "model", "protocol", "concurrency", "req/s", "x 1 worker", "p99 ms",
+               "CPU s / 1,000 req", "x 1 worker", "avg batch", "errors"]  # fmt: skip
+    cells = []
     for r in report["rows"]:
         base = one.get((r["model"], r["protocol"], r["concurrency"]))
         faster = f"{r['throughput'] / base['throughput']:.2f}" if base else "-"
         cpu = f"{r['cpu_s_per_1000'] / base['cpu_s_per_1000']:.2f}" if base else "-"
-        lines.append(
-            f"| {r['workers']} | {r['model']} | {r['protocol']} | {r['concurrency']} | "
-            f"{r['throughput']:,.0f} | {faster} | {r['p99_us'] / 1e3:.2f} | "
-            f"{r['cpu_s_per_1000']:.3f} | {cpu} | {r['avg_batch']:.1f} | "
-            f"{r['errors'] + r.get('non2xx', 0)} |"
-        )
+        cells.append([
+            r["workers"], r["model"], r["protocol"], r["concurrency"], f"{r['throughput']:,.0f}",
+            faster, f"{r['p99_us'] / 1e3:.2f}", f"{r['cpu_s_per_1000']:.3f}", cpu,
+            f"{r['avg_batch']:.1f}", r["errors"] + r.get("non2xx", 0),
+        ])  # fmt: skip
+    lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 
 
