@@ -1,0 +1,174 @@
+"""A worker's relay of generation (engine/remote.py `generate`, `RemoteStream`) against a scripted
+engine at the transport seam: a unix socket that speaks engine/wire.py frames, so each test says
+exactly which frames the engine sends and when. The real host end is covered end to end by
+tests/integration/test_workers_generate.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+
+from engine.errors import RateLimited, ShuttingDown
+from engine.generation.service import GenerateRequest
+from engine.remote import RemoteEngine
+from engine.settings import load_settings
+from engine.shm import Arena
+from engine.wire import FrameBuffer, Kind, frame
+
+STATE = {"ready": True, "draining": False, "models": ["tiny"], "generative": ["tiny"]}
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+class ScriptedEngine:
+    """Answers HELLO with WELCOME and records every other frame; `send` writes frames to the
+    worker's main connection."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[Kind, Any]] = []
+        self.writer: asyncio.StreamWriter | None = None
+        self.connections: list[asyncio.StreamWriter] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections.append(writer)
+        frames = FrameBuffer()
+        while data := await reader.read(65536):
+            for kind, message in frames.feed(data):
+                if kind is Kind.HELLO:
+                    if message["worker"] is not None:
+                        self.writer = writer
+                        writer.write(frame(Kind.WELCOME, {"held": [], "state": STATE}))
+                else:
+                    self.received.append((kind, message))
+
+    async def close(self) -> None:
+        for writer in self.connections:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    def send(self, kind: Kind, payload: Any) -> None:
+        assert self.writer is not None
+        self.writer.write(frame(kind, payload))
+
+    def sent_by_worker(self, kind: Kind) -> list[Any]:
+        return [message for k, message in self.received if k is kind]
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="sluice-g", dir="/tmp")  # unix socket paths are short
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def wired(socket_dir: str) -> AsyncIterator[tuple[RemoteEngine, ScriptedEngine]]:
+    engine = ScriptedEngine()
+    path = f"{socket_dir}/engine.sock"
+    server = await asyncio.start_unix_server(engine.handle, path)
+    remote = RemoteEngine(load_settings(), path, 0, (Arena(1 << 16), Arena(1 << 16)))
+    await remote.start()
+    yield remote, engine
+    await remote.close()
+    await engine.close()
+    server.close()
+    await server.wait_closed()
+
+
+def ask() -> GenerateRequest:
+    return GenerateRequest("tiny", "acme", prompt="a", options={"max_tokens": 3})
+
+
+async def started(remote: RemoteEngine, engine: ScriptedEngine) -> Any:
+    """A stream the scripted engine admitted (STREAM sent for the GENERATE it received)."""
+    task = asyncio.create_task(remote.generate(ask()))
+    await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
+    call_id = engine.sent_by_worker(Kind.GENERATE)[-1]["id"]
+    engine.send(Kind.STREAM, {"id": call_id, "headers": {"X-RateLimit-Limit": "50"},
+                              "prompt_tokens": 1})  # fmt: skip
+    return await task, call_id
+
+
+def tokens(call_id: int, text: str, count: int, finish: str | None = None) -> dict[str, Any]:
+    return {"id": call_id, "tokens": [count], "text": text, "finish_reason": finish,
+            "completion_tokens": count}  # fmt: skip
+
+
+async def test_the_request_is_relayed_and_chunks_come_as_their_frames_do(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    remote, engine = wired
+    assert remote.generative_models() == ["tiny"]
+    stream, call_id = await started(remote, engine)
+    assert engine.sent_by_worker(Kind.GENERATE)[0]["request"] == ask().to_wire()
+    assert (stream.headers, stream.prompt_tokens) == ({"X-RateLimit-Limit": "50"}, 1)
+    chunks = stream.chunks()
+    engine.send(Kind.TOKENS, tokens(call_id, "one", 1))
+    first = await asyncio.wait_for(anext(chunks), 5)  # before the engine sent the rest
+    assert (first.text, first.finish_reason, stream.completion_tokens) == ("one", None, 1)
+    engine.send(Kind.TOKENS, tokens(call_id, " two", 2, "length"))
+    last = await asyncio.wait_for(anext(chunks), 5)
+    assert (last.text, last.finish_reason, stream.finish_reason) == (" two", "length", "length")
+    with pytest.raises(StopAsyncIteration):
+        await anext(chunks)
+    assert engine.sent_by_worker(Kind.CANCEL) == []  # it ended: nothing to cancel
+
+
+async def test_an_engine_error_before_the_stream_is_raised_as_the_same_error(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    remote, engine = wired
+    task = asyncio.create_task(remote.generate(ask()))
+    await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
+    call_id = engine.sent_by_worker(Kind.GENERATE)[0]["id"]
+    engine.send(Kind.ERROR, {"id": call_id, "error": "RateLimited", "message": "slow down",
+                             "retry_after_s": 2.0, "headers": {"Retry-After": "2"}})  # fmt: skip
+    with pytest.raises(RateLimited) as refused:
+        await task
+    assert (refused.value.message, refused.value.retry_after_s) == ("slow down", 2.0)
+    assert engine.sent_by_worker(Kind.CANCEL) == []
+
+
+async def test_leaving_early_cancels_and_late_frames_are_ignored(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    remote, engine = wired
+    stream, call_id = await started(remote, engine)
+    engine.send(Kind.TOKENS, tokens(call_id, "one", 1))
+    chunks = stream.chunks()
+    assert (await asyncio.wait_for(anext(chunks), 5)).text == "one"
+    await chunks.aclose()  # the client left
+    await until(lambda: engine.sent_by_worker(Kind.CANCEL) == [{"id": call_id}])
+    engine.send(Kind.TOKENS, tokens(call_id, " two", 2))  # sent before the CANCEL arrived
+    engine.send(Kind.STATE, {**STATE, "generative": ["tiny", "other"]})
+    await until(lambda: remote.generative_models() == ["tiny", "other"])
+    assert remote.live  # the late frame did not end the connection
+
+
+async def test_a_malformed_frame_or_a_lost_engine_ends_the_stream_with_an_error(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    remote, engine = wired
+    stream, call_id = await started(remote, engine)
+    chunks = stream.chunks()
+    engine.send(Kind.TOKENS, {**tokens(call_id, "x", 1), "tokens": ["not a token"]})
+    chunk = await asyncio.wait_for(anext(chunks), 5)  # an answer, never a hang
+    assert chunk.finish_reason == "error"
+    assert isinstance(chunk.error, ShuttingDown)
+    assert "the engine process is gone" in chunk.error.message
+    assert not remote.live
+    with pytest.raises(ShuttingDown):
+        await remote.generate(ask())
