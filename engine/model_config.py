@@ -213,8 +213,8 @@ class TensorRTOptions(Section):
     per profile and runs each batch on the one whose ranges hold its shapes (nearest its opt
     shapes), as Triton does."""
     workspace_bytes: int | None = Field(None, gt=0)
-    """Device memory one execution context may take for activations (an instance has one
-    context per profile it uses); a load whose engine needs more fails, naming both sizes."""
+    """Device memory one instance may take for activations (its contexts, one per profile,
+    share one block); a load whose engine needs more fails, naming both sizes."""
 
 
 class InstanceGroup(Section):

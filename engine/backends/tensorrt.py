@@ -1,9 +1,10 @@
 """TensorRT backend for `model.plan` engines (TensorRT 10 Python API, cuda-python runtime).
 
 Each instance owns, on its GPU: an execution context per optimization profile it may use (all
-of them unless `tensorrt.profile` names one), a non-blocking CUDA stream, and a device buffer
-plus a pinned host buffer per tensor, shared by its contexts and sized at load for the largest
-shapes of its profiles (grown only if an engine reports a larger one). A batch is: choose the
+of them unless `tensorrt.profile` names one), a non-blocking CUDA stream, one block of
+activation memory (the contexts are USER_MANAGED and share it), and a device buffer plus a
+pinned host buffer per tensor, shared by its contexts and sized at load for the largest shapes
+of its profiles (grown only if an engine reports a larger one). A batch is: choose the
 profile whose ranges hold its shapes (a shape none holds is bad input naming each profile's
 range), set input shapes, async copies in, one `execute_async_v3`, async copies out, one stream
 sync. No allocation per batch.
@@ -114,17 +115,27 @@ class _Instance:
         self.contexts: dict[int, Any] = {}
         self.limits: dict[int, dict[str, tuple[Shape, Shape, Shape]]] = {}
         """Per profile, each input's (min, opt, max) shapes."""
+        self.scratch: DeviceBuffer | None = None
+        """The contexts' activation memory: one block, as they never run at the same time."""
 
-    def start(self, engine: Any) -> None:
-        """Create the stream, contexts and buffers (`close` frees whatever a failure left)."""
+    def start(self, engine: Any, user_managed: Any, scratch_bytes: int) -> None:
+        """Create the stream, contexts and buffers (`close` frees whatever a failure left).
+        `user_managed` is TensorRT's ExecutionContextAllocationStrategy.USER_MANAGED:
+        otherwise each context would allocate `scratch_bytes` of its own."""
         cuda, device = self.cuda, self.device
         cuda.call("cudaSetDevice", device)
         self.stream = Stream(cuda)
+        # 256-byte alignment is required; cudaMalloc aligns to at least that.
+        self.scratch = DeviceBuffer(cuda, max(scratch_bytes, 256))
         for profile in self.profiles:
-            context = engine.create_execution_context()
+            context = engine.create_execution_context(user_managed)
             if context is None:
                 raise BackendError(f"create_execution_context() on GPU {device} returned None")
             self.contexts[profile] = context
+            if hasattr(context, "set_device_memory"):  # TensorRT >= 10.1
+                context.set_device_memory(self.scratch.ptr, self.scratch.nbytes)
+            else:
+                context.device_memory = self.scratch.ptr
             try:  # the binding raises RuntimeError where the C++ call returns false
                 switched = context.set_optimization_profile_async(profile, int(self.stream))
             except RuntimeError as exc:
@@ -250,6 +261,8 @@ class _Instance:
         if self.stream is not None:
             steps.append(self.stream.synchronize)  # nothing in flight uses a freed buffer
         steps += [tensor.close for tensor in self.tensors.values()]
+        if self.scratch is not None:
+            steps.append(self.scratch.close)
         if self.stream is not None:
             steps.append(self.stream.close)
         failures = []
@@ -258,7 +271,7 @@ class _Instance:
                 step()
             except BackendError as exc:
                 failures.append(exc)
-        self.stream, self.contexts, self.tensors = None, {}, {}
+        self.stream, self.contexts, self.tensors, self.scratch = None, {}, {}, None
         if failures:
             raise failures[0]
 
@@ -337,7 +350,7 @@ class TensorRTBackend:
         needed = int(first.device_memory_size if needed is None else needed)
         if options.workspace_bytes is not None and needed > options.workspace_bytes:
             raise BackendError(
-                f"{path} needs {needed} bytes of device memory per execution context; "
+                f"{path} needs {needed} bytes of activation memory per instance; "
                 f"tensorrt.workspace_bytes allows {options.workspace_bytes}"
             )
         # Every instance may use every profile unless one is configured (Triton's default);
@@ -352,7 +365,8 @@ class TensorRTBackend:
             instance = _Instance(self._cuda, device, usable, (self.inputs, self.outputs))
             self._instances.append(instance)
             first_here = device not in devices[:index]
-            instance.start(engines[device] if first_here or not dynamic else deserialize(device))
+            engine = engines[device] if first_here or not dynamic else deserialize(device)
+            instance.start(engine, trt.ExecutionContextAllocationStrategy.USER_MANAGED, needed)
             self._free.put(instance)
         # Runs that reach every instance once (they are handed out in turn): for warm-up.
         self.instance_slots = len(self._instances)

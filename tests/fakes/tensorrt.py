@@ -157,6 +157,12 @@ class Runtime:
         return engine
 
 
+class ExecutionContextAllocationStrategy(enum.IntEnum):
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
 class ICudaEngine:
     def __init__(self, data: dict[str, Any]) -> None:
         self._tensors = {t["name"]: t for t in data["tensors"]}
@@ -206,21 +212,46 @@ class ICudaEngine:
             raise RuntimeError(f"profile index {profile_index} out of range")
         return [Dims(shape) for shape in self._profiles[profile_index][name]]
 
-    def create_execution_context(self) -> IExecutionContext | None:
+    def create_execution_context(
+        self,
+        strategy: ExecutionContextAllocationStrategy = ExecutionContextAllocationStrategy.STATIC,
+    ) -> IExecutionContext | None:
+        if not isinstance(strategy, ExecutionContextAllocationStrategy):
+            raise TypeError("create_execution_context(): incompatible function arguments")
         if "create_execution_context" in refuse:
             return None
-        context = IExecutionContext(self)
+        context = IExecutionContext(self, strategy)
         self.contexts.append(context)
         return context
 
 
 class IExecutionContext:
-    def __init__(self, engine: ICudaEngine) -> None:
+    """A USER_MANAGED context runs only once given device memory of at least the engine's
+    `device_memory_size_v2` (`set_device_memory(memory, size)`, or the `device_memory` setter of
+    TensorRT 10.0); on the fake runtime the memory must be a live device allocation."""
+
+    def __init__(self, engine: ICudaEngine, strategy: ExecutionContextAllocationStrategy) -> None:
         self.engine = engine
+        self.strategy = strategy
         self.active_optimization_profile = 0
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._addresses: dict[str, int] = {}
         self.executions: list[dict[str, tuple[int, ...]]] = []
+        self.scratch: tuple[int, int] | None = None
+        """(address, size) of the device memory a USER_MANAGED context was given."""
+
+    def set_device_memory(self, memory: int, size: int) -> None:
+        if not isinstance(memory, int) or not isinstance(size, int):
+            raise TypeError("set_device_memory(): incompatible function arguments")
+        self.scratch = (memory, size)  # void, as the C++ call: a bad size fails at enqueue
+
+    def _has_memory(self, cudart: Any) -> bool:
+        if self.strategy != ExecutionContextAllocationStrategy.USER_MANAGED:
+            return True
+        if self.scratch is None or self.scratch[1] < self.engine.device_memory_size_v2:
+            return False
+        view = getattr(cudart, "device_memory", None)  # the fake runtime can check the block
+        return view is None or view(self.scratch[0], self.engine.device_memory_size_v2) is not None
 
     def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
         """True, or RuntimeError: the binding asserts on the C++ call's false (it never
@@ -287,6 +318,8 @@ class IExecutionContext:
         if self.infer_shapes() or set(self.engine._order) - set(self._addresses):
             return False  # TensorRT logs "not all shapes/addresses are specified"
         cudart = _cudart()
+        if not self._has_memory(cudart):
+            return False  # TensorRT logs that the context has no (or too little) device memory
         if not self._claim_profile(cudart, stream_handle):
             return False
         for name in self.engine._order:

@@ -103,7 +103,7 @@ def test_buffers_and_streams_are_made_once_per_instance(
     try:
         allocated = (cudart.malloc_calls, cudart.host_alloc_calls)
         assert cudart.streams_created == 2
-        assert cudart.live_device_allocations == 2 * 4  # every tensor, per instance
+        assert cudart.live_device_allocations == 2 * (4 + 1)  # every tensor and a block, each
         for seed in range(5):
             backend.run(batch(1 + seed, 2 + seed, seed))
         assert (cudart.malloc_calls, cudart.host_alloc_calls) == allocated
@@ -123,7 +123,7 @@ def test_buffers_are_sized_for_the_profile_maximum(
     try:
         out = backend.run(batch(8, 32))  # the profile's max: must fit without reallocating
         assert out["ids_out"].shape == (8, 32)
-        assert cudart.malloc_calls == 4
+        assert cudart.malloc_calls == 4 + 1  # the tensors and the activation block
     finally:
         backend.close()
 
@@ -135,7 +135,7 @@ def test_instances_live_on_their_gpus(
         write_plan(tmp_path, trt), [InstanceGroup(count=1, kind="gpu", gpus=[0, 1])]
     )
     try:
-        assert (cudart.allocations_on(0), cudart.allocations_on(1)) == (4, 4)
+        assert (cudart.allocations_on(0), cudart.allocations_on(1)) == (5, 5)
         feed = batch(2, 5)
         for _ in range(4):  # whichever instance runs it, its device is made current first
             np.testing.assert_array_equal(backend.run(feed)["ids_out"], feed["ids"])
@@ -184,10 +184,10 @@ def test_each_batch_runs_on_the_profile_its_shapes_fit(
             for profile in (0, 1)
         }
         assert ran == {0: [1, 3, 4], 1: [5, 7, 8]}
-        # The contexts of one instance share its buffers (sized for the largest profile) and
-        # its stream: 4 tensors and one stream per instance, not per context.
-        assert (cudart.live_device_allocations, cudart.live_streams) == (2 * 4, 2)
-        assert cudart.malloc_calls == 2 * 4
+        # The contexts of one instance share its buffers (sized for the largest profile), its
+        # activation block and its stream: 4 tensors, a block and a stream per instance.
+        assert (cudart.live_device_allocations, cudart.live_streams) == (2 * (4 + 1), 2)
+        assert cudart.malloc_calls == 2 * (4 + 1)
     finally:
         backend.close()
 
@@ -222,6 +222,30 @@ def test_instances_on_one_gpu_share_an_engine_only_when_its_shapes_are_static(
         np.testing.assert_array_equal(backend.run({"x": x})["y"], x)
     finally:
         backend.close()
+
+
+def test_an_instance_s_contexts_share_one_block_of_device_memory(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime
+) -> None:
+    # Each profile's context would otherwise allocate the engine's activation memory itself
+    # (STATIC); an instance runs one batch at a time, so its contexts can share one block.
+    path = write_plan(tmp_path, trt, profiles=[SMALL, LARGE], device_memory_bytes=3 << 20)
+    backend = open_backend(path, [InstanceGroup(count=2, kind="gpu")])
+    try:
+        for rows in (2, 6):
+            feed = batch(rows, 5, rows)
+            np.testing.assert_array_equal(backend.run(feed)["ids_out"], feed["ids"])
+        contexts = [context for engine in trt.engines for context in engine.contexts]
+        assert {c.strategy for c in contexts} == {
+            trt.ExecutionContextAllocationStrategy.USER_MANAGED
+        }
+        blocks = [c.scratch for c in contexts]
+        assert blocks[0] == blocks[1] != blocks[2] == blocks[3]  # per instance, not per context
+        assert all(size == 3 << 20 for _, size in blocks)
+        assert cudart.live_device_allocations == 2 * (4 + 1)  # tensors and one block each
+    finally:
+        backend.close()
+    assert cudart.live_device_allocations == 0
 
 
 def test_a_shape_no_profile_allows_names_each_profile(tmp_path: Path, trt: ModuleType) -> None:
