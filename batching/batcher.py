@@ -212,6 +212,7 @@ class Batcher:
                 self._slots.release()
                 raise
             task = asyncio.create_task(self._execute(batch))
+            del batch  # else this loop holds the batch's inputs until the next batch forms
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 

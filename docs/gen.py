@@ -240,7 +240,7 @@ def metrics_page() -> str:
     from prometheus_client.metrics import MetricWrapperBase
 
     from engine.gpu_metrics import GpuMetrics
-    from engine.metrics import Metrics
+    from engine.metrics import Metrics, WorkerArenas, WorkerCollector
 
     # A snapshot with the optional parts present (limiter, cache), so every family is listed.
     counters = SimpleNamespace(
@@ -258,6 +258,8 @@ def metrics_page() -> str:
     gpu._started, gpu._nvml = True, SimpleNamespace(nvmlDeviceGetCount=lambda: 0)
     names = {family.name for family in families}
     families.extend(family for family in gpu.collect() if family.name not in names)
+    # The engine process registers the worker families under --workers only.
+    families.extend(WorkerCollector(lambda: [WorkerArenas(0, 0, 0, 0, True, 0)]).collect())
     # Families of the registry's own metric objects carry no label names until a sample exists.
     labels = {
         metric._name: ", ".join(metric._labelnames)
@@ -269,8 +271,9 @@ def metrics_page() -> str:
         "# Metrics\n",
         "Prometheus text format at `GET /metrics` on the HTTP port (and on `metrics.port` when "
         "set). Counters carry the `_total` suffix on the wire. Per-model families are labelled "
-        "`model` and `version`; generation families appear for generative models, GPU families "
-        "only where NVML answers (the `gpu` extra on an NVIDIA machine).\n",
+        "`model` and `version`; generation families appear for generative models, worker "
+        "families with `--workers`, GPU families only where NVML answers (the `gpu` extra on "
+        "an NVIDIA machine).\n",
         "| name | type | labels | meaning |",
         "|---|---|---|---|",
     ]

@@ -24,6 +24,7 @@ import orjson
 from engine import errors
 from engine.engine import Engine
 from engine.generation.service import GenerateRequest, GenerationService
+from engine.metrics import WorkerArenas, WorkerCollector
 from engine.shm import (
     Allocator,
     Arena,
@@ -70,6 +71,7 @@ class WorkerSlots:
     outputs: Arena
     out_allocator: Allocator
     held_in: dict[int, int] = field(default_factory=dict)  # in-slots still viewed here
+    connections: int = 0  # processes of this slot that said HELLO
     watcher: SlotWatcher | None = None
     peer: _Peer | None = None
 
@@ -121,6 +123,7 @@ class EngineHost:
         self.engine = engine
         self.generation = GenerationService(engine)
         self.workers = [WorkerSlots(i, o, Allocator(o.size_bytes)) for i, o in arenas]
+        engine.metrics.registry.register(WorkerCollector(self.arenas))
         self._server: asyncio.Server | None = None
         self._peers: set[_Peer] = set()
         self._state: dict[str, Any] = {}
@@ -129,6 +132,20 @@ class EngineHost:
         self.no_workers = asyncio.Event()
         """Set while no worker is connected (the engine drains once its workers are gone)."""
         self.no_workers.set()
+
+    def arenas(self) -> list[WorkerArenas]:
+        """Each worker slot's arena use and restarts (read at scrape time)."""
+        return [
+            WorkerArenas(
+                worker=index,
+                in_used_bytes=sum(slots.held_in.values()),
+                out_used_bytes=slots.out_allocator.used_bytes,
+                arena_bytes=slots.outputs.size_bytes,
+                connected=slots.peer is not None,
+                restarts=max(0, slots.connections - 1),
+            )
+            for index, slots in enumerate(self.workers)
+        ]
 
     async def serve(self, path: str) -> None:
         """Listen on `path` (returns once listening)."""
@@ -187,6 +204,7 @@ class EngineHost:
         if slots.peer is not None:  # the previous process of this slot is gone
             self._gone(slots.peer)
         peer = slots.peer = _Peer(transport, slots)
+        slots.connections += 1
         self._peers.add(peer)
         self.no_workers.clear()
         held = [[offset, size] for offset, size in slots.held_in.items()]

@@ -11,6 +11,7 @@ cannot grow the label set by naming versions that do not exist)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -206,6 +207,61 @@ class _EngineCollector:
             size = GaugeMetricFamily("sluice_cache_bytes", "Bytes held by the memory cache.")
             size.add_metric([], getattr(cache, "bytes", 0))
             yield size
+
+
+@dataclass(frozen=True)
+class WorkerArenas:
+    """One worker slot's shared-memory arenas and process, as the engine process sees them."""
+
+    worker: int
+    in_used_bytes: int  # requests the engine still reads
+    out_used_bytes: int  # answers the worker has not encoded yet
+    arena_bytes: int
+    connected: bool
+    restarts: int  # connections after the slot's first: its process died and was forked again
+
+
+class WorkerCollector:
+    """`--workers`: arena use and worker restarts, read from the engine host at scrape time."""
+
+    def __init__(self, rows: Callable[[], list[WorkerArenas]]) -> None:
+        self._rows = rows
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["worker", "arena"]
+        used = GaugeMetricFamily(
+            "sluice_worker_arena_used_bytes",
+            "Bytes in use in a worker's shared-memory arena: `in` holds requests the engine "
+            "still reads, `out` answers the worker has not encoded yet (a request that does not "
+            "fit is a 503).",
+            labels=labels,
+        )
+        size = GaugeMetricFamily(
+            "sluice_worker_arena_bytes", "Size of each arena (worker_arena_bytes).", labels=labels
+        )
+        connected = GaugeMetricFamily(
+            "sluice_worker_connected",
+            "1 while the worker slot's process is connected to the engine.",
+            labels=["worker"],
+        )
+        restarts = CounterMetricFamily(
+            "sluice_worker_restarts",
+            "Times a worker slot's process was replaced (it died and the supervisor forked it "
+            "again).",
+            labels=["worker"],
+        )
+        for row in self._rows():
+            worker = str(row.worker)
+            used.add_metric([worker, "in"], row.in_used_bytes)
+            used.add_metric([worker, "out"], row.out_used_bytes)
+            for arena in ("in", "out"):
+                size.add_metric([worker, arena], row.arena_bytes)
+            connected.add_metric([worker], int(row.connected))
+            restarts.add_metric([worker], row.restarts)
+        yield from (used, size, connected, restarts)
 
 
 def _admission(counters: Any) -> Iterator[Metric]:

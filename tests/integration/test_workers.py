@@ -21,6 +21,7 @@ import tritonclient.grpc as grpc_client
 import tritonclient.http as http_client
 
 from engine.demo import mlp_model
+from engine.settings import Settings
 from tests.models import write_model
 from tests.servers import ServerProcess
 
@@ -172,6 +173,37 @@ async def test_every_worker_shows_the_whole_server(server: ServerProcess) -> Non
     assert '"state":"READY"' in views()[0][3]
 
 
+ARENA_BYTES = Settings.model_fields["worker_arena_bytes"].default
+
+
+def worker_samples(server: ServerProcess) -> dict[str, float]:
+    """The sluice_worker_* samples of /metrics, by their line up to the value."""
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("sluice_worker_")}  # fmt: skip
+
+
+def test_arenas_are_all_free_once_answers_are_sent(server: ServerProcess) -> None:
+    x = np.zeros((4, 16), np.float32)
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        for _ in range(10):
+            assert client.post("/v2/models/mlp/infer", json=json_body(x)).status_code == 200
+
+    # An out-slot is freed when the worker has encoded it and said so: poll, bounded.
+    def used() -> dict[str, float]:
+        return {name: value for name, value in worker_samples(server).items()
+                if name.startswith("sluice_worker_arena_used_bytes")}  # fmt: skip
+
+    wait_for(lambda: set(used().values()) == {0}, f"every arena slot freed ({used()})")
+    samples = worker_samples(server)
+    for worker in ("0", "1"):
+        assert samples[f'sluice_worker_connected{{worker="{worker}"}}'] == 1
+        for arena in ("in", "out"):
+            labels = f'{{arena="{arena}",worker="{worker}"}}'
+            assert samples[f"sluice_worker_arena_bytes{labels}"] == ARENA_BYTES
+            assert f"sluice_worker_arena_used_bytes{labels}" in samples
+
+
 def owner(client_ports: set[int], candidates: list[psutil.Process]) -> psutil.Process | None:
     """The worker holding the server end of one of `client_ports`' connections."""
     for worker in candidates:
@@ -199,6 +231,8 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(
         kept.close()
     assert survivor is not None
     (victim,) = [w for w in both if w.pid != survivor.pid]
+    restarts = 'sluice_worker_restarts_total{worker="%s"}'
+    assert {worker_samples(server)[restarts % w] for w in "01"} == {0}
     try:
         victim.send_signal(signal.SIGKILL)
         victim.wait(10)
@@ -213,6 +247,7 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(
     )
     with httpx.Client(base_url=server.url, timeout=5) as client:
         assert client.post("/v2/models/mlp/infer", json=json_body(x)).status_code == 200
+    assert sorted(worker_samples(server)[restarts % w] for w in "01") == [0, 1]
 
 
 def test_the_supervisor_exits_non_zero_when_the_engine_dies(server: ServerProcess) -> None:

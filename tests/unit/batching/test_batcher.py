@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -301,6 +302,21 @@ async def test_unbatched_model_runs_each_request_alone(recorder: Recorder) -> No
     batcher.resume()
     await asyncio.gather(*tasks)
     assert recorder.batches == [[0], [1], [2]]
+    await batcher.close()
+
+
+@pytest.mark.parametrize("max_batch_size", [0, 4])
+async def test_a_finished_batch_holds_no_inputs(recorder: Recorder, max_batch_size: int) -> None:
+    """Once a request is answered nothing in the batcher holds its inputs, even while the model
+    then sits idle: under --workers they are a slot of a worker's arena (which stayed taken
+    until the next batch formed), in one process the request's memory."""
+    batcher = make(recorder, max_batch_size=max_batch_size, dispatch_when_idle=True)
+    inputs = rows(7)
+    held = weakref.ref(inputs["x"])
+    assert (await batcher.submit(inputs, 1))["y"][0, 0] == 14
+    del inputs
+    await settle()  # the finished batch's task completes
+    assert held() is None
     await batcher.close()
 
 
