@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 
 from engine.backends.cuda import Cuda, DeviceBuffer, PinnedBuffer, Stream, load_runtime
-from engine.errors import BackendError, InvalidInput
+from engine.backends.tensorrt_profiles import Limits, Profiles, Shape
+from engine.errors import BackendError
 from engine.model_config import InstanceGroup, TensorRTOptions
 from engine.types import TensorSpec
 
@@ -64,9 +65,6 @@ def import_gpu_modules(label: str) -> tuple[Any, Cuda]:
         )
     assert cuda is not None
     return trt, cuda
-
-
-Shape = tuple[int, ...]
 
 
 class _Tensor:
@@ -107,14 +105,13 @@ class _Instance:
     context's profile makes TensorRT update layer resources on its next run). Its contexts share
     the stream and buffers: an instance runs one batch at a time, as a Triton instance does."""
 
-    def __init__(self, cuda: Cuda, device: int, profiles: list[int], specs: Any) -> None:
-        self.cuda, self.device, self.profiles = cuda, device, profiles
+    def __init__(self, cuda: Cuda, device: int, usable: list[int], specs: Any) -> None:
+        self.cuda, self.device, self.usable = cuda, device, usable
         self.inputs, self.outputs = specs
         self.tensors: dict[str, _Tensor] = {}
         self.stream: Stream | None = None
         self.contexts: dict[int, Any] = {}
-        self.limits: dict[int, dict[str, tuple[Shape, Shape, Shape]]] = {}
-        """Per profile, each input's (min, opt, max) shapes."""
+        self.profiles = Profiles({})
         self.scratch: DeviceBuffer | None = None
         """The contexts' activation memory: one block, as they never run at the same time."""
 
@@ -127,7 +124,8 @@ class _Instance:
         self.stream = Stream(cuda)
         # 256-byte alignment is required; cudaMalloc aligns to at least that.
         self.scratch = DeviceBuffer(cuda, max(scratch_bytes, 256))
-        for profile in self.profiles:
+        limits: dict[int, dict[str, Limits]] = {}
+        for profile in self.usable:
             context = engine.create_execution_context(user_managed)
             if context is None:
                 raise BackendError(f"create_execution_context() on GPU {device} returned None")
@@ -144,8 +142,9 @@ class _Instance:
                 ) from exc
             if not switched:
                 raise BackendError(f"set_optimization_profile_async({profile}) returned False")
-            self.limits[profile] = {s.name: _limits(engine, s, profile) for s in self.inputs}
+            limits[profile] = {s.name: _limits(engine, s, profile) for s in self.inputs}
         self.stream.synchronize()  # the profile switches are done before any shape is set
+        self.profiles = Profiles(limits)
         contexts = list(self.contexts.values())
         for spec in (*self.inputs, *self.outputs):
             dtype = np.dtype(_numpy_type(spec.datatype))
@@ -154,7 +153,7 @@ class _Instance:
         needed = dict.fromkeys(self.tensors, 0)
         for profile, context in self.contexts.items():
             for spec in self.inputs:
-                largest = self.limits[profile][spec.name][2]
+                largest = self.profiles.largest(profile, spec.name)
                 self._set_shape(context, profile, spec.name, largest)
                 needed[spec.name] = max(needed[spec.name], self._nbytes(spec.name, largest))
             for spec in self.outputs:
@@ -178,44 +177,6 @@ class _Instance:
                 f"profile {profile}, which allows that shape"
             )
 
-    def choose(self, shapes: dict[str, Shape]) -> int:
-        """The profile whose ranges hold every input's shape, nearest its opt shapes (as Triton
-        picks); a shape no profile holds is bad input naming what each profile allows."""
-        fitting = [
-            p for p in self.profiles if all(_fits(shapes[n], self.limits[p][n]) for n in shapes)
-        ]
-        if fitting:
-            return min(fitting, key=lambda p: (self._distance(p, shapes), p))
-        for name, shape in shapes.items():
-            if not any(_fits(shape, self.limits[p][name]) for p in self.profiles):
-                ranges = [(p, self.limits[p][name]) for p in self.profiles]
-                if len(ranges) == 1:
-                    allowed = f"profile {ranges[0][0]} allows {_range(ranges[0][1])}"
-                else:
-                    allowed = "profiles allow " + " or ".join(
-                        f"{_range(limits)} (profile {p})" for p, limits in ranges
-                    )
-                raise InvalidInput(
-                    f"input '{name}' has shape {list(shape)}; the TensorRT engine's "
-                    f"optimization {allowed}"
-                )
-        each = _join([f"{name} {list(shape)}" for name, shape in shapes.items()])
-        allowed = "; ".join(
-            f"profile {p} allows "
-            + _join([f"{name} {_range(self.limits[p][name])}" for name in shapes])
-            for p in self.profiles
-        )
-        raise InvalidInput(
-            f"inputs {each} fit no single optimization profile of the TensorRT engine ({allowed})"
-        )
-
-    def _distance(self, profile: int, shapes: dict[str, Shape]) -> int:
-        return sum(
-            abs(size - best)
-            for name, shape in shapes.items()
-            for size, best in zip(shape, self.limits[profile][name][1], strict=True)
-        )
-
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self.stream is not None
         self.cuda.call("cudaSetDevice", self.device)  # worker threads are not tied to a GPU
@@ -223,7 +184,7 @@ class _Instance:
         for spec in self.inputs:
             dtype = self.tensors[spec.name].dtype
             arrays[spec.name] = np.ascontiguousarray(inputs[spec.name], dtype=dtype)
-        profile = self.choose({name: array.shape for name, array in arrays.items()})
+        profile = self.profiles.choose({name: a.shape for name, a in arrays.items()})
         context = self.contexts[profile]
         for name, array in arrays.items():
             self._set_shape(context, profile, name, array.shape)
@@ -433,7 +394,7 @@ def built_for(record_path: Path) -> tuple[str, str, str] | None:
     return fields
 
 
-def _limits(engine: Any, spec: TensorSpec, profile: int) -> tuple[Shape, Shape, Shape]:
+def _limits(engine: Any, spec: TensorSpec, profile: int) -> Limits:
     """An input's (min, opt, max) shapes under a profile. A static input's are its shape: an
     engine built without profiles has no profile shapes to report for it."""
     if -1 not in spec.shape:
@@ -443,21 +404,6 @@ def _limits(engine: Any, spec: TensorSpec, profile: int) -> tuple[Shape, Shape, 
         for shape in engine.get_tensor_profile_shape(spec.name, profile)
     )
     return low, opt, high
-
-
-def _fits(shape: Shape, limits: tuple[Shape, Shape, Shape]) -> bool:
-    low, _, high = limits
-    return len(shape) == len(low) and all(
-        lo <= size <= hi for size, lo, hi in zip(shape, low, high, strict=True)
-    )
-
-
-def _range(limits: tuple[Shape, Shape, Shape]) -> str:
-    return f"{list(limits[0])} to {list(limits[2])}"
-
-
-def _join(items: list[str]) -> str:
-    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 def _numpy_type(datatype: str) -> str:
