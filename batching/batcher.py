@@ -253,17 +253,26 @@ class Batcher:
         return head.deadline - predicted - max(predicted * SLACK, MIN_RESERVE_S)
 
     def _meet_deadlines(self, batch: list[Pending]) -> list[Pending]:
-        """Shed what cannot make it, then top the batch up from the queue with as many rows as
-        its requests' deadlines leave room for, and again while that sheds more: under load a
-        batch that shed its late head must not run short while requests wait behind it."""
+        """Shed what cannot make it, then top the batch up from the queue, and again while that
+        sheds more: a batch that shed its late head must not run short while requests wait.
+
+        How far to top up: with a backlog (a full batch still queued behind this one) to the
+        full size, and what cannot make it in a full batch is shed; shrinking the batch to save
+        its head would only push rows into a next batch that is full already, so lateness moves
+        back while every smaller batch costs throughput, which deepens the backlog (the CNN
+        offered 1.5x what it serves ran 3.8-row batches and served 0.64x a fixed delay).
+        Without one, only with as many rows as the deadlines of those in it still allow: what
+        is left fits in the next batch."""
+        policy = self.policy
         while True:
             batch = self._shed(batch)
             if not batch or not self.batched:
                 return batch
             rows = sum(item.rows for item in batch)
-            room = self.policy.max_batch_size - rows
+            room = policy.max_batch_size - rows
+            backlog = self.queue.group_rows(batch[0].group) >= room + policy.max_batch_size
             deadlines = [item.deadline for item in batch if item.deadline is not None]
-            if deadlines and room > 0:
+            if deadlines and room > 0 and not backlog:
                 fits = self.cost.rows_within(min(deadlines) - time.monotonic())
                 room = room if fits is None else min(room, fits - rows)
             more = self.queue.take(batch[0].group, room) if room > 0 else []
