@@ -154,7 +154,8 @@ class RateLimitSettings(Section):
     unit: Literal["requests", "rows", "tokens"] = "requests"
     """What a token counts: one request, one row of the batch dimension, or one text token
     (a generation request is charged its prompt plus the completion tokens it may generate,
-    max_tokens clamped to the context, at admission; other requests count their rows)."""
+    max_tokens clamped to the context, at admission, and the tokens it did not generate are
+    given back when it ends; other requests count their rows)."""
     default: TenantLimits = Field(default_factory=TenantLimits)
     """Limits for tenants not listed (and the anonymous tenant when no keys are set)."""
     tenants: dict[str, TenantLimits] = Field(default_factory=dict)
