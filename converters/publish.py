@@ -65,7 +65,10 @@ def build_config(
         if pads:
             batching["pad"] = {p.name: {"axis": p.axis, "value": p.value} for p in pads}
         config["dynamic_batching"] = batching
-        config["warmup"] = {"enabled": True, "batch_sizes": sorted({1, max_batch_size})}
+        # The preferred sizes too: each is the top of a TensorRT optimization profile, whose
+        # context would otherwise pay its first-run cost on a real request.
+        sizes = {1, max_batch_size, *preferred_batch_sizes}
+        config["warmup"] = {"enabled": True, "batch_sizes": sorted(sizes)}
     else:
         config["dynamic_batching"] = {"enabled": False}
     return config
