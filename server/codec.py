@@ -21,6 +21,8 @@ _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, 
 _KIND_NAMES = {str: "text", bool: "a boolean", float: "a fraction", int: "an integer",
                dict: "an object", type(None): "null"}  # fmt: skip
 _NEEDS = {"b": "booleans", "u": "integers", "i": "integers", "f": "numbers"}
+_FLOAT_MAX = {size: float(np.finfo(f"f{size}").max) for size in (2, 4, 8)}
+"""The largest finite value of each float width, by its size in bytes."""
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -65,20 +67,34 @@ def tensor_header(item: Any, index: int) -> tuple[str, str, list[int], dict[str,
     return name, datatype, shape, parameters
 
 
-def check_header(payload: dict[str, Any], check: InputCheck) -> None:
-    """Every input's name, datatype and shape, read from the request and passed to `check`
-    before any tensor data is decoded: a request the model refuses costs no tensor memory."""
+TensorHeader = tuple[str, str, list[int], dict[str, Any]]
+"""An input's name, datatype, shape and parameters, as `tensor_header` read and checked them."""
+
+
+def tensor_headers(payload: dict[str, Any]) -> list[TensorHeader]:
+    """Every `inputs` entry's header, checked (`tensor_header`), in order; InvalidInput for a
+    missing or empty `inputs` and for an input given twice."""
     inputs_json = _field(payload, "inputs", list, "request")
     if not inputs_json:
         raise InvalidInput("request: 'inputs' is empty")
-    shapes: dict[str, list[int]] = {}
-    types: dict[str, str] = {}
+    headers: list[TensorHeader] = []
+    names: set[str] = set()
     for index, item in enumerate(inputs_json):
-        name, datatype, shape, _ = tensor_header(item, index)
-        if name in shapes:
-            raise InvalidInput(f"input '{name}' is given twice")
-        shapes[name], types[name] = shape, datatype
-    check(shapes, types)
+        header = tensor_header(item, index)
+        if header[0] in names:
+            raise InvalidInput(f"input '{header[0]}' is given twice")
+        names.add(header[0])
+        headers.append(header)
+    return headers
+
+
+def check_header(payload: dict[str, Any], check: InputCheck) -> list[TensorHeader]:
+    """Every input's name, datatype and shape, read from the request and passed to `check`
+    before any tensor data is decoded: a request the model refuses costs no tensor memory. The
+    headers are returned for `decode_request`, which then need not read them again."""
+    headers = tensor_headers(payload)
+    check({h[0]: h[2] for h in headers}, {h[0]: h[1] for h in headers})
+    return headers
 
 
 def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.ndarray:
@@ -121,12 +137,11 @@ def vectorized_data(datatype: str, shape: list[int], data: list[Any]) -> np.ndar
         if values.size and (values.min() < info.min or values.max() > info.max):
             return None
         return values.astype(target).reshape(shape)
-    if target.itemsize < 8:  # a double may not fit: inf, refused below
-        with np.errstate(over="ignore"):
-            values = values.astype(target)
-    if not np.isfinite(values).all():
+    # One check covers NaN, inf and a double too large for a narrower type, before the cast, so
+    # the cast cannot overflow (numpy's errstate, to silence it, costs more than this check).
+    if values.size and not np.abs(values).max() <= _FLOAT_MAX[target.itemsize]:
         return None
-    return values.reshape(shape)
+    return values.astype(target).reshape(shape)
 
 
 def _flat_values(data: list[Any]) -> list[Any] | None:
@@ -228,19 +243,17 @@ def decode_request(
     model_name: str,
     model_version: str | None,
     arrays: dict[str, np.ndarray] | None = None,
+    headers: list[TensorHeader] | None = None,
 ) -> InferRequest:
     """An InferRequest from a v2 JSON body. `arrays` holds inputs already decoded elsewhere
-    (binary tensor data), by name; every other input must carry JSON `data`."""
-    inputs_json = _field(payload, "inputs", list, "request")
-    if not inputs_json:
-        raise InvalidInput("request: 'inputs' is empty")
+    (binary tensor data), by name; every other input must carry JSON `data`. `headers` are the
+    inputs' headers as `check_header` returned them for this payload (else they are read here)."""
+    if headers is None:
+        headers = tensor_headers(payload)
     arrays = arrays or {}
     inputs: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
-    for index, item in enumerate(inputs_json):
-        name, datatype, shape, _ = tensor_header(item, index)
-        if name in inputs:
-            raise InvalidInput(f"input '{name}' is given twice")
+    for (name, datatype, shape, _), item in zip(headers, payload["inputs"], strict=True):
         if name in arrays:
             inputs[name] = arrays[name]
         else:

@@ -30,6 +30,8 @@ T = TypeVar("T")
 
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 INFER_SPAN = "POST /v2/models/{name}/infer"
+WATCH_AFTER_S = 0.001
+"""How long a request waits for its answer before a task watches for its client leaving."""
 # Headers that decide how a request is read or who sends it: sent twice, they are ambiguous.
 SINGLE_HEADERS = (
     "x-api-key",
@@ -131,8 +133,14 @@ class HttpCall:
 
         def decode() -> tuple[InferRequest, binary.BinaryRequest]:
             full = binary.decompress(body, encoding, limit) if plain is None else plain
-            split = binary.split_request(full, headers, lambda h: codec.check_header(h, check))
-            return codec.decode_request(split.header, self.model, self.version, split.arrays), split
+            checked: list[codec.TensorHeader] = []  # read once: by the check, for the decode
+            split = binary.split_request(
+                full, headers, lambda h: checked.extend(codec.check_header(h, check))
+            )
+            request = codec.decode_request(
+                split.header, self.model, self.version, split.arrays, checked
+            )
+            return request, split
 
         size = raw_tensors.OFFLOAD_BYTES + 1 if plain is None else len(plain)
         request, self._split = await raw_tensors.off_loop(size, decode)
@@ -196,10 +204,13 @@ def _error_body(message: str) -> bytes:
 
 async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it (the batcher withdraws the
-    request). One watcher task per request, cancelled as soon as the work is done."""
+    request). The watcher task starts only once the work has taken WATCH_AFTER_S: most answers
+    come sooner, and a task per request (created, started, cancelled) costs more than a timer;
+    a client that leaves is still withdrawn, that much later."""
     current = asyncio.current_task()
     assert current is not None
     gone = False
+    watcher: asyncio.Future[None] | None = None
 
     async def watch() -> None:
         nonlocal gone
@@ -209,7 +220,11 @@ async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
         gone = True
         current.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = asyncio.ensure_future(watch())
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watching)
     try:
         return await work
     except asyncio.CancelledError:
@@ -218,4 +233,6 @@ async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
             raise ClientGone from None
         raise
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
