@@ -7,7 +7,8 @@ into its out-arena. When a worker's connection ends (the worker died or stopped)
 had in flight is cancelled (withdrawn from the batchers, its generations' cache slots freed at
 the next step) and the out-slots it held are freed; the in-slots stay reserved until no array
 views them, and a restarted worker is told which. Generation requests are served by the same
-GenerationService the in-process routes call, their chunks sent back as TOKENS frames."""
+GenerationService the in-process routes call, their chunks sent back as TOKENS frames
+(engine/host_generate.py)."""
 
 from __future__ import annotations
 
@@ -24,33 +25,23 @@ import orjson
 from engine import errors
 from engine.engine import Engine
 from engine.generation.service import GenerateRequest, GenerationService
+from engine.host_generate import relay_generation
 from engine.metrics import WorkerArenas, WorkerCollector
 from engine.shm import (
     Allocator,
     Arena,
     SlotWatcher,
-    Tensor,
     place_tensors,
     view_tensors,
 )
 from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata
-from engine.wire import FrameBuffer, Kind, ProtocolError, frame
+from engine.wire import FrameBuffer, Kind, ProtocolError, error_payload, frame
 
 log = logging.getLogger("sluice.host")
 
 STATE_INTERVAL_S = 0.1
 """How often the host looks for a change of readiness or of the loaded models to push."""
-
-
-def error_payload(call_id: int, exc: errors.EngineError) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "error": type(exc).__name__,
-        "message": exc.message,
-        "retry_after_s": exc.retry_after_s,
-        "headers": dict(exc.headers),
-    }
 
 
 def metadata_payload(meta: ModelMetadata) -> dict[str, Any]:
@@ -79,8 +70,14 @@ class WorkerSlots:
 class _Peer:
     """One worker connection: its in-flight requests and the frames waiting to be sent."""
 
-    def __init__(self, transport: asyncio.Transport, slots: WorkerSlots | None) -> None:
+    def __init__(
+        self,
+        transport: asyncio.Transport,
+        slots: WorkerSlots | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self.transport = transport
+        self.loop = loop  # held: asyncio.get_running_loop() is a getpid() syscall per call
         self.slots = slots
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.out_slots: set[int] = set()
@@ -104,7 +101,7 @@ class _Peer:
         # resume their tasks in the next iteration, after a call_soon would already have run.
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_later(0, self._flush)
+            self.loop.call_later(0, self._flush)
 
     def _flush(self) -> None:
         self._scheduled = False
@@ -194,8 +191,9 @@ class EngineHost:
     # -- connections -----------------------------------------------------------------------------
 
     def _welcome(self, transport: asyncio.Transport, index: object) -> _Peer:
+        assert self._loop is not None  # connections arrive only once serve() has run
         if index is None:  # a worker's channel for synchronous calls: no arena
-            peer = _Peer(transport, None)
+            peer = _Peer(transport, None, self._loop)
             self._peers.add(peer)
             return peer
         if type(index) is not int or not 0 <= index < len(self.workers):
@@ -203,7 +201,7 @@ class EngineHost:
         slots = self.workers[index]
         if slots.peer is not None:  # the previous process of this slot is gone
             self._gone(slots.peer)
-        peer = slots.peer = _Peer(transport, slots)
+        peer = slots.peer = _Peer(transport, slots, self._loop)
         slots.connections += 1
         self._peers.add(peer)
         self.no_workers.clear()
@@ -247,14 +245,15 @@ class EngineHost:
             request = GenerateRequest.from_wire(message["request"])
             rid = message.get("request_id")
             rid = rid if isinstance(rid, str) else None
-            self._spawn(peer, message["id"], self._generate(peer, message["id"], request, rid))
+            work = relay_generation(self.generation, peer.send, message["id"], request, rid)
+            self._spawn(peer, message["id"], work)
         elif kind is Kind.EVENTS:
             self._events(message)
         else:
             raise ProtocolError(f"unexpected {kind.name} frame")
 
     def _spawn(self, peer: _Peer, call_id: int, work: Any) -> None:
-        task = asyncio.create_task(work)
+        task = peer.loop.create_task(work)
         peer.tasks[call_id] = task
         task.add_done_callback(lambda _: peer.tasks.pop(call_id, None))
 
@@ -267,12 +266,10 @@ class EngineHost:
         slot = slots.inputs.slot(offset, size)
         slots.held_in[offset] = size
         if slots.watcher is None:
-            slots.watcher = SlotWatcher(
-                asyncio.get_running_loop(), lambda at: self._release_in(slots, at)
-            )
+            slots.watcher = SlotWatcher(peer.loop, lambda at: self._release_in(slots, at))
         slots.watcher.watch(slot, offset)
         try:
-            inputs = view_tensors(slot, [Tensor.from_list(t) for t in message["inputs"]])
+            inputs = view_tensors(slot, message["inputs"])
         except ValueError as exc:
             peer.send(Kind.ERROR, error_payload(call_id, errors.InvalidInput(str(exc))))
             return
@@ -338,7 +335,7 @@ class EngineHost:
                 "id": call_id,
                 "slot": offset,
                 "size": size,
-                "outputs": [t.as_list() for t in described],
+                "outputs": described,
                 "response": {
                     "model_name": response.model_name,
                     "model_version": response.model_version,
@@ -348,43 +345,6 @@ class EngineHost:
                 },
             },
         )
-
-    # -- generation ------------------------------------------------------------------------------
-
-    async def _generate(
-        self, peer: _Peer, call_id: int, request: GenerateRequest, rid: str | None
-    ) -> None:
-        """Admit and run one generation, its chunks sent as they come; a CANCEL, or the worker
-        going away, cancels this task and so the sequence (freed at the next step)."""
-        request_id.set(rid)
-        try:
-            stream = await self.generation.generate(request)
-        except errors.EngineError as exc:
-            peer.send(Kind.ERROR, error_payload(call_id, exc))
-            return
-        except Exception:
-            log.exception("generation failed in the engine process")
-            peer.send(Kind.ERROR, error_payload(call_id, errors.BackendError("internal error")))
-            return
-        try:
-            started = {"headers": stream.headers, "prompt_tokens": stream.prompt_tokens}
-            peer.send(Kind.STREAM, {"id": call_id, **started})
-            async for chunk in stream.chunks():
-                if chunk.error is not None:
-                    peer.send(Kind.ERROR, error_payload(call_id, chunk.error))
-                    return
-                peer.send(
-                    Kind.TOKENS,
-                    {
-                        "id": call_id,
-                        "tokens": chunk.tokens,
-                        "text": chunk.text,
-                        "finish_reason": chunk.finish_reason,
-                        "completion_tokens": stream.completion_tokens,
-                    },
-                )
-        finally:
-            stream.cancel()
 
     # -- everything else -------------------------------------------------------------------------
 

@@ -13,8 +13,9 @@ on a separate socket: they are not on the inference path). Front-end request cou
 the engine in batches, so `/metrics` from any worker shows every worker's requests.
 
 Generation is relayed: `generate` sends the request the routes parsed (after authenticating
-here) and returns a `RemoteStream` fed by the engine's TOKENS frames as they arrive; leaving it
-early sends CANCEL, and losing the engine ends every stream with ShuttingDown."""
+here) and returns a `RemoteStream` (engine/remote_generate.py) fed by the engine's TOKENS frames
+as they arrive; leaving it early sends CANCEL, and losing the engine ends every stream with
+ShuttingDown."""
 
 from __future__ import annotations
 
@@ -26,20 +27,19 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Collection
+from collections.abc import Collection
 from typing import Any
 
 from engine import errors
 from engine.auth import Authenticator
-from engine.generation.scheduler import Chunk
 from engine.generation.service import GenerateRequest
 from engine.metrics import Metrics
+from engine.remote_generate import RemoteStream, rebuild_error
 from engine.settings import Settings
 from engine.shm import (
     Allocator,
     Arena,
     SlotWatcher,
-    Tensor,
     place_tensors,
     view_tensors,
 )
@@ -55,27 +55,6 @@ EVENTS_INTERVAL_S = 0.05
 
 CALL_TIMEOUT_S = 10.0
 """A blocking call to the engine (metadata, statistics) gives up after this long."""
-
-
-_ERRORS: dict[str, type[errors.EngineError]] = {
-    name: value
-    for name, value in vars(errors).items()
-    if isinstance(value, type) and issubclass(value, errors.EngineError)
-}
-
-
-def rebuild_error(payload: dict[str, Any]) -> errors.EngineError:
-    """The engine's error, of the same class and message, from an ERROR frame."""
-    cls = _ERRORS.get(str(payload.get("error")), errors.BackendError)
-    exc = cls.__new__(cls)
-    message = str(payload.get("message", "internal error"))
-    Exception.__init__(exc, message)
-    exc.message = message
-    retry = payload.get("retry_after_s")
-    exc.retry_after_s = float(retry) if isinstance(retry, int | float) else None
-    headers = payload.get("headers")
-    exc.headers = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
-    return exc
 
 
 def _specs(items: list[Any]) -> tuple[TensorSpec, ...]:
@@ -222,7 +201,7 @@ class RemoteEngine:
             message = {
                 "slot": offset,
                 "size": size,
-                "inputs": [t.as_list() for t in described],
+                "inputs": described,
                 "request": {
                     "model_name": request.model_name,
                     "datatypes": request.datatypes,
@@ -252,7 +231,7 @@ class RemoteEngine:
             assert self._loop is not None
             self._watcher = SlotWatcher(self._loop, self._free_out_slot)
         self._watcher.watch(slot, offset)
-        outputs = view_tensors(slot, [Tensor.from_list(t) for t in result["outputs"]])
+        outputs = view_tensors(slot, result["outputs"])
         spec = result["response"]
         return InferResponse(
             model_name=spec["model_name"],
@@ -276,7 +255,7 @@ class RemoteEngine:
         if self.engine_gone.is_set():
             raise errors.ShuttingDown("the engine process is gone")
         assert self._loop is not None
-        stream = RemoteStream(self, next(self._ids), self._loop)
+        stream = RemoteStream(next(self._ids), self._loop, self._stream_ended)
         self._streams[stream.id] = stream
         self._infers += 1  # a stream counts as a request in flight until it ends (drain)
         self._idle.clear()
@@ -297,25 +276,6 @@ class RemoteEngine:
         self._infers -= 1
         if not self._infers:
             self._idle.set()
-
-    def _stream_frame(self, stream: RemoteStream, kind: Kind, message: dict[str, Any]) -> None:
-        if kind is Kind.STREAM:
-            headers = message["headers"]
-            if not isinstance(headers, dict):
-                raise TypeError(f"STREAM headers must be an object; got {headers!r:.80}")
-            stream.admitted(
-                {str(k): str(v) for k, v in headers.items()}, int(message["prompt_tokens"])
-            )
-        elif kind is Kind.TOKENS:
-            finish = message["finish_reason"]
-            chunk = Chunk(
-                [int(t) for t in message["tokens"]],
-                str(message["text"]),
-                None if finish is None else str(finish),  # type: ignore[arg-type]
-            )
-            stream.push(chunk, int(message["completion_tokens"]))
-        else:  # ERROR: refused, or failed while running
-            stream.fail(rebuild_error(message))
 
     def _free_out_slot(self, offset: int) -> None:
         self._free_out.append(offset)
@@ -375,7 +335,7 @@ class RemoteEngine:
         call_id = message.get("id") if isinstance(message, dict) else None
         stream = self._streams.get(call_id) if type(call_id) is int else None
         if stream is not None and kind in (Kind.STREAM, Kind.TOKENS, Kind.ERROR):
-            self._stream_frame(stream, kind, message)
+            stream.on_frame(kind, message)
         elif kind in (Kind.STREAM, Kind.TOKENS):
             pass  # a stream this worker already left: the engine had sent these meanwhile
         elif kind is Kind.FREE_IN:
@@ -501,62 +461,6 @@ class RemoteEngine:
 
     def label_for(self, name: str) -> str:
         return name if name in self._state.get("models", ()) else "_unknown"
-
-
-class RemoteStream:
-    """One generation relayed from the engine process (engine.generation.service.TokenStream):
-    chunks are queued as their frames arrive and handed on one by one, so a stream is never
-    buffered to its end."""
-
-    def __init__(self, remote: RemoteEngine, call_id: int, loop: asyncio.AbstractEventLoop):
-        self.id = call_id
-        self.started: asyncio.Future[None] = loop.create_future()
-        self.headers: dict[str, str] = {}
-        self.prompt_tokens = 0
-        self.completion_tokens = 0
-        self.finish_reason: str | None = None
-        self._remote = remote
-        self._queue: asyncio.Queue[Chunk] = asyncio.Queue()
-        self._ended = False
-
-    def admitted(self, headers: dict[str, str], prompt_tokens: int) -> None:
-        self.headers, self.prompt_tokens = headers, prompt_tokens
-        if not self.started.done():
-            self.started.set_result(None)
-
-    def push(self, chunk: Chunk, completion_tokens: int) -> None:
-        self.completion_tokens = completion_tokens
-        self._queue.put_nowait(chunk)
-        if chunk.finish_reason is not None:
-            self._end(tell_engine=False)
-
-    def fail(self, error: errors.EngineError) -> None:
-        """The engine refused it (before it started) or it failed, or the engine is gone."""
-        if not self.started.done():
-            self.started.set_exception(error)
-        else:
-            self._queue.put_nowait(Chunk([], "", "error", error))
-        self._end(tell_engine=False)
-
-    async def chunks(self) -> AsyncIterator[Chunk]:
-        try:
-            while True:
-                chunk = await self._queue.get()
-                if chunk.finish_reason is not None:
-                    self.finish_reason = chunk.finish_reason
-                yield chunk
-                if chunk.finish_reason is not None:
-                    return
-        finally:
-            self.cancel()
-
-    def cancel(self) -> None:
-        self._end(tell_engine=True)
-
-    def _end(self, tell_engine: bool) -> None:
-        if not self._ended:
-            self._ended = True
-            self._remote._stream_ended(self, tell_engine)
 
 
 class _RemoteProtocol(asyncio.Protocol):

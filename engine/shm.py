@@ -34,8 +34,7 @@ import os
 import struct
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -170,37 +169,30 @@ class SlotWatcher:
                 self._loop.call_soon_threadsafe(self._release, offset)
 
 
-class Tensor(NamedTuple):
-    """Where one tensor lies inside a slot: `offset` is relative to the slot's start. (A tuple:
-    one is built per tensor per request on both sides.)"""
+Descriptor = list[object]
+"""Where one tensor lies inside a slot, as it travels in a control frame:
+`[name, dtype, shape, offset, nbytes]`, `dtype` a numpy dtype string ("<f4") or "BYTES" for
+Triton's length-prefixed layout, `offset` relative to the slot's start. A plain list, built and
+read in place: a NamedTuple and its conversions cost ~2 µs per tensor on each side."""
 
-    name: str
-    dtype: str  # numpy dtype string ("<f4"), or "BYTES" for Triton's length-prefixed layout
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
-    def as_list(self) -> list[object]:
-        return [self.name, self.dtype, list(self.shape), self.offset, self.nbytes]
-
-    @staticmethod
-    def from_list(item: object) -> Tensor:
-        """A descriptor read from the control channel; anything malformed is a ValueError."""
-        if type(item) is not list or len(item) != 5:
-            raise ValueError(f"tensor descriptor must be a list of 5 items, got {item!r}")
-        name, dtype, shape, offset, nbytes = item
-        if (
-            type(name) is not str
-            or type(dtype) is not str
-            or type(shape) is not list
-            or type(offset) is not int
-            or type(nbytes) is not int
-        ):
-            raise ValueError(f"malformed tensor descriptor {item!r}")
-        for dim in shape:
-            if type(dim) is not int or dim < 0:
-                raise ValueError(f"malformed tensor descriptor {item!r}")
-        return Tensor(name, dtype, tuple(shape), offset, nbytes)
+def _checked(item: object) -> tuple[str, str, tuple[int, ...], int, int]:
+    """A descriptor read from the control channel; anything malformed is a ValueError."""
+    if type(item) is not list or len(item) != 5:
+        raise ValueError(f"tensor descriptor must be a list of 5 items, got {item!r:.200}")
+    name, dtype, shape, offset, nbytes = item
+    if (
+        type(name) is not str
+        or type(dtype) is not str
+        or type(shape) is not list
+        or type(offset) is not int
+        or type(nbytes) is not int
+    ):
+        raise ValueError(f"malformed tensor descriptor {item!r:.200}")
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            raise ValueError(f"malformed tensor descriptor {item!r:.200}")
+    return name, dtype, tuple(shape), offset, nbytes
 
 
 def _bytes_layout(array: np.ndarray) -> list[bytes]:
@@ -222,60 +214,92 @@ def slot_bytes(arrays: Mapping[str, np.ndarray]) -> int:
     return total
 
 
-def write_tensors(buf: memoryview, start: int, arrays: Mapping[str, np.ndarray]) -> list[Tensor]:
+def write_tensors(
+    buf: memoryview, start: int, arrays: Mapping[str, np.ndarray]
+) -> list[Descriptor]:
     """Write each array once into the slot at `start`; the descriptors say where."""
-    described: list[Tensor] = []
+    described: list[Descriptor] = []
     at = 0
     for name, array in arrays.items():
         if array.dtype.kind == "O":
             data = b"".join(_bytes_layout(array))
             buf[start + at : start + at + len(data)] = data
-            described.append(Tensor(name, "BYTES", array.shape, at, len(data)))
+            described.append([name, "BYTES", list(array.shape), at, len(data)])
             at += _aligned(len(data))
             continue
-        target = np.ndarray(array.shape, array.dtype, buffer=buf, offset=start + at)
-        np.copyto(target, array, casting="no")
-        described.append(Tensor(name, array.dtype.str, array.shape, at, array.nbytes))
-        at += _aligned(array.nbytes)
+        nbytes = array.nbytes
+        if nbytes:  # a byte view of the array: no ndarray or ufunc setup per tensor
+            flat = memoryview(np.ascontiguousarray(array))  # type: ignore[arg-type]
+            buf[start + at : start + at + nbytes] = flat.cast("B")
+        described.append([name, array.dtype.str, list(array.shape), at, nbytes])
+        at += _aligned(nbytes)
     return described
 
 
-def view_tensors(slot: Buffer, tensors: Iterable[Tensor]) -> dict[str, np.ndarray]:
-    """Arrays over `slot` (see Arena.slot). Descriptors are checked against the slot's bounds
-    and their dtype and shape."""
+def view_tensors(slot: Buffer, descriptors: object) -> dict[str, np.ndarray]:
+    """Arrays over `slot` (see Arena.slot), one per descriptor of the list `descriptors` (as
+    read from a control frame). Each is checked: its form, its bounds in the slot, and that its
+    dtype and shape fill its bytes; anything else is a ValueError."""
+    if type(descriptors) is not list:
+        raise ValueError(f"tensor descriptors must be a list, got {descriptors!r:.200}")
     arrays: dict[str, np.ndarray] = {}
-    for tensor in tensors:
-        if tensor.offset < 0 or tensor.nbytes < 0 or tensor.offset + tensor.nbytes > len(slot):
-            raise ValueError(f"tensor '{tensor.name}' lies outside its slot")
-        count = math.prod(tensor.shape)
-        if tensor.dtype == "BYTES":
-            arrays[tensor.name] = _read_bytes(slot, tensor, count)
+    for item in descriptors:
+        name, dtype_name, shape, offset, nbytes = _checked(item)
+        if offset < 0 or nbytes < 0 or offset + nbytes > len(slot):
+            raise ValueError(f"tensor '{name}' lies outside its slot")
+        count = math.prod(shape)
+        if dtype_name == "BYTES":
+            if count * _LENGTH.size > nbytes:  # each element has its length: bounds the array
+                raise ValueError(
+                    f"BYTES tensor '{name}' of {count} elements cannot fit in {nbytes} bytes"
+                )
+            arrays[name] = _read_bytes(slot, name, shape, offset, nbytes, count)
             continue
-        dtype = np.dtype(tensor.dtype)
-        if dtype.kind not in NUMERIC_KINDS or count * dtype.itemsize != tensor.nbytes:
-            raise ValueError(f"tensor '{tensor.name}': {tensor.dtype} {list(tensor.shape)} "
-                             f"does not fill {tensor.nbytes} bytes")  # fmt: skip
-        arrays[tensor.name] = np.ndarray(
-            tensor.shape,
-            dtype,
-            buffer=slot,  # type: ignore[arg-type]  # a ctypes array exports the buffer protocol
-            offset=tensor.offset,
-        )
+        dtype = _numeric_dtype(dtype_name)
+        if dtype is None or count * dtype.itemsize != nbytes:
+            raise ValueError(
+                f"tensor '{name}': {dtype_name} {list(shape)} does not fill {nbytes} bytes"
+            )
+        # frombuffer keeps `slot` as the base, as the weakref on it needs (half the cost of
+        # np.ndarray(buffer=...)).
+        flat = np.frombuffer(slot, dtype, count, offset)  # type: ignore[arg-type]  # ctypes exports the buffer
+        arrays[name] = flat.reshape(shape)
     return arrays
 
 
-def _read_bytes(slot: Buffer, tensor: Tensor, count: int) -> np.ndarray:
+_DTYPES: dict[str, np.dtype | None] = {}
+
+
+def _numeric_dtype(name: str) -> np.dtype | None:
+    """The numeric dtype a descriptor names in numpy's canonical form (`dtype.str`, which is
+    what write_tensors sends), or None for anything else. Cached: one lookup per tensor per
+    request; only canonical names are kept, so the peer cannot grow the cache."""
+    dtype = _DTYPES.get(name)
+    if dtype is None:
+        try:
+            dtype = np.dtype(name)
+        except (TypeError, ValueError):
+            return None
+        if dtype.kind not in NUMERIC_KINDS or dtype.str != name:
+            return None
+        _DTYPES[name] = dtype
+    return dtype
+
+
+def _read_bytes(
+    slot: Buffer, name: str, shape: tuple[int, ...], offset: int, nbytes: int, count: int
+) -> np.ndarray:
     out = np.empty(count, dtype=object)
-    at, end = tensor.offset, tensor.offset + tensor.nbytes
+    at, end = offset, offset + nbytes
     for index in range(count):
         if at + 4 > end:
-            raise ValueError(f"BYTES tensor '{tensor.name}' ends inside element {index}")
+            raise ValueError(f"BYTES tensor '{name}' ends inside element {index}")
         (length,) = _LENGTH.unpack_from(slot, at)
         if at + 4 + length > end:
-            raise ValueError(f"BYTES tensor '{tensor.name}' element {index} passes its end")
+            raise ValueError(f"BYTES tensor '{name}' element {index} passes its end")
         out[index] = bytes(memoryview(slot)[at + 4 : at + 4 + length])
         at += 4 + length
-    return out.reshape(tensor.shape)
+    return out.reshape(shape)
 
 
 WRITE_OFF_LOOP_BYTES = 1 << 20
@@ -284,7 +308,7 @@ WRITE_OFF_LOOP_BYTES = 1 << 20
 
 async def place_tensors(
     allocator: Allocator, arena: Arena, arrays: Mapping[str, np.ndarray], what: str
-) -> tuple[int, int, list[Tensor]]:
+) -> tuple[int, int, list[Descriptor]]:
     """`arrays` written into a new slot of `arena`: its offset, size and the tensors'
     descriptions.
     PayloadTooLarge when they exceed the whole arena, Overloaded when it has no room now: a full

@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from engine.settings import Settings, load_settings
 from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
 from engine.types import InferRequest
+from engine.wire import FrameBuffer, Kind, frame
 from tests.models import write_model
 
 
@@ -288,3 +290,31 @@ async def test_large_tensors_are_written_and_read_off_the_loop_and_answer_right(
         await until(lambda: remote.allocator.used_bytes == 0)
     finally:
         await rig.close()
+
+
+async def test_a_descriptor_that_would_allocate_terabytes_is_an_invalid_input(rig: Rig) -> None:
+    # A worker's frame is untrusted: a BYTES tensor claiming 2**40 elements in 8 bytes was
+    # allocated before it was read (a MemoryError the connection's handler did not catch).
+    reader, writer = await asyncio.open_unix_connection(rig.path)
+    frames = FrameBuffer()
+
+    async def frames_until(wanted: set[Kind]) -> dict[Kind, Any]:
+        got: dict[Kind, Any] = {}
+        while not wanted <= got.keys():
+            got.update(frames.feed(await asyncio.wait_for(reader.read(1 << 16), 5)))
+        return got
+
+    try:
+        writer.write(frame(Kind.HELLO, {"worker": 0}))
+        await frames_until({Kind.WELCOME})
+        spec = {"model_name": "demo", "datatypes": {"x": "BYTES"}}
+        bad = [["x", "BYTES", [2**40], 0, 8]]
+        writer.write(frame(Kind.INFER, {"id": 1, "slot": 0, "size": 64, "inputs": bad,
+                                        "request": spec}))  # fmt: skip
+        got = await frames_until({Kind.ERROR, Kind.FREE_IN})
+        assert (got[Kind.ERROR]["id"], got[Kind.ERROR]["error"]) == (1, "InvalidInput")
+        assert "of 1099511627776 elements cannot fit in 8 bytes" in got[Kind.ERROR]["message"]
+        assert got[Kind.FREE_IN] == {"slots": [0]}  # its in-slot is given back at once
+        assert not rig.host.workers[0].held_in
+    finally:
+        writer.close()

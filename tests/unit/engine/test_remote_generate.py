@@ -1,7 +1,7 @@
-"""A worker's relay of generation (engine/remote.py `generate`, `RemoteStream`) against a scripted
-engine at the transport seam: a unix socket that speaks engine/wire.py frames, so each test says
-exactly which frames the engine sends and when. The real host end is covered end to end by
-tests/integration/test_workers_generate.py."""
+"""A worker's relay of generation (engine/remote.py `generate`, engine/remote_generate.py
+`RemoteStream`) against a scripted engine at the transport seam: a unix socket that speaks
+engine/wire.py frames, so each test says exactly which frames the engine sends and when. The
+real host end is covered end to end by tests/integration/test_workers_generate.py."""
 
 from __future__ import annotations
 
