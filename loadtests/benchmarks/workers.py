@@ -2,7 +2,8 @@
 `--workers 2` (a supervisor, an engine process and two front-end workers) in one run, on the
 benchmark MLP over JSON, binary HTTP and gRPC at concurrency 16 and 64, and the CNN over binary
 HTTP at 64. Reported per row: req/s, p99, server CPU-seconds per 1,000 requests (every process of
-the server, from /proc), and for the CNN samples/s and the average batch size (Triton statistics).
+the server, from /proc, and the engine process's part of it), and for the CNN samples/s and the
+average batch size (Triton statistics).
 
     python -m loadtests.benchmarks.workers --out loadtests/benchmarks/results \
         [--seconds 5] [--server-cores 0-2] [--client-cores 3]
@@ -67,6 +68,28 @@ def cpu_s(root: psutil.Process) -> float:
     return total
 
 
+def engine_process(root: psutil.Process) -> psutil.Process | None:
+    """The engine process of a `--workers N` server (the supervisor's child that listens on no
+    TCP port: the workers hold the HTTP and gRPC sockets), or None for one process."""
+    for child in root.children():
+        try:
+            if not any(c.status == psutil.CONN_LISTEN for c in child.net_connections("tcp")):
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def process_cpu_s(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    try:
+        times = proc.cpu_times()
+    except psutil.NoSuchProcess:
+        return 0.0
+    return times.user + times.system
+
+
 def grpc_load(target: str, model: str, concurrency: int, seconds: float, core: str) -> Any:
     out = subprocess.run(
         ["taskset", "-c", core, sys.executable, "-m", "loadtests.benchmarks.grpc_load", target,
@@ -86,7 +109,8 @@ def measure(
     concurrency: int, seconds: float, client: str,
 ) -> dict[str, Any]:  # fmt: skip
     target = f"{url}/v2/models/{model}/infer"
-    before_stats, before_cpu = stats(url, model), cpu_s(root)
+    engine = engine_process(root)
+    before_stats, before_cpu, before_engine = stats(url, model), cpu_s(root), process_cpu_s(engine)
     if protocol == "grpc":
         result = grpc_load(grpc_target, model, concurrency, seconds, client)
     elif protocol == "json":
@@ -96,12 +120,15 @@ def measure(
         headers = {"Inference-Header-Content-Length": str(length)}
         result = wrk(target, body, concurrency, seconds, headers, core=client)
     used = cpu_s(root) - before_cpu
+    engine_used = process_cpu_s(engine) - before_engine
     after = stats(url, model)
     rows, batches = after[0] - before_stats[0], after[1] - before_stats[1]
     served = max(1, result["requests"] - result.get("non2xx", 0) - result["errors"])
     return {
         "model": model, "protocol": protocol, "concurrency": concurrency, **result,
         "cpu_s_per_1000": 1000 * used / served,
+        # The engine process's part (serial: one per server); None with one process.
+        "engine_cpu_s_per_1000": None if engine is None else 1000 * engine_used / served,
         "avg_batch": rows / batches if batches else 0.0,
     }  # fmt: skip
 
@@ -148,7 +175,8 @@ def table(report: dict[str, Any]) -> str:
         "",
     ]
     columns = ["workers", "model", "protocol", "concurrency", "req/s", "x 1 worker", "p99 ms",
-               "CPU s / 1,000 req", "x 1 worker", "avg batch", "errors"]  # fmt: skip
+               "CPU s / 1,000 req", "x 1 worker", "engine process", "avg batch",
+               "errors"]  # fmt: skip
     cells = []
     for r in report["rows"]:
         base = one.get((r["model"], r["protocol"], r["concurrency"]))
@@ -157,10 +185,17 @@ def table(report: dict[str, Any]) -> str:
         cells.append([
             r["workers"], r["model"], r["protocol"], r["concurrency"], f"{r['throughput']:,.0f}",
             faster, f"{r['p99_us'] / 1e3:.2f}", f"{r['cpu_s_per_1000']:.3f}", cpu,
-            f"{r['avg_batch']:.1f}", r["errors"] + r.get("non2xx", 0),
+            engine_part(r), f"{r['avg_batch']:.1f}", r["errors"] + r.get("non2xx", 0),
         ])  # fmt: skip
     lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
+
+
+def engine_part(row: dict[str, Any]) -> str:
+    """The engine process's CPU s / 1,000 requests (the rest is the workers' and the
+    supervisor's); "-" for one process and for rows measured before it was recorded."""
+    engine = row.get("engine_cpu_s_per_1000")
+    return "-" if engine is None else f"{engine:.3f}"
 
 
 if __name__ == "__main__":
