@@ -46,6 +46,11 @@ MIN_RESERVE_S = 0.002
 PROBE_AFTER_S = 1.0
 """With no batch run for this long, the next one runs unshed: shedding on a fit that only runs
 could correct (one slow batch, a noisy neighbour) would otherwise shed everything forever."""
+GROW_EVERY = 256
+"""Every this many batches an idle model sends, one waits for one caller more than the last
+brought: how it notices that callers come together (see `_gather`)."""
+GROW_WAIT_S = 0.001
+"""How long past its head's arrival such a batch waits for that extra caller, at most."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,8 @@ class Batcher:
         self.shed = 0
         """Requests answered DeadlinePassed unrun because their batch could not meet it."""
         self._last_ran = time.monotonic()  # when a batch last finished (or the batcher started)
+        self._company = 1  # callers an idle batch waits for: how many the last one gathered
+        self._idle_sends = 0
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -313,6 +320,7 @@ class Batcher:
         largest_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
         window_end = self._window_end(head, min(largest_preferred, policy.max_batch_size))
         if policy.dispatch_when_idle and not self._running:
+            await self._gather(head, window_end)
             return
         while head.state == QUEUED and not self._flushing and self._gate.is_set():
             if policy.dispatch_when_idle and not self._running:
@@ -326,6 +334,32 @@ class Batcher:
                 return
             remaining = window_end - time.monotonic()
             if remaining <= 0:
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._wakeup.wait()
+
+    async def _gather(self, head: Pending, window_end: float) -> None:
+        """An idle model's batch: sent at once, unless callers have been coming together. A
+        front-end may hand requests over one at a time, hundreds of µs apart (grpc.aio accepts
+        one call per wake of its poller), so a model idle between them would run every request
+        alone, each paying the whole batch path. So the batch waits, up to its window, until as
+        many callers are queued as the last idle batch gathered; the window ending first lowers
+        that to the callers who came. Every GROW_EVERY-th idle batch waits up to GROW_WAIT_S
+        for one caller more: that is how company is noticed, and all a lone caller ever waits."""
+        self._idle_sends += 1
+        want = self._company + (self._idle_sends % GROW_EVERY == 0)
+        if want <= 1:
+            return
+        policy = self.policy
+        end = window_end if want <= self._company else min(window_end, head.enqueued + GROW_WAIT_S)
+        while head.state == QUEUED and not self._flushing and self._gate.is_set():
+            callers = self.queue.requests
+            full = self.queue.group_rows(head.group) >= policy.max_batch_size
+            remaining = end - time.monotonic()
+            if callers >= want or full or remaining <= 0:
+                self._company = callers
                 return
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):

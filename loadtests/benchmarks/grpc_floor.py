@@ -199,9 +199,10 @@ def table(report: dict[str, Any]) -> str:
         "server process's user + system time (every thread) over the calls it answered, so it "
         "holds when the machine is shared. `floor+id` also reads the call's metadata and "
         "deadline and sends an `x-request-id` trailer, as every sluice call does. "
-        "`sluice-window`: the same sluice with `dispatch_when_idle: false`, so a batch waits its "
-        "2 ms window and calls share batches (by default an idle model sends each call alone: "
-        "grpc.aio hands the loop one call at a time).",
+        "`sluice-window`: the same sluice with `dispatch_when_idle: false`, so every batch waits "
+        "its 2 ms window. By default an idle model sends a batch at once unless its callers have "
+        "been coming together (grpc.aio hands the loop one call at a time): then it waits for as "
+        "many as its last idle batch gathered.",
     ]
     return "\n".join(lines) + "\n"
 

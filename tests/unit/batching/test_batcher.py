@@ -116,6 +116,58 @@ async def test_idle_model_dispatches_at_once_and_busy_model_batches(recorder: Re
     await batcher.close()
 
 
+async def hand_over(batcher: Batcher, callers: int, calls: int) -> list[float]:
+    """A front-end that hands requests over one at a time, a few loop turns apart, as grpc.aio
+    accepts one call per wake of its poller; each caller's next request only after its answer.
+    Returns each call's wait for its answer, in seconds."""
+    free: asyncio.Queue[int] = asyncio.Queue()
+    for caller in range(callers):
+        free.put_nowait(caller)
+    waits: list[float] = []
+
+    async def call(tag: int) -> None:
+        started = time.monotonic()
+        await batcher.submit(rows(tag), 1)
+        waits.append(time.monotonic() - started)
+        free.put_nowait(tag)
+
+    async with asyncio.TaskGroup() as group:
+        for _ in range(calls):
+            tag = await free.get()
+            await settle()  # the model runs what it was sent before the next call is read
+            group.create_task(call(tag))
+    return waits
+
+
+async def test_callers_handed_over_one_at_a_time_share_batches(recorder: Recorder) -> None:
+    """An idle model sent each request alone the moment it came, so callers a front-end hands
+    over one at a time (16 of them waiting, as over gRPC) never shared a batch: every call paid
+    the whole batch path. Once callers come together, a batch waits for as many as came last."""
+    batcher = make(recorder, max_batch_size=16, max_queue_delay_s=0.05)
+    await hand_over(batcher, callers=16, calls=2000)
+    late = recorder.batches[-50:]
+    assert sum(map(len, late)) / len(late) >= 2, [len(b) for b in late]
+    await batcher.close()
+
+
+async def test_a_lone_caller_is_not_held_for_company(recorder: Recorder) -> None:
+    """One caller at a time: never waits for a window, however many calls it makes; after a
+    crowd leaves, one batch waits its window before the model sends at once again."""
+    batcher = make(recorder, max_batch_size=16, max_queue_delay_s=5.0)
+    waits = await hand_over(batcher, callers=1, calls=600)
+    assert max(waits) < 1.0  # a window is 5 s; a probe for company waits at most GROW_WAIT_S
+    assert {len(batch) for batch in recorder.batches} == {1}
+    await batcher.close()
+
+    recorder.batches.clear()
+    batcher = make(recorder, max_batch_size=16, max_queue_delay_s=0.05)
+    await hand_over(batcher, callers=16, calls=2000)
+    waits = await hand_over(batcher, callers=1, calls=20)
+    held = [wait for wait in waits if wait >= 0.04]
+    assert len(held) <= 1, waits  # the one batch whose window ended alone
+    await batcher.close()
+
+
 async def test_rows_count_and_requests_are_never_split(recorder: Recorder) -> None:
     batcher = make(recorder)
     batcher.pause()
