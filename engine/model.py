@@ -17,7 +17,6 @@ from batching.assembly import Padding
 from batching.batcher import Batcher, BatchPolicy
 from engine import datatypes
 from engine.backends.base import Backend
-from engine.backends.onnxruntime import CPU
 from engine.generation.generator import Generator
 from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
@@ -157,6 +156,10 @@ def warm_up(backend: Backend, sizes: list[int], max_batch_size: int) -> None:
             backend.run(feed)
 
 
+CPU_PROVIDER = "CPUExecutionProvider"
+"""ONNX Runtime's CPU provider (named here: importing the backend would load onnxruntime)."""
+
+
 class BatchRunner:
     """Runs batches in the model's thread pool, or right on the event loop when the model has
     one instance and its batches take under INLINE_BELOW_S: a thread hand-off costs more than
@@ -282,7 +285,7 @@ async def load_model(
     # Only a run that computes in the calling thread may go inline: its CPU time is its cost.
     # Python steps may block however fast they were so far, a GPU run waits on the device and
     # a tokenizer spreads a batch over its own threads: they always run in the pool.
-    inline = config.instance_count == 1 and backend.provider == CPU
+    inline = config.instance_count == 1 and backend.provider == CPU_PROVIDER
     runner = BatchRunner(backend, executor, inline=inline)
     batcher = Batcher(runner, policy, stats, tenant_share, label)
     load_s = time.monotonic() - started
