@@ -95,7 +95,10 @@ class DynamicBatching(Section):
     pad_bucket_ratio: float = Field(1.5, ge=1)
     """A padded batch only merges requests whose lengths are within this ratio of each other."""
     dispatch_when_idle: bool = True
-    """Send at once when no batch of this model is running instead of waiting for the delay."""
+    """Send at once when no batch of this model is running instead of waiting for the delay;
+    once callers have been arriving together (one at a time from a front-end, as over gRPC), an
+    idle batch waits within its delay for as many as the last one gathered (with `auto`, 2 ms
+    at most)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -321,3 +321,18 @@ async def test_with_a_backlog_a_batch_stays_full_and_sheds_what_a_full_one_canno
     assert [type(r).__name__ for r in results] == ["DeadlinePassed"] * 3 + ["dict"] * 7
     assert recorder.batches == [[4, 5, 6, 7], [8, 9, 10]]
     await batcher.close()
+
+
+async def test_an_idle_auto_batch_waits_for_company_only_briefly() -> None:
+    """An idle model gathers callers who have been coming together, up to its window; under auto
+    the window runs to the head's deadline (here 0.4 s), so after a crowd left, a lone caller
+    would wait most of that for company that is gone. It waits a fixed window's time at most."""
+    from tests.unit.batching.test_batcher import hand_over
+
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.001, max_batch_size=16, latency_target_s=0.4)
+    await hand_over(batcher, callers=16, calls=200)
+    batcher._company = 16  # the crowd's last idle batch gathered 16 (how it can end)
+    waits = await hand_over(batcher, callers=1, calls=20)
+    assert max(waits) < 0.1, waits
+    await batcher.close()
