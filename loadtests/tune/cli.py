@@ -1,5 +1,7 @@
 """`sluice tune`: find the model config with the highest throughput within a p99 SLO on a running
-server (started with `--model-control-mode explicit`), and write it with a report.
+server (started with `--model-control-mode explicit`), and write it with a report. With
+`--serve-cmd` tune starts that server itself, restarting it per front-end workers count, and
+stops it however the tune ends.
 
 Exit status: 0 a winner was written, 1 no candidate met the SLO, 2 bad usage, 3 the tune could
 not run (server unreachable, not in explicit mode, locust failed, the folder cannot be resumed),
@@ -37,6 +39,13 @@ from loadtests.runner import LoadTestError
 from loadtests.tune.report import write_report
 from loadtests.tune.results import ResumeError, TuneRun, load_saved
 from loadtests.tune.search import Search, Trial
+from loadtests.tune.serve import (
+    OwnedServer,
+    auto_workers,
+    parse_serve_cmd,
+    parse_workers_range,
+    served_workers,
+)
 from loadtests.tune.server import ServerControl
 from loadtests.tune.space import Candidate, build_space
 
@@ -134,17 +143,40 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     help="API key (repeatable); the first one needs the admin role for the repository.",
 )
 @timeout_option
+@click.option(
+    "--serve-cmd",
+    default=None,
+    help="Command that serves --url in explicit mode (e.g. 'sluice serve --model-repository R "
+    "--model-control-mode explicit --load-model M'): tune starts it, restarts it with each "
+    "--workers count it tries, and stops it at the end; without it, --url is a running server "
+    "and workers are not searched.",
+)
+@click.option(
+    "--workers-range",
+    default=None,
+    help="Front-end worker counts to try with --serve-cmd, START:STOP or A,B,... "
+    "[default: 1 to what --workers auto picks on --cores (at most 8)]",
+)
+@click.option(
+    "--serve-ready-timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="How long the --serve-cmd server may take to get ready at each start.",
+)
 def tune(
     url: str, model: str, slo_p99_ms: float, protocol: str, grpc_url: str | None,
     budget_s: float, out: Path, ramp: str, trial_s: int, cores: int | None, batch_size: int,
     max_error_fraction: float, api_keys: tuple[str, ...], timeout_s: float,
+    serve_cmd: str | None, workers_range: str | None, serve_ready_timeout_s: float,
 ) -> None:  # fmt: skip
     """Tune a model's batching, instances and threads for throughput within a p99 SLO.
 
     Reloads the model with candidate configs through the repository API of a server started
     with --model-control-mode explicit, load-tests each at increasing concurrency, restores the
     original config at the end (or on Ctrl-C), and writes --out: config.yaml (the winner),
-    report.md, report.html, results.json and plots.
+    report.md, report.html, results.json and plots. With --serve-cmd it starts the server
+    itself and searches its --workers too (the winner's count goes to server.yaml).
     """
     console = Console(stderr=True, soft_wrap=True)  # one line per event, even in logs
     try:
@@ -156,6 +188,29 @@ def tune(
         "slo_p99_ms": slo_p99_ms, "budget_s": budget_s, "users": users, "trial_s": trial_s,
         "cores": cores or os.cpu_count() or 1, "batch_size": batch_size,
     }  # fmt: skip
+    server = None
+    if serve_cmd is not None:
+        try:
+            argv = parse_serve_cmd(serve_cmd)
+            settings["served_workers"] = served_workers(argv, settings["cores"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--serve-cmd") from None
+        try:
+            counts = (
+                parse_workers_range(workers_range)
+                if workers_range is not None
+                else tuple(range(1, auto_workers(settings["cores"]) + 1))
+            )
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--workers-range") from None
+        settings["serve_cmd"], settings["workers"] = serve_cmd, list(counts)
+        server = OwnedServer(argv, settings["url"], out / "server.log", serve_ready_timeout_s)
+    elif workers_range is not None:
+        raise click.BadParameter(
+            "needs --serve-cmd: workers are a server setting, searched only on a server tune "
+            "starts itself",
+            param_hint="--workers-range",
+        )
     headers = {"Authorization": f"Bearer {api_keys[0]}"} if api_keys else {}
     control = ServerControl(url, model, headers)
     load = LoadTestConfig(
@@ -166,9 +221,14 @@ def tune(
     )  # fmt: skip
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        sys.exit(_run(console, control, load, settings, out))
+        code = _run(console, control, load, settings, out, server)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        try:
+            if server is not None:
+                server.stop()  # whatever ended the tune: nothing it started outlives it
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    sys.exit(code)
 
 
 def _run(
@@ -177,11 +237,16 @@ def _run(
     load: LoadTestConfig,
     settings: dict[str, Any],
     out: Path,
+    server: OwnedServer | None = None,
 ) -> int:
     from loadtests.tune.trial import HarnessTrials
 
     started = time.monotonic()
     try:
+        if server is not None:
+            server.check_port_free()
+            console.print(f"starting the server: {settings['serve_cmd']}")
+            server.ensure(settings["served_workers"])
         saved = load_saved(out, settings)
         if saved is not None:
             original, done = saved
@@ -192,10 +257,14 @@ def _run(
         space = build_space(
             original.config, control.triton_config(), settings["cores"],
             settings["slo_p99_ms"], settings["batch_size"],
+            workers=settings.get("workers", ()), served_workers=settings.get("served_workers"),
         )  # fmt: skip
     except (LoadTestError, ResumeError) as exc:
         console.print(Text("tune failed: ", style="bold red") + Text(str(exc)))
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        console.print("interrupted before the first trial")
+        return EXIT_INTERRUPTED
     run = TuneRun(
         settings=settings,
         original=original,
@@ -203,6 +272,7 @@ def _run(
             "batch_sizes": list(space.batch_sizes), "delays": list(space.delays),
             "preferred": list(space.preferred), "instances": list(space.instances),
             "cores": space.cores, "grid_size": space.grid_size(),
+            "workers": list(space.workers),
         },
         baseline=space.baseline.key,
     )  # fmt: skip
@@ -214,7 +284,7 @@ def _run(
 
     search = Search(
         space,
-        HarnessTrials(control, load, out),
+        HarnessTrials(control, load, out, server, original),
         settings["budget_s"] - RESERVE_S - (time.monotonic() - started),
         done=done,
         observer=Progress(console, settings["budget_s"]),
@@ -237,8 +307,9 @@ def _run(
         failure = str(exc)
     finally:
         try:
-            control.restore(original)
-            console.print("original config restored")
+            if server is None or server.running():  # a dead owned server has nothing to restore
+                control.restore(original)
+                console.print("original config restored")
         except LoadTestError as exc:
             console.print(Text("could not restore the original config: ", style="bold red")
                           + Text(str(exc)))  # fmt: skip
@@ -248,6 +319,7 @@ def _run(
     run.budget_exhausted = search.budget_exhausted
     if winner is not None and not run.interrupted:
         run.winner, run.winner_config = winner.candidate.key, winner.config
+        run.winner_workers = winner.candidate.workers
     run.finished = not (run.interrupted or run.budget_exhausted or failure)
     write_report(run, out)
     if failure is not None:
@@ -260,4 +332,6 @@ def _run(
         console.print(f"no candidate met the SLO; report in {out}")
         return EXIT_SLO_MISSED
     console.print(f"winner {run.winner}: {out}/config.yaml (report: {out}/report.md)")
+    if run.winner_workers is not None:
+        console.print(f"serve with --workers {run.winner_workers} ({out}/server.yaml)")
     return 0

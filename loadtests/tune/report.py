@@ -1,6 +1,7 @@
-"""The tune report folder: config.yaml (the winner), results.json, report.md, report.html and
-two plots (each candidate's throughput against p99 across concurrency; the front of best
-trade-offs over every measured point, the winner marked)."""
+"""The tune report folder: config.yaml (the winner), server.yaml (its front-end workers, when
+they were searched), results.json, report.md, report.html and two plots (each candidate's
+throughput against p99 across concurrency; the front of best trade-offs over every measured
+point, the winner marked)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from loadtests.tune.search import FINALISTS, MIN_GAIN, Trial
 
 CURVES = "candidates.png"
 FRONT = "front.png"
+SERVER_YAML = "server.yaml"
 
 
 def front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -99,6 +101,7 @@ def _ms(value: float | None) -> str:
 
 
 def _table(run: TuneRun) -> Table:
+    workers = bool(run.space.get("workers"))
     rows = []
     last = max((t.index for t in run.trials if t.candidate.key == run.winner), default=None)
     for t in run.trials:
@@ -115,6 +118,7 @@ def _table(run: TuneRun) -> Table:
                 c.preferred,
                 str(c.instances),
                 str(c.intra_op_threads),
+                *([str(c.workers)] if workers else []),
                 f"{t.ok_rps:,.1f}",
                 _ms(t.p99_ms),
                 "-" if t.users is None else str(t.users),
@@ -130,6 +134,7 @@ def _table(run: TuneRun) -> Table:
         "preferred",
         "instances",
         "threads",
+        *(["workers"] if workers else []),
         "req/s at SLO",
         "p99 ms",
         "users",
@@ -158,6 +163,30 @@ def _strategy(run: TuneRun) -> str:
     )
 
 
+def _workers(run: TuneRun) -> str:
+    counts = run.space.get("workers") or []
+    if not counts:
+        return (
+            "Front-end worker processes (`--workers`) are a server setting that needs a restart, "
+            "which the repository API cannot do: they were not searched (pass `--serve-cmd` for "
+            "tune to start the server itself and search them)."
+        )
+    served = run.settings.get("served_workers")
+    text = (
+        f"Front-end worker processes (`--workers`) were searched over "
+        f"{', '.join(str(n) for n in counts)} as the first axis of the same descent (each count "
+        f"tried is a server restart; every later trial runs on the chosen one): "
+        f"{run.workers_trials()} search trial(s) at another count than the command's "
+        f"{served}."
+    )
+    if run.winner_workers is not None:
+        text += (
+            f" Workers are a server setting, not model config: serve with "
+            f"`--workers {run.winner_workers}` (`server.yaml` in this folder)."
+        )
+    return text
+
+
 def build(run: TuneRun, plots: Sequence[Image]) -> list[Block]:
     s = run.settings
     original = next((t for t in run.trials if t.candidate.key == run.baseline), None)
@@ -172,6 +201,8 @@ def build(run: TuneRun, plots: Sequence[Image]) -> list[Block]:
             )
     else:
         verdict = f"Winner: `{winner.candidate.key}` ({winner.candidate.describe()})."
+        if run.winner_workers is not None:
+            verdict += f" Serve with `--workers {run.winner_workers}` (`server.yaml`)."
         if original is not None and original.passed and run.winner != run.baseline:
             verdict += f" The original config is `{run.baseline}`."
         elif run.winner == run.baseline:
@@ -191,6 +222,7 @@ def build(run: TuneRun, plots: Sequence[Image]) -> list[Block]:
         ["seconds per step", str(s["trial_s"])],
         ["cores searched", str(s["cores"])],
         ["original config from", run.original.source],
+        *([["server command", f"`{s['serve_cmd']}`"]] if s.get("serve_cmd") else []),
     ]
     return [
         Heading(1, f"Tune: `{s['model']}` at p99 <= {s['slo_p99_ms']:g} ms"),
@@ -199,10 +231,7 @@ def build(run: TuneRun, plots: Sequence[Image]) -> list[Block]:
         Table(["setting", "value"], settings),
         Heading(2, "Strategy"),
         Paragraph(_strategy(run)),
-        Paragraph(
-            "Front-end worker processes (`--workers`) are a server setting that needs a restart, "
-            "which the repository API cannot do: they are not searched."
-        ),
+        Paragraph(_workers(run)),
         Heading(2, "Candidates"),
         _table(run),
         Heading(2, "Plots"),
@@ -225,6 +254,13 @@ def write_report(run: TuneRun, out: Path) -> None:
         )
         body = yaml.safe_dump(run.winner_config, sort_keys=False)
         (out / "config.yaml").write_text(header + body)
+    if run.winner_config is not None and run.winner_workers is not None:
+        (out / SERVER_YAML).write_text(
+            f"# sluice tune winner's server setting for model '{run.settings['model']}': "
+            f"serve with --workers {run.winner_workers}\n"
+            f"# (or merge into the --config file you serve with); see report.md\n"
+            + yaml.safe_dump({"workers": run.winner_workers})
+        )
     plots = draw(run, out)
     blocks = build(run, plots)
     (out / "report.md").write_text(to_markdown(blocks))

@@ -30,6 +30,8 @@ class TuneRun:
     winner: str | None = None
     """The winning candidate's key (None while running, or when nothing met the SLO)."""
     winner_config: dict[str, Any] | None = None
+    winner_workers: int | None = None
+    """The winner's front-end workers, a server setting (None: not searched)."""
     baseline: str = ""
     reused: int = 0
     budget_exhausted: bool = False
@@ -45,12 +47,23 @@ class TuneRun:
             "trials": [trial.to_dict() for trial in self.trials],
             "winner": self.winner,
             "winner_config": self.winner_config,
+            "winner_workers": self.winner_workers,
+            "workers_trials": self.workers_trials(),
             "trials_measured": len(self.trials) - self.reused,
             "trials_reused": self.reused,
             "budget_exhausted": self.budget_exhausted,
             "interrupted": self.interrupted,
             "finished": self.finished,
         }
+
+    def workers_trials(self) -> int:
+        """Search trials the workers axis cost: those at another count than the server's own."""
+        served = self.settings.get("served_workers")
+        return sum(
+            1
+            for t in self.trials
+            if t.phase == "search" and t.candidate.workers not in (None, served)
+        )
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -60,7 +73,7 @@ class TuneRun:
         partial.replace(path)  # never half a file to resume from
 
 
-RESUMED_KEYS = ("model", "protocol", "slo_p99_ms", "users", "trial_s", "batch_size")
+RESUMED_KEYS = ("model", "protocol", "slo_p99_ms", "users", "trial_s", "batch_size", "serve_cmd")
 """Settings a resumed run must share with the saved one (its trials measured those)."""
 
 

@@ -1,12 +1,12 @@
 """The search: coordinate descent over the space, hill climbing along each ordered axis.
 
-From the original config, each axis in turn (batch size, delay, preferred sizes, instances,
-threads) is walked from the current best value towards the better neighbour for as long as the
-throughput at the SLO keeps rising by more than `MIN_GAIN`; values that are not on the order
-(delay `auto`, the preferred-size shapes) are tried once each. The best few candidates are then
-measured again beside the original, in the same conditions, and the winner is the one whose
-worse measurement is best: a lucky trial cannot win alone, and the original is always in the
-final, so the winner is never below it.
+From the original config, each axis in turn (front-end workers when tune owns the server,
+batch size, delay, preferred sizes, instances, threads) is walked from the current best value
+towards the better neighbour for as long as the throughput at the SLO keeps rising by more than
+`MIN_GAIN`; values that are not on the order (delay `auto`, the preferred-size shapes) are tried
+once each. The best few candidates are then measured again beside the original, in the same
+conditions, and the winner is the one whose worse measurement is best: a lucky trial cannot win
+alone, and the original is always in the final, so the winner is never below it.
 
 Throughput at a p99 SLO rises and then falls along each of these axes (bigger batches amortise
 the per-batch cost until their latency busts the SLO; more instances or threads help until the
@@ -240,9 +240,14 @@ class Search:
         meaning = effective(config)
         for trial in self.trials:
             # Measured already in this phase: a climb revisits its start, and two candidates may
-            # make the same config (preferred "none" where the original lists none).
+            # make the same config (preferred "none" where the original lists none) on the same
+            # server (workers are not in the config).
             if trial.phase == phase and (
-                trial.candidate.key == key[1] or effective(trial.config) == meaning
+                trial.candidate.key == key[1]
+                or (
+                    trial.candidate.workers == candidate.workers
+                    and effective(trial.config) == meaning
+                )
             ):
                 return trial
         index = len(self.trials) + 1

@@ -3,7 +3,9 @@
 A candidate is the original config with up to five values replaced: `max_batch_size` (powers of
 two), `dynamic_batching.max_queue_delay_s` (a few fixed delays, or `auto` planning against the
 SLO), `dynamic_batching.preferred_batch_sizes` (none, half the batch, or a quarter and a half),
-`instances` and `onnxruntime.intra_op_threads` (their product bounded by the cores).
+`instances` and `onnxruntime.intra_op_threads` (their product bounded by the cores). When tune
+owns the server (`--serve-cmd`), the server's front-end `workers` are one more axis: a server
+setting, not model config, so it never appears in a candidate's config.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ class Candidate:
     preferred: str
     instances: int
     intra_op_threads: int
+    workers: int | None = None
+    """Front-end worker processes the server runs with; None: not searched (the server's own)."""
 
     @property
     def key(self) -> str:
@@ -42,7 +46,7 @@ class Candidate:
         shown = delay if isinstance(delay, str) else f"{delay * 1e3:g}ms"
         return (
             f"b{self.max_batch_size}-d{shown}-p{self.preferred}-i{self.instances}"
-            f"-t{self.intra_op_threads}"
+            f"-t{self.intra_op_threads}{'' if self.workers is None else f'-w{self.workers}'}"
         )
 
     def describe(self) -> str:
@@ -51,6 +55,7 @@ class Candidate:
         return (
             f"max_batch_size {self.max_batch_size}, delay {shown}, preferred {self.preferred}, "
             f"instances {self.instances}, threads {self.intra_op_threads}"
+            + ("" if self.workers is None else f", workers {self.workers}")
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,6 +69,7 @@ class Candidate:
             preferred=str(data["preferred"]),
             instances=int(data["instances"]),
             intra_op_threads=int(data["intra_op_threads"]),
+            workers=None if data.get("workers") is None else int(data["workers"]),
         )
 
 
@@ -91,6 +97,8 @@ class Space:
     cores: int
     slo_s: float
     tune_threads: bool = True
+    workers: tuple[int, ...] = ()
+    """Front-end worker counts to try (empty: the server is not tune's to restart)."""
 
     def threads(self, instances: int) -> tuple[int, ...]:
         """Intra-op thread counts worth trying beside `instances` (their product <= cores)."""
@@ -101,6 +109,10 @@ class Space:
     def axes(self, current: Candidate) -> list[tuple[str, Sequence[Any], bool]]:
         """(field, values, ordered) in search order; values depend on `current` where coupled."""
         axes: list[tuple[str, Sequence[Any], bool]] = []
+        # Workers first: each value tried costs a server restart, and once chosen every later
+        # trial runs on it without one.
+        if len(self.workers) > 1:
+            axes.append(("workers", self.workers, True))
         if len(self.batch_sizes) > 1:
             axes.append(("max_batch_size", self.batch_sizes, True))
         if len(self.delays) > 1:
@@ -124,11 +136,13 @@ class Space:
     def grid_size(self) -> int:
         """Candidates in the full grid (what a naive search would run)."""
         pairs = sum(len(self.threads(count)) for count in self.instances)
-        return len(self.batch_sizes) * len(self.delays) * len(self.preferred) * pairs
+        grid = len(self.batch_sizes) * len(self.delays) * len(self.preferred) * pairs
+        return grid * max(1, len(self.workers))
 
     def config(self, candidate: Candidate) -> dict[str, Any]:
-        """The original config with the candidate's values in place."""
-        if candidate == self.baseline:
+        """The original config with the candidate's values in place (workers are the server's,
+        not the model's: they change nothing here)."""
+        if replace(candidate, workers=self.baseline.workers) == self.baseline:
             return copy.deepcopy(self.original)
         config = copy.deepcopy(self.original)
         config["max_batch_size"] = candidate.max_batch_size
@@ -158,9 +172,13 @@ def build_space(
     cores: int,
     slo_ms: float,
     request_rows: int = 1,
+    workers: Sequence[int] = (),
+    served_workers: int | None = None,
 ) -> Space:
     """The space around a model: `original` is its sluice config, `triton` the server's Triton
-    model config (for the effective max_batch_size and delay the server filled in)."""
+    model config (for the effective max_batch_size and delay the server filled in); `workers`
+    the front-end worker counts to try when tune owns the server, which it started with
+    `served_workers`."""
     max_batch = int(triton.get("max_batch_size", 0))
     batching = triton.get("dynamic_batching") or {}
     written = (original.get("dynamic_batching") or {}).get("max_queue_delay_s")
@@ -176,7 +194,10 @@ def build_space(
     )
     onnx = original.get("backend", "onnxruntime") == "onnxruntime"
     threads = int((original.get("onnxruntime") or {}).get("intra_op_threads", 1)) if onnx else 1
-    baseline = Candidate(max_batch, delay, ORIGINAL, instances, threads)
+    searched = tuple(sorted({*workers, served_workers})) if workers and served_workers else ()
+    baseline = Candidate(
+        max_batch, delay, ORIGINAL, instances, threads, served_workers if searched else None
+    )
     if max_batch > 0 and batching:
         limit = max(MAX_BATCH, max_batch)
         sizes = sorted({2**k for k in range(20) if request_rows <= 2**k <= limit} | {max_batch})
@@ -196,6 +217,7 @@ def build_space(
         cores=max(1, cores),
         slo_s=slo_ms / 1e3,
         tune_threads=onnx,
+        workers=searched,
     )
 
 

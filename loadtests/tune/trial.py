@@ -1,6 +1,7 @@
-"""Measuring one candidate: reload the model with its config, then drive it with the load
-harness's own generator (`run_load_test`: locust at increasing concurrency, stopping at the
-first step past the SLO) and keep the best step within the SLO."""
+"""Measuring one candidate: (re)start the owned server with its workers, reload the model with
+its config, then drive it with the load harness's own generator (`run_load_test`: locust at
+increasing concurrency, stopping at the first step past the SLO) and keep the best step within
+the SLO."""
 
 from __future__ import annotations
 
@@ -12,19 +13,29 @@ from loadtests.harness import LoadTestConfig, run_load_test
 from loadtests.plan import best_step, meets_slo
 from loadtests.runner import LoadTestError
 from loadtests.tune.search import StepPoint, Trial
-from loadtests.tune.server import ServerControl
+from loadtests.tune.serve import OwnedServer
+from loadtests.tune.server import Original, ServerControl
 from loadtests.tune.space import Candidate
 
 
 class HarnessTrials:
     """The `Measure` of a real tune run: one load test per candidate under `out/trials/`."""
 
-    def __init__(self, control: ServerControl, load: LoadTestConfig, out: Path) -> None:
+    def __init__(
+        self,
+        control: ServerControl,
+        load: LoadTestConfig,
+        out: Path,
+        server: OwnedServer | None = None,
+        original: Original | None = None,
+    ) -> None:
         if load.slo_p99_ms is None:
             raise ValueError("a tune trial needs an SLO")
         self._control = control
         self._load = load
         self._out = out
+        self._server = server
+        self._original = original
 
     def __call__(
         self, candidate: Candidate, config: dict[str, Any], phase: str, index: int
@@ -33,8 +44,15 @@ class HarnessTrials:
         assert slo_ms is not None  # checked in __init__
         trial = Trial(index, phase, candidate, config, ok_rps=0.0, p99_ms=None, users=None)
         try:
-            self._control.load(config)
-        except LoadTestError as exc:  # the candidate does not load: it loses, the run goes on
+            if self._server is not None and candidate.workers is not None:
+                self._server.ensure(candidate.workers)  # a restart when the count changes
+            if self._original is not None and config == self._original.config:
+                # The original as it came (its folder's config.yaml: a plain load), as the
+                # restore at the end serves it.
+                self._control.restore(self._original)
+            else:
+                self._control.load(config)
+        except LoadTestError as exc:  # it does not load or serve: it loses, the run goes on
             trial.error = f"load failed: {exc}"
             return trial
         folder = self._out / "trials" / f"{index:03d}-{phase}-{candidate.key}"

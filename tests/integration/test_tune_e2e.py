@@ -6,6 +6,7 @@ or SIGTERM restoring too), and tritonclient's load_model(config=...) over HTTP a
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -168,3 +169,127 @@ def test_tritonclient_loads_with_a_config_over_http_and_grpc(
     assert json.loads(done.stdout) == 4
     client.load_model("demo")  # no config: the folder's config.yaml again
     assert served_config(explicit_server) == ORIGINAL
+
+
+def owned_tune_command(tmp_path: Path, out: Path, budget_s: float) -> tuple[list[str], Path]:
+    """A tune that starts its own server on free ports (the repository path marks its
+    processes, the workers it forks included)."""
+    from tests.redis_process import free_port
+
+    repo = write_demo_repository(tmp_path / "owned-models")
+    http_port, grpc_port = free_port(), free_port()
+    serve = [
+        sys.executable, "-m", "server", "serve", "--http-port", str(http_port),
+        "--grpc-port", str(grpc_port), "--model-repository", str(repo),
+        "--model-control-mode", "explicit", "--load-model", "demo", "--log-format", "json",
+    ]  # fmt: skip
+    command = [
+        sys.executable, "-m", "server", "tune", "--url", f"http://127.0.0.1:{http_port}",
+        "--model", "demo", "--slo-p99-ms", SLO_MS, "--budget-s", str(budget_s),
+        "--ramp", "2:4:x2", "--trial-s", "1", "--cores", "1", "--out", str(out),
+        "--serve-cmd", shlex.join(serve), "--workers-range", "1:2",
+    ]  # fmt: skip
+    return command, repo
+
+
+def left_running(marker: str) -> list[str]:
+    """Command lines of live processes naming `marker`."""
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["cmdline", "status"]):
+        cmdline = " ".join(process.info["cmdline"] or [])
+        if marker in cmdline and process.info["status"] != psutil.STATUS_ZOMBIE:
+            found.append(cmdline)
+    return found
+
+
+def test_a_tune_that_owns_the_server_searches_workers_and_stops_it(tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    command, repo = owned_tune_command(tmp_path, out, budget_s=45)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert left_running(str(repo)) == []  # the server and its workers are gone
+    assert "starting the server:" in done.stderr
+    results = json.loads((out / "results.json").read_text())
+    assert results["space"]["workers"] == [1, 2]
+    search = [t for t in results["trials"] if t["phase"] == "search"]
+    searched = [t["candidate"]["workers"] for t in search]
+    assert searched[:2] == [1, 2]  # the command's own count first, then the other
+    assert search[1]["error"] is None  # measured on the restarted server
+    assert search[1]["ok_rps"] > 0
+    assert results["workers_trials"] == searched.count(2) >= 1
+    winner = next(t for t in results["trials"] if t["key"] == results["winner"])
+    assert results["winner_workers"] == winner["candidate"]["workers"] in (1, 2)
+    server_yaml = (out / "server.yaml").read_text()
+    assert yaml.safe_load(server_yaml) == {"workers": results["winner_workers"]}
+    assert f"serve with --workers {results['winner_workers']}" in done.stderr
+    assert "workers" not in yaml.safe_load((out / "config.yaml").read_text())
+    assert "Front-end worker processes (`--workers`) were searched over 1, 2" in (
+        (out / "report.md").read_text()
+    )
+    assert (out / "server.log").read_text()  # the server's output is kept beside the report
+
+
+def test_sigterm_stops_the_owned_server(tmp_path: Path) -> None:
+    out = tmp_path / "tune"
+    command, repo = owned_tune_command(tmp_path, out, budget_s=120)
+    log = tmp_path / "tune.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        deadline = time.monotonic() + 90
+        while "candidate 1 of at most" not in log.read_text():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "the tune did not start a trial in time"
+            time.sleep(0.2)
+        assert left_running(str(repo)) != []
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, log.read_text()
+    assert left_running(str(repo)) == []
+
+
+@pytest.mark.parametrize(
+    ("program", "expected"),
+    [
+        ("import time; time.sleep(600)", "was not ready at http://127.0.0.1:{port}/v2/health/"
+                                         "ready within 3 s (--serve-ready-timeout-s)"),
+        ("raise SystemExit(4)", "exited with status 4 before it was ready"),
+    ],
+)  # fmt: skip
+def test_a_server_that_never_gets_ready_fails_with_3_and_is_stopped(
+    tmp_path: Path, program: str, expected: str
+) -> None:
+    from tests.redis_process import free_port
+
+    port = free_port()
+    marker = f"never-ready-{tmp_path.name}"
+    serve = shlex.join([sys.executable, "-c", program, marker])
+    command = [
+        sys.executable, "-m", "server", "tune", "--url", f"http://127.0.0.1:{port}",
+        "--model", "demo", "--slo-p99-ms", SLO_MS, "--out", str(tmp_path / "tune"),
+        "--serve-cmd", serve, "--serve-ready-timeout-s", "3",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stderr
+    assert expected.format(port=port) in " ".join(done.stderr.split())
+    assert left_running(marker) == []
+
+
+def test_serve_cmd_refuses_a_url_another_server_answers(
+    explicit_server: ServerProcess, tmp_path: Path
+) -> None:
+    marker = f"never-started-{tmp_path.name}"
+    command = [
+        *tune_command(explicit_server, tmp_path / "tune", budget_s=20),
+        "--serve-cmd", shlex.join([sys.executable, "-c", "pass", marker]),
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stderr
+    assert f"a server already answers at {explicit_server.url}" in done.stderr
+    assert not (tmp_path / "tune" / "server.log").exists()  # the command never ran
+    assert served_config(explicit_server) == ORIGINAL  # and the other server was not touched

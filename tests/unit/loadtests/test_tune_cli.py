@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from loadtests.tune.cli import tune
@@ -50,3 +51,31 @@ def test_an_unreachable_server_fails_with_3_and_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(tune, args)
     assert result.exit_code == 3
     assert "cannot reach the server at http://127.0.0.1:9" in result.output
+
+
+@pytest.mark.parametrize(
+    ("extra", "option", "message"),
+    [
+        (["--serve-cmd", "sluice serve 'unclosed"], "--serve-cmd", "cannot split"),
+        (["--serve-cmd", "   "], "--serve-cmd", "is empty"),
+        (["--serve-cmd", "no-such-sluice-binary serve"], "--serve-cmd",
+         "'no-such-sluice-binary' is not an executable file nor found on PATH"),
+        (["--serve-cmd", f"{sys.executable} --workers"], "--serve-cmd", "ends with --workers"),
+        (["--serve-cmd", f"{sys.executable} --workers lots"], "--serve-cmd",
+         "has --workers 'lots'; allowed: a number or auto"),
+        (["--workers-range", "1:2"], "--workers-range", "needs --serve-cmd"),
+        (["--serve-cmd", sys.executable, "--workers-range", "2:x"], "--workers-range",
+         "'2:x' is not START:STOP nor a list A,B,..."),
+        (["--serve-cmd", sys.executable, "--workers-range", "0:2"], "--workers-range",
+         "need worker counts from 1 to 64"),
+    ],
+)  # fmt: skip
+def test_a_bad_serve_cmd_or_workers_range_is_usage_error_2(
+    tmp_path: Path, extra: list[str], option: str, message: str
+) -> None:
+    args = ["--model", "demo", "--slo-p99-ms", "10", "--out", str(tmp_path), *extra]
+    result = CliRunner().invoke(tune, args)
+    assert result.exit_code == 2, result.output
+    assert option in result.output
+    assert message in " ".join(result.output.split())  # click wraps long messages
+    assert not (tmp_path / "server.log").exists()  # nothing was started

@@ -176,3 +176,28 @@ def test_the_original_is_not_measured_again_under_another_name() -> None:
 
     Search(space(cores=1), flat, budget_s=10_000).run()
     assert not any("-pnone-" in key for key in measured)
+
+
+def test_workers_are_one_coordinate_of_the_descent_not_a_product_with_the_grid() -> None:
+    # Best at 2 workers. The model config is the same at every count: a search that told trials
+    # apart by their config alone would measure one count and call it every count.
+    def measure(c: Candidate, config: dict[str, Any], phase: str, index: int) -> Trial:
+        measured.append((phase, c))
+        rps = synthetic_rps(c) * {None: 1.0, 1: 1.0, 2: 1.5, 3: 1.2, 4: 0.9}[c.workers]
+        return Trial(index, phase, c, config, ok_rps=rps, p99_ms=20.0, users=16)
+
+    measured: list[tuple[str, Candidate]] = []
+    Search(space(), measure, budget_s=10_000).run()
+    plain = list(measured)
+    measured.clear()
+    owned = build_space(
+        ORIGINAL, TRITON, cores=4, slo_ms=50, workers=(1, 2, 3, 4), served_workers=1
+    )
+    winner = Search(owned, measure, budget_s=10_000).run()
+    assert winner is not None
+    assert winner.candidate == Candidate(32, 0.001, "original", 2, 2, workers=2)
+    searched = [c for phase, c in measured if phase == "search"]
+    assert [c.workers for c in searched[:3]] == [1, 2, 3]  # 1 -> 2 (gain) -> 3 (none): stop
+    assert all(c.workers == 2 for c in searched[3:])  # the rest of the descent runs on 2
+    # The axis cost two trials more than the search without it (not four times the trials).
+    assert len(searched) == len([c for phase, c in plain if phase == "search"]) + 2

@@ -81,3 +81,29 @@ def test_gpu_instance_groups_are_kept() -> None:
     space = build_space(groups, TRITON, cores=4, slo_ms=20)
     assert space.instances == (2,)
     assert space.config(Candidate(16, 0.0, "none", 2, 2))["instances"] == groups["instances"]
+
+
+def test_workers_are_one_more_axis_only_when_tune_owns_the_server() -> None:
+    assert build_space(ORIGINAL_CONFIG, TRITON, cores=4, slo_ms=20).workers == ()
+    owned = build_space(
+        ORIGINAL_CONFIG, TRITON, cores=4, slo_ms=20, workers=(1, 2, 4), served_workers=3
+    )
+    assert owned.workers == (1, 2, 3, 4)  # the command's own count is on the axis
+    assert owned.baseline.workers == 3
+    assert owned.axes(owned.baseline)[0] == ("workers", (1, 2, 3, 4), True)
+    plain = build_space(ORIGINAL_CONFIG, TRITON, cores=4, slo_ms=20)
+    assert owned.grid_size() == 4 * plain.grid_size()
+
+
+def test_workers_change_the_key_but_never_the_model_config() -> None:
+    space = build_space(
+        ORIGINAL_CONFIG, TRITON, cores=4, slo_ms=20, workers=(1, 2), served_workers=1
+    )
+    other = Candidate(8, 0.003, ORIGINAL, 1, 1, workers=2)
+    assert other.key == space.baseline.key.replace("-w1", "-w2") != space.baseline.key
+    assert space.config(other) == ORIGINAL_CONFIG
+    assert Candidate.from_dict(other.to_dict()) == other
+    old = Candidate(8, 0.003, ORIGINAL, 1, 1).to_dict()
+    del old["workers"]  # results.json written before workers were searched
+    assert Candidate.from_dict(old).workers is None
+    assert Candidate.from_dict(old).key == "b8-d3ms-poriginal-i1-t1"
