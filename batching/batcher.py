@@ -148,18 +148,21 @@ class Batcher:
         priority: int = 1,
         tenant: str = "",
         deadline: float | None = None,
+        arrived: float | None = None,
     ) -> Tensors:
         """Queue one request and wait for its outputs. `priority` is a level from 1 (highest) to
-        `policy.priority_levels`; `deadline` is on time.monotonic()."""
+        `policy.priority_levels`; `deadline` and `arrived` (when the server took the request,
+        where a latency target counts from; default now) are on time.monotonic()."""
         if self._closing:
             raise BatcherClosed()
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        if deadline is not None and deadline <= now:
-            raise DeadlinePassed(f"request reached {self.label} past its timeout; it was not run")
+        start = now if arrived is None else arrived
         limit = "timeout"
         if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
-            deadline, limit = now + self.policy.latency_target_s, "latency target"
+            deadline, limit = start + self.policy.latency_target_s, "latency target"
+        if deadline is not None and deadline <= now:
+            raise DeadlinePassed(f"request reached {self.label} past its {limit}; it was not run")
         group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
         item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future(), deadline)
         self.queue.put(item)
@@ -176,7 +179,7 @@ class Batcher:
                 self.queue.cancel(item)
                 raise DeadlinePassed(
                     f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
-                    f"past its {limit} of {deadline - now:.3f} s; it was not run"
+                    f"past its {limit} of {deadline - start:.3f} s; it was not run"
                 ) from None
         except asyncio.CancelledError:
             # The client left: a queued request is withdrawn and never computed.

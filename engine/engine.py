@@ -56,6 +56,8 @@ from engine.validate import (
 log = logging.getLogger("sluice.engine")
 
 VERSION = "0.1.0"
+MAX_FRONT_END_S = 3600.0
+"""A request's `arrived` older than this (or later than the engine took it) is not believed."""
 EXTENSIONS = [
     "binary_tensor_data", "model_configuration", "model_repository",
     "model_repository(unload_dependents)", "statistics", "schedule_policy",
@@ -229,15 +231,17 @@ class Engine:
     ) -> InferResponse:
         batching = model.config.dynamic_batching
         timeout_s = request.timeout_s or batching.default_timeout_s
-        deadline = started + timeout_s if timeout_s else None
+        arrived = request.arrived
+        if arrived is None or not started - MAX_FRONT_END_S <= arrived <= started:
+            arrived = started  # none given, or not a time the front-end can have taken it
+        deadline = arrived + timeout_s if timeout_s else None
         names = request.outputs or [spec.name for spec in model.backend.outputs]
         types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
         parameters: dict[str, Any] = {}
 
         async def compute(deadline: float | None = deadline) -> CachedResult:
-            submit = model.batcher.submit(
-                request.inputs, rows, priority, request.tenant or ANONYMOUS_TENANT, deadline
-            )
+            tenant = request.tenant or ANONYMOUS_TENANT
+            submit = model.batcher.submit(request.inputs, rows, priority, tenant, deadline, arrived)
             if self.tracing is not None:
                 submit = self.tracing.batched(submit, model.last_run)
             try:

@@ -44,6 +44,12 @@ STATE_INTERVAL_S = 0.1
 """How often the host looks for a change of readiness or of the loaded models to push."""
 
 
+def arrival(value: object) -> float | None:
+    """A worker's `arrived` (time.monotonic(), the same clock in every process) if it is one;
+    the engine also refuses a time it cannot be (later than now, or an hour old)."""
+    return value if type(value) is float else None
+
+
 def metadata_payload(meta: ModelMetadata) -> dict[str, Any]:
     return {
         "name": meta.name,
@@ -285,6 +291,7 @@ class EngineHost:
             parameters=spec.get("parameters") or {},
             priority=spec.get("priority"),
             timeout_s=spec.get("timeout_s"),
+            arrived=arrival(spec.get("arrived")),
             tenant=spec.get("tenant"),
         )
         rid = spec.get("request_id")

@@ -92,10 +92,11 @@ class PipelineBatcher(Batcher):
         priority: int = 1,
         tenant: str = "",
         deadline: float | None = None,
+        arrived: float | None = None,
     ) -> dict[str, np.ndarray]:
         request = PipelineRequest(inputs)
         request.priority, request.tenant, request.deadline = priority, tenant, deadline
-        return await super().submit(request, rows, priority, tenant, deadline)
+        return await super().submit(request, rows, priority, tenant, deadline, arrived)
 
 
 def _label(name: str, index: int, step: PipelineStep) -> str:

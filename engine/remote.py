@@ -217,6 +217,7 @@ class RemoteEngine:
                     "parameters": request.parameters,
                     "priority": request.priority,
                     "timeout_s": request.timeout_s,
+                    "arrived": request.arrived,  # CLOCK_MONOTONIC is the same in every process
                     "tenant": request.tenant,
                     "request_id": request_id.get(),  # the engine's log lines name it too
                     # The engine's stage spans join this request's trace.

@@ -52,6 +52,9 @@ class InferRequest:
     priority: int | None = None
     timeout_s: float | None = None
     tenant: str | None = None
+    arrived: float | None = None
+    """time.monotonic() when the front-end took the request: its timeout and its model's
+    latency target count from there (None: from when the engine took it)."""
 
 
 @dataclass(slots=True)

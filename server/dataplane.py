@@ -246,6 +246,7 @@ class DataPlane:
                 principal.check_model(call.model)
             request = await call.decode(engine.input_check(call.model, call.version))
             request.tenant = principal.tenant
+            request.arrived = started  # its deadline counts from here, decoding included
             response = await call.wait(engine.infer(request))
             served = response.model_version
             encode_started = time.monotonic()

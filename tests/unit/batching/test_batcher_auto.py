@@ -336,3 +336,16 @@ async def test_an_idle_auto_batch_waits_for_company_only_briefly() -> None:
     waits = await hand_over(batcher, callers=1, calls=20)
     assert max(waits) < 0.1, waits
     await batcher.close()
+
+
+async def test_a_latency_target_counts_from_arrival() -> None:
+    """The target is the server's answer time, so it counts from when the server took the
+    request (`arrived`), not from when it reached the queue: one that arrived past its target
+    is answered at once and never run; one with time left is run."""
+    recorder = Recorder()
+    batcher = auto(recorder, cost_s=0.001, latency_target_s=0.1)
+    with pytest.raises(DeadlinePassed, match="past its latency target; it was not run"):
+        await batcher.submit(rows(1), 1, arrived=time.monotonic() - 0.2)
+    assert (await batcher.submit(rows(2), 1, arrived=time.monotonic() - 0.01))["y"][0, 0] == 4
+    assert recorder.batches == [[2]]
+    await batcher.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -76,3 +77,22 @@ async def test_tenants_do_not_share_cached_results_unless_configured(engine: Eng
     assert (await engine.infer(first)).parameters["cache_hit"] is False
     assert (await engine.infer(again)).parameters["cache_hit"] is True
     assert (await engine.infer(other)).parameters["cache_hit"] is False
+
+
+async def test_a_timeout_counts_from_when_the_front_end_took_the_request(engine: Engine) -> None:
+    """The front-end's clock starts at the request's arrival (decoding, a worker hop and
+    admission come first): a request that arrived 1 s ago with a 0.5 s timeout is answered
+    DeadlineExceeded without running. An `arrived` that cannot be (later than now, or hours
+    ago: it may come from another process) is not believed."""
+    stats = engine.registry.resolve("demo", None).stats
+    x = np.full((1, 16), 0.25, np.float32)
+    late = request(x, timeout_s=0.5)
+    late.arrived = time.monotonic() - 1.0
+    ran = stats.execution_count
+    with pytest.raises(DeadlineExceeded, match="within its timeout"):
+        await engine.infer(late)
+    assert stats.execution_count == ran  # refused before it ran
+    for unbelievable in (time.monotonic() + 60.0, time.monotonic() - 7200.0):
+        odd = request(x, timeout_s=0.5)
+        odd.arrived = unbelievable
+        assert (await engine.infer(odd)).outputs["probabilities"].shape == (1, 10)
