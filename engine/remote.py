@@ -27,7 +27,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from engine import errors
@@ -457,9 +457,13 @@ class RemoteEngine:
         result: list[dict[str, str]] = self.call_sync("repository_index", ready_only)
         return result
 
-    async def load_model(self, name: str, parameters: Collection[str] = ()) -> None:
+    async def load_model(
+        self, name: str, parameters: Mapping[str, Any] | Collection[str] = ()
+    ) -> None:
+        # The values go too: Triton's `config` parameter carries the model config.
+        given = dict(parameters) if isinstance(parameters, Mapping) else list(parameters)
         self._state = await self._request(
-            Kind.CALL, {"method": "load_model", "args": [name, list(parameters)]}
+            Kind.CALL, {"method": "load_model", "args": [name, given]}
         )
 
     async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:

@@ -267,6 +267,11 @@ async def test_a_model_loaded_through_one_worker_serves_on_every_worker(
         x = np.zeros((1, 16), np.float32)
         assert {a.status_code for a in await fresh_posts(url, [json_body(x)] * 8)} == {404}
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            # Triton's `config` load parameter reaches the engine with its value.
+            config = {"parameters": {"config": '{"max_batch_size": 8}'}}
+            loaded = await client.post("/v2/repository/models/mlp/load", json=config)
+            assert loaded.status_code == 200, loaded.text
+            assert (await client.get("/v2/models/mlp/config")).json()["max_batch_size"] == 8
             assert (await client.post("/v2/repository/models/mlp/load")).status_code == 200
         # The other worker learns of it within the engine's state push (100 ms): poll, bounded.
         deadline = time.monotonic() + 5
