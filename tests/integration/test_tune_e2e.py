@@ -206,7 +206,7 @@ def left_running(marker: str) -> list[str]:
 
 def test_a_tune_that_owns_the_server_searches_workers_and_stops_it(tmp_path: Path) -> None:
     out = tmp_path / "tune"
-    command, repo = owned_tune_command(tmp_path, out, budget_s=45)
+    command, repo = owned_tune_command(tmp_path, out, budget_s=25)  # two trials and a restart
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert left_running(str(repo)) == []  # the server and its workers are gone
