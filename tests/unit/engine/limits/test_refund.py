@@ -16,21 +16,11 @@ from engine.limits.local import MemoryBackend
 from engine.limits.plan import Check, LimitBackend
 from engine.limits.redis_backend import RedisBackend
 from engine.settings import RateLimitSettings
+from tests.unit.engine.limits.test_redis_backend import Clock
 
 BUCKET = Check("bucket", None, rate_per_s=0.001, burst=10.0)
 DAY = Check("day", None, limit=20)
 START = 1_742_040_000.0  # 2025-03-15T12:00:00Z
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def micros(self) -> int:
-        return round(self.now * 1_000_000)
 
 
 @pytest.fixture(params=["memory", "redis"])
