@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from collections import deque
@@ -142,7 +143,7 @@ class GenerationScheduler:
                 f"{len(prompt)} prompt + {max_tokens} completion tokens need {need} bytes of "
                 f"key/value cache; kv_cache_bytes is {self.options.kv_cache_bytes}"
             )
-        if len(self.waiting) >= self.options.max_waiting_sequences:
+        if len(self.waiting) - self._startable() >= self.options.max_waiting_sequences:
             raise Overloaded(
                 f"{self.label} has {len(self.waiting)} sequences waiting for cache room "
                 f"(max_waiting_sequences {self.options.max_waiting_sequences}); retry later"
@@ -241,6 +242,21 @@ class GenerationScheduler:
     def _retire_cancelled(self) -> None:
         for sequence in [s for s in self.running if s.cancelled]:
             self._finish(sequence, "cancelled")
+
+    def _startable(self) -> int:
+        """How many waiting sequences the next step starts (free running places and cache room,
+        cached prefixes yielding as `_admit` makes them): those are not left waiting, so a burst
+        submitted between two steps is not refused by an idle model."""
+        places = self.options.max_running_sequences - len(self.running)
+        room = self.cache.free_bytes + (self.prefix.bytes if self.prefix is not None else 0)
+        started = 0
+        for sequence in itertools.islice(self.waiting, max(0, places)):
+            need = self.cache.bytes_for(len(sequence.prompt) + sequence.max_tokens)
+            if need > room:
+                break
+            room -= need
+            started += 1
+        return started
 
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.options.max_running_sequences:

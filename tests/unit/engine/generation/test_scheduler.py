@@ -296,6 +296,29 @@ async def test_a_full_cache_queues_then_admits(tiny: tuple[Path, Path]) -> None:
         await loaded.close()
 
 
+async def test_sequences_submitted_together_take_a_free_place_before_counting_as_waiting(
+    tiny: tuple[Path, Path],
+) -> None:
+    """Two sequences submitted back to back before the scheduler's next step (as when two
+    workers' GENERATE frames are read together): one takes the free running place and one
+    waits, and only a third is refused. The first used to count as waiting until that step,
+    so the second got a 503 from an idle model."""
+    loaded = await load(tiny[1], max_running_sequences=1, max_waiting_sequences=1)
+    try:
+        generator = loaded.generator
+        assert generator is not None
+        params = sampling_params(8, temperature=0)
+        first = generator.start([1, 2, 3], params)
+        second = generator.start([4, 5, 6], params)  # no await in between: no step has run
+        with pytest.raises(Overloaded, match="max_waiting_sequences 1"):
+            generator.start([7, 8, 9], params)
+        for sequence in (first, second):
+            chunks = await asyncio.wait_for(collect(sequence), 10)
+            assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        await loaded.close()
+
+
 async def test_a_long_prompt_does_not_stall_running_streams(model: LoadedModel) -> None:
     generator = model.generator
     assert generator is not None
