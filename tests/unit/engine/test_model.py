@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import threading
 import time
@@ -121,27 +120,24 @@ async def test_load_model_auto_completes_from_the_model(tmp_path: Path) -> None:
 async def test_a_cheap_model_runs_on_the_loop_even_while_the_loop_is_busy(tmp_path: Path) -> None:
     """A run's cost is the work it does, not the wall time around it: in the pool, a run waits
     for the GIL while the loop thread holds it, and that wait, taken for the run, kept a 10 µs
-    model in the pool (a thread hop per batch) for as long as the loop stayed busy."""
+    model in the pool (a thread hop per batch) for as long as the loop stayed busy. The wait is
+    played here by a millisecond in which the run's thread does no work (a busy loop's GIL is
+    not reproducible: how long a pool thread waits for it ranged from 0.5 ms to 18 s)."""
     backend = recording(tmp_path, identity_model("FP32"))
+    run = backend.run
+
+    def waited_then_ran(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.001)  # waiting, not working: the thread's CPU clock does not move
+        return run(inputs)
+
+    backend.run = waited_then_ran  # type: ignore[method-assign]
     executor = ThreadPoolExecutor(1)
     runner = BatchRunner(backend, executor, inline=True)
-    done = False
-
-    async def busy_loop() -> None:  # Python work between awaits, as a loaded server does
-        while not done:
-            spin_until = time.perf_counter() + 0.001
-            while time.perf_counter() < spin_until:
-                pass
-            time.sleep(0)  # noqa: ASYNC251  (the GIL is free a moment, as in a system call)
-            await asyncio.sleep(0)
-
-    hog = asyncio.create_task(busy_loop())
     try:
         for _ in range(100):
             await runner({"INPUT0": np.ones((1, 4), np.float32)})
     finally:
-        done = True
-        await hog
         executor.shutdown()
         backend.close()
     assert backend.on_loop[0] is False  # the first run's cost is unknown: the pool
