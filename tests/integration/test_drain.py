@@ -185,8 +185,15 @@ async def test_sigterm_under_load_answers_every_accepted_request(
     assert code == 0, server.logs()
     assert exited_at - signal_at < drain_timeout_s + EXIT_MARGIN_S
     load = [o for outcomes in results for o in outcomes]
-    assert {o.kind for o in load} == {"answered"}, [o for o in load if o.kind != "answered"]
-    drained_at = max(o.done_at for o in load)
+    # A connection refused after the signal was never accepted: the listener had closed before
+    # the readiness watcher saw the drain and stopped the load (a quick drain on a quiet
+    # machine). What must never happen is a request written and then left unanswered.
+    lost = [o for o in load if o.kind == "unanswered"]
+    early = [o for o in load if o.kind == "refused" and o.sent_at < signal_at]
+    assert lost == [], lost
+    assert early == [], early
+    assert any(o.kind == "answered" and o.sent_at < signal_at for o in load)
+    drained_at = max(o.done_at for o in load if o.kind == "answered")
     timing = f"signal {signal_at:.3f}, drained {drained_at:.3f}, exit {exited_at:.3f}"
     for index, outcomes in enumerate(results):
         check_sequence(outcomes, math.inf, f"load client {index}, {timing}")
