@@ -9,8 +9,7 @@ import asyncio
 import contextlib
 import shutil
 import tempfile
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -21,15 +20,9 @@ from engine.remote import RemoteEngine
 from engine.settings import load_settings
 from engine.shm import Arena
 from engine.wire import FrameBuffer, Kind, frame
+from tests.unit.engine.test_remote import until
 
 STATE = {"ready": True, "draining": False, "models": ["tiny"], "generative": ["tiny"]}
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 class ScriptedEngine:
