@@ -296,13 +296,14 @@ class Batcher:
 
     def _shed(self, batch: list[Pending]) -> list[Pending]:
         """Answer DeadlinePassed, without running it, the most urgent request whose deadline
-        falls before the batch's predicted end; the batch shrinks and its prediction with it,
-        so repeat until every request left can make it."""
+        falls before the batch's earliest end (`BatchCost.fastest`: a shed cannot be undone, so
+        not on a fit that still remembers a slower machine); the batch shrinks and its end with
+        it, so repeat until every request left can make it."""
         now = time.monotonic()
         if now - self._last_ran > PROBE_AFTER_S:
             return batch  # the fit is stale: this batch runs and refreshes it
         while batch:
-            predicted = self.cost.predict(sum(item.rows for item in batch))
+            predicted = self.cost.fastest(sum(item.rows for item in batch))
             if predicted is None:
                 return batch
             late = [i for i in batch if i.deadline is not None and i.deadline < now + predicted]

@@ -8,16 +8,24 @@ its prediction counts as that much: a stall (the core taken by a neighbour, a GC
 nothing about the model, and averaged in whole one such batch would more than double the fit
 for the next `half_life` batches, so the batcher would shed requests that could have made it.
 A machine that really slowed is still followed: each batch may raise the fit by that factor.
+
+The fit is a mean over the last ~`half_life` batches, so it lags a machine that just sped up (a
+neighbour left the core). `fastest` is the least a batch may take: the prediction scaled by the
+fastest of the last RECENT batches against theirs. The batcher sheds on it, as shedding cannot
+be undone: a request answered 504 that the model would have served in time is lost.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 MIN_BATCHES = 3
 """Batches seen before the model predicts anything (`predict` is None until then)."""
 STALL_FACTOR = 3.0
 """An observation counts as at most this many times its prediction (see the module docstring)."""
+RECENT = 8
+"""Batches whose time against their prediction `fastest` remembers."""
 
 
 class BatchCost:
@@ -31,6 +39,7 @@ class BatchCost:
         self._w = self._x = self._y = self._xx = self._xy = 0.0
         self.batches = 0
         """Batches observed in all."""
+        self._ratios: deque[float] = deque(maxlen=RECENT)  # recent batches: seconds / predicted
 
     def observe(self, rows: int, seconds: float) -> None:
         """One batch of `rows` rows took `seconds`; negative or non-finite times are ignored, and
@@ -39,6 +48,7 @@ class BatchCost:
             return
         predicted = self.predict(rows)
         if predicted is not None and predicted > 0:
+            self._ratios.append(seconds / predicted)
             seconds = min(seconds, predicted * STALL_FACTOR)
         keep = self._keep
         self._w = self._w * keep + 1.0
@@ -76,6 +86,14 @@ class BatchCost:
             return None
         per_batch, per_row = fitted
         return per_batch + per_row * rows
+
+    def fastest(self, rows: int) -> float | None:
+        """The least a batch of `rows` rows may take: `predict`, scaled by the fastest of the last
+        RECENT batches against their predictions (never above `predict`); None when it is."""
+        predicted = self.predict(rows)
+        if predicted is None:
+            return None
+        return predicted * min([1.0, *self._ratios])
 
     def rows_within(self, seconds: float) -> int | None:
         """The most rows a batch can hold and still be predicted to finish within `seconds` (0

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from batching.cost import MIN_BATCHES, BatchCost
+from batching.cost import MIN_BATCHES, RECENT, BatchCost
 
 
 def test_nothing_is_predicted_before_enough_batches() -> None:
@@ -101,6 +101,29 @@ def test_a_machine_that_slows_past_the_stall_bound_is_still_followed() -> None:
     for index in range(100):
         cost.observe(1 + index % 8, 0.010 * (1 + index % 8))
     assert cost.predict(8) == pytest.approx(0.080, rel=0.02)
+
+
+def test_the_fastest_recent_batch_bounds_what_a_batch_can_take() -> None:
+    # The fit is a mean that forgets over `half_life` batches; what the model just did is
+    # faster: the least a batch may take follows the fastest of the last RECENT against the fit.
+    cost = BatchCost()
+    for _ in range(40):
+        cost.observe(4, 0.3)
+    assert cost.fastest(4) == pytest.approx(0.3)  # steady: the fit itself
+    for _ in range(4):
+        cost.observe(4, 0.1)
+    assert (cost.predict(4) or 0.0) > 0.25
+    assert cost.fastest(4) == pytest.approx(0.1, rel=0.15)
+    assert cost.fastest(2) == pytest.approx(0.05, rel=0.15)
+    for _ in range(RECENT):
+        cost.observe(4, 10.0)  # stalls: never above the fit
+    assert cost.fastest(4) == cost.predict(4)
+
+
+def test_nothing_is_fastest_before_anything_is_fitted() -> None:
+    cost = BatchCost()
+    cost.observe(4, 0.1)
+    assert cost.fastest(4) is None
 
 
 @pytest.mark.parametrize(
