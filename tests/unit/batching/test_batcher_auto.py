@@ -324,6 +324,33 @@ async def test_a_fit_that_lags_a_faster_machine_does_not_shed_what_the_model_now
     await batcher.close()
 
 
+async def test_stalls_that_ratchet_the_fit_stop_shedding_after_one_batch_at_speed() -> None:
+    # A fresh fit (the model just loaded) met a stalling host: each stalled batch raised it by
+    # up to STALL_FACTOR predictions, so 8 CNN rows that run in ~35 ms were predicted at 2.5 s
+    # (the benchmark's 504s: "852.8 ms left, its batch would take 2535.5 ms"). Every request
+    # was shed at formation, so only the probe after PROBE_AFTER_S ran, once a second, and the
+    # fit needed minutes of such probes to come down.
+    recorder = Recorder()
+    batcher = auto(recorder)
+    for _ in range(5):
+        batcher.cost.observe(4, 0.035)
+    for _ in range(20):
+        batcher.cost.observe(4, 4.0)  # stalled
+    batcher.cost.observe(4, 0.035)  # the probe, at the model's speed
+    assert (batcher.cost.predict(4) or 0.0) > 0.6
+    batcher.pause()
+    now = time.monotonic()
+    tasks = [
+        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=now + 0.3)) for tag in range(4)
+    ]
+    await settle()
+    batcher.resume()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["dict"] * 4
+    assert batcher.shed == 0
+    await batcher.close()
+
+
 async def test_with_a_backlog_a_batch_stays_full_and_sheds_what_a_full_one_cannot_serve() -> None:
     # As above, with 7 rows queued behind: a next batch is full anyway, so keeping row 3 by
     # running 3 rows would only push a row into it, and lateness with it, while smaller batches
