@@ -165,12 +165,14 @@ class BatchRunner:
     one instance and its batches take under INLINE_BELOW_S: a thread hand-off costs more than
     such a run (it dominated a 15 µs MLP batch), and so short a run cannot stall the loop.
 
-    An inline run is timed by the wall clock: how long it held the loop. A run in the pool is
-    timed by its thread's CPU time, since there the wall clock also counts the wait for the GIL
-    while the loop thread holds it (on a busy loop, milliseconds for a 15 µs run, which then
-    never came back to the loop). So inline is only for backends that compute in the calling
-    thread (`inline`: ONNX Runtime on the CPU), whose CPU time is the time they would hold the
-    loop. (The CPU clock is a system call, dearer than the wall clock: the pool's hop dwarfs it.)"""
+    A run is timed by its thread's CPU time, on the loop and in the pool. The wall clock would
+    also count, in the pool, the wait for the GIL while the loop thread holds it (on a busy loop,
+    milliseconds for a 15 µs run, which then never came back to the loop), and on the loop, the
+    turns other processes take on a shared core (one turn of 1.5 ms sent a 40 µs model into the
+    pool for a dozen runs, each hand-off dearer than the run). So inline is only for backends that
+    compute in the calling thread (`inline`: ONNX Runtime on the CPU, whose intra-op threads
+    spin while the caller computes its share), whose CPU time is the time they hold the loop.
+    (The CPU clock is a system call, dearer than the wall clock: the pool's hop dwarfs it.)"""
 
     INLINE_BELOW_S = 0.0002
 
@@ -185,9 +187,8 @@ class BatchRunner:
     async def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = time.monotonic()
         if self._inline and self._typical_s is not None and self._typical_s < self.INLINE_BELOW_S:
-            outputs = self._backend.run(inputs)
+            outputs, seconds = self._timed(inputs)
             ended = time.monotonic()
-            seconds = ended - started
         else:
             loop = asyncio.get_running_loop()
             outputs, seconds = await loop.run_in_executor(self._executor, self._timed, inputs)

@@ -145,6 +145,34 @@ async def test_a_cheap_model_runs_on_the_loop_even_while_the_loop_is_busy(tmp_pa
     assert backend.on_loop[-50:] == [True] * 50
 
 
+async def test_a_cheap_run_stays_on_the_loop_when_its_process_is_descheduled(
+    tmp_path: Path,
+) -> None:
+    """On a core shared with other processes (a worker beside the engine process), an inline
+    run is sometimes descheduled midway: its wall time then counts another process's turn. Taken
+    for its cost, one such turn (1.5 ms is enough for a 40 µs model) sent the model into the
+    pool for the next dozen runs, each thread hand-off dearer than the run. The turn is played
+    here by a millisecond in which the loop's thread does no work."""
+    backend = recording(tmp_path, identity_model("FP32"))
+    run = backend.run
+
+    def descheduled_then_ran(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.001)  # another process's turn: this thread's CPU clock does not move
+        return run(inputs)
+
+    backend.run = descheduled_then_ran  # type: ignore[method-assign]
+    executor = ThreadPoolExecutor(1)
+    runner = BatchRunner(backend, executor, inline=True)
+    try:
+        for _ in range(60):
+            await runner({"INPUT0": np.ones((1, 4), np.float32)})
+    finally:
+        executor.shutdown()
+        backend.close()
+    assert backend.on_loop[-50:] == [True] * 50
+
+
 async def test_load_model_refuses_batching_on_a_fixed_shape_model(tmp_path: Path) -> None:
     path = write_model(tmp_path, "fix", fixed_shape_model())
     with pytest.raises(ValueError, match="max_batch_size is 4 but inputs INPUT0 have no dynamic"):
