@@ -9,19 +9,23 @@ average batch size (Triton statistics).
         [--seconds 5] [--server-cores 0-2] [--client-cores 3]
 
 The server is pinned to --server-cores and the load generator (wrk; a grpc.aio client for gRPC)
-to --client-cores; the defaults give the client the last core and the server the rest. Writes
-workers.json (every measurement) and workers.md (the table, with the 2-worker/1-worker ratios)."""
+to --client-cores; the defaults give the client the last core and the server the rest. Both
+servers run for the whole benchmark (an idle one costs nothing) and each round loads every case
+on one, then the other, so the figures a ratio compares are measured seconds apart, not one
+half of the run after the other. Writes workers.json (every measurement) and workers.md (the
+medians of the rounds, with the 2-worker/1-worker ratios)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -141,62 +145,84 @@ def main() -> None:
     default_server = ",".join(map(str, cores[:-1] or cores))
     parser.add_argument("--server-cores", default=default_server)
     parser.add_argument("--client-cores", default=str(cores[-1]))
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     require("wrk", "taskset")
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    cases = [("mlp", p, c) for p, c in MLP_CASES] + [("cnn", "binary", CNN_CONCURRENCY)]
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         repo = write_repository(Path(tmp))
-        for workers in WORKERS:
-            with server(repo, workers, args.server_cores) as (url, grpc_target, root):
-                cases = [("mlp", p, c) for p, c in MLP_CASES]
-                cases.append(("cnn", "binary", CNN_CONCURRENCY))
-                for model, protocol, concurrency in cases:
+        servers = {n: stack.enter_context(server(repo, n, args.server_cores)) for n in WORKERS}
+        for round_ in range(args.rounds):
+            for model, protocol, concurrency in cases:
+                for workers, (url, grpc_target, root) in servers.items():
                     row = measure(url, grpc_target, root, model, protocol, concurrency,
                                   args.seconds, args.client_cores)  # fmt: skip
-                    rows.append({"workers": workers, **row})
+                    rows.append({"round": round_, "workers": workers, **row})
                     print(json.dumps(rows[-1]), flush=True)
     report = {"rows": rows, "machine": machine(), "server_cores": args.server_cores,
-              "client_cores": args.client_cores, "seconds": args.seconds}  # fmt: skip
+              "client_cores": args.client_cores, "seconds": args.seconds,
+              "rounds": args.rounds}  # fmt: skip
     (args.out / "workers.json").write_text(json.dumps(report, indent=1))
     (args.out / "workers.md").write_text(table(report))
     print(table(report))
 
 
 def table(report: dict[str, Any]) -> str:
-    one = {(r["model"], r["protocol"], r["concurrency"]): r
-           for r in report["rows"] if r["workers"] == 1}  # fmt: skip
+    rows = report["rows"]
+    rounds = sorted({r.get("round", 0) for r in rows})
+    keys = list(dict.fromkeys((r["workers"], r["model"], r["protocol"], r["concurrency"])
+                              for r in rows))  # fmt: skip
+    by = {(r.get("round", 0), r["workers"], r["model"], r["protocol"], r["concurrency"]): r
+          for r in rows}  # fmt: skip
     lines = [
         "# Worker processes benchmark",
         "",
         f"Command: `python -m loadtests.benchmarks.workers --seconds {report['seconds']:g} "
-        f"--server-cores {report['server_cores']} --client-cores {report['client_cores']}`; "
-        f"{report['machine']}.",
+        f"--rounds {len(rounds)} --server-cores {report['server_cores']} "
+        f"--client-cores {report['client_cores']}`; {report['machine']}. Medians of "
+        f"{len(rounds)} rounds, the range in brackets; a ratio is taken within each round "
+        "(2 workers over 1, measured seconds apart) and its median shown.",
         "",
     ]
     columns = ["workers", "model", "protocol", "concurrency", "req/s", "x 1 worker", "p99 ms",
                "CPU s / 1,000 req", "x 1 worker", "engine process", "avg batch",
                "errors"]  # fmt: skip
     cells = []
-    for r in report["rows"]:
-        base = one.get((r["model"], r["protocol"], r["concurrency"]))
-        faster = f"{r['throughput'] / base['throughput']:.2f}" if base else "-"
-        cpu = f"{r['cpu_s_per_1000'] / base['cpu_s_per_1000']:.2f}" if base else "-"
+    for key in keys:
+        runs = [by[(n, *key)] for n in rounds if (n, *key) in by]
+        bases = [by.get((n, 1, *key[1:])) for n in rounds if (n, *key) in by]
+        pairs = [] if key[0] == 1 or None in bases else list(zip(runs, bases, strict=True))
         cells.append([
-            r["workers"], r["model"], r["protocol"], r["concurrency"], f"{r['throughput']:,.0f}",
-            faster, f"{r['p99_us'] / 1e3:.2f}", f"{r['cpu_s_per_1000']:.3f}", cpu,
-            engine_part(r), f"{r['avg_batch']:.1f}", r["errors"] + r.get("non2xx", 0),
+            *key, spread([r["throughput"] for r in runs], "{:,.0f}"), ratio(pairs, "throughput"),
+            f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f}",
+            spread([r["cpu_s_per_1000"] for r in runs], "{:.3f}"), ratio(pairs, "cpu_s_per_1000"),
+            engine_part(runs), f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
+            sum(r["errors"] + r.get("non2xx", 0) for r in runs),
         ])  # fmt: skip
     lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 
 
-def engine_part(row: dict[str, Any]) -> str:
+def ratio(pairs: list[tuple[dict[str, Any], Any]], field: str) -> str:
+    """The median over rounds of a 2-worker row's `field` over the 1-worker row's; "-" without
+    pairs (a 1-worker row)."""
+    if not pairs:
+        return "-"
+    return f"{statistics.median(row[field] / base[field] for row, base in pairs):.2f}"
+
+
+def spread(values: list[float], form: str) -> str:
+    """The median of `values`, with their range in brackets when there are several."""
+    middle = form.format(statistics.median(values))
+    if len(values) == 1:
+        return middle
+    return f"{middle} ({form.format(min(values))}-{form.format(max(values))})"
+
+
+def engine_part(rows: list[dict[str, Any]]) -> str:
     """The engine process's CPU s / 1,000 requests (the rest is the workers' and the
-    supervisor's); "-" for one process and for rows measured before it was recorded."""
-    engine = row.get("engine_cpu_s_per_1000")
-    return "-" if engine is None else f"{engine:.3f}"
-
-
-if __name__ == "__main__":
-    main()
+    supervisor's), median of `rows`; "-" for one process."""
+    parts = [r["engine_cpu_s_per_1000"] for r in rows if r.get("engine_cpu_s_per_1000")]
+    return f"{statistics.median(parts):.3f}" if parts else "-"
