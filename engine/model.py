@@ -163,7 +163,9 @@ CPU_PROVIDER = "CPUExecutionProvider"
 class BatchRunner:
     """Runs batches in the model's thread pool, or right on the event loop when the model has
     one instance and its batches take under INLINE_BELOW_S: a thread hand-off costs more than
-    such a run (it dominated a 15 µs MLP batch), and so short a run cannot stall the loop.
+    such a run (it dominated a 15 µs MLP batch; for batches of 16-64 rows of the benchmark MLP it
+    cost 1-11 µs of CPU per request more than running them inline), and a run that short holds
+    the loop no longer than parsing a few requests does.
 
     A run is timed by its thread's CPU time, on the loop and in the pool. The wall clock would
     also count, in the pool, the wait for the GIL while the loop thread holds it (on a busy loop,
@@ -174,7 +176,9 @@ class BatchRunner:
     spin while the caller computes its share), whose CPU time is the time they hold the loop.
     (The CPU clock is a system call, dearer than the wall clock: the pool's hop dwarfs it.)"""
 
-    INLINE_BELOW_S = 0.0002
+    INLINE_BELOW_S = 0.001
+    """A bound with room: the benchmark MLP's 64-row batches cost ~130 µs of CPU alone and ~200 µs
+    in a loaded engine process, where a bound of 200 µs sent one batch in nine to the pool."""
 
     def __init__(self, backend: Backend, executor: ThreadPoolExecutor, inline: bool) -> None:
         self._backend = backend
