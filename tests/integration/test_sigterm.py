@@ -1,6 +1,8 @@
 """No request is lost on SIGTERM: 32 clients keep a real `sluice serve` busy, the process gets
 SIGTERM mid-load, and every request that was written gets an answer (200, or 503 / UNAVAILABLE
-with Retry-After) until connections are refused. Five runs per protocol.
+with Retry-After) until connections are refused. Three runs per protocol (each a fresh signal
+timing; test_workers_sigterm.py runs the same load three times more per protocol through the
+worker processes' front-ends), their servers started together before the first run.
 
 "Lost" is a request fully written on a connection that then closed or reset with no answer. A
 refused connect (the listener is closed) is not lost: the client never sent anything and retries.
@@ -14,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,9 +27,10 @@ import pytest
 
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
+from tests.integration.helpers_e2e import start_all, stop_all
 from tests.servers import ServerProcess
 
-RUNS = 5
+RUNS = 3
 CLIENTS = 32
 FRESH = 8  # of the HTTP clients, how many open a new connection per request
 WARM_ANSWERS = 150  # answered requests before the signal: every client is mid-loop
@@ -48,12 +51,29 @@ class Tally:
         return sum(self.answers.values())
 
 
-def start(tmp_path: Path, run: int, grpc_enabled: bool) -> ServerProcess:
+@contextlib.contextmanager
+def started(
+    tmp_path: Path, runs: int, *args: str, grpc_enabled: bool
+) -> Iterator[list[ServerProcess]]:
+    """One server per run, all started at once before the first run: their start-up (mostly
+    imports) overlaps on the cores instead of adding up, and an idle server waiting for its run
+    changes nothing in the runs before it. Every one is stopped at the end."""
     # A short drain bound: the demo model drains in milliseconds, and a stuck drain fails fast.
-    server = ServerProcess(
-        "--drain-timeout-s", "5", log_path=tmp_path / f"server{run}.log", grpc=grpc_enabled
-    )
-    return server.start()
+    servers = [
+        ServerProcess(
+            "--drain-timeout-s",
+            "5",
+            *args,
+            log_path=tmp_path / f"server{run}.log",
+            grpc=grpc_enabled,
+        )
+        for run in range(runs)
+    ]
+    start_all(servers)
+    try:
+        yield servers
+    finally:
+        stop_all(servers)
 
 
 async def signal_mid_load(
@@ -155,14 +175,8 @@ async def grpc_run(server: ServerProcess) -> Tally:
 async def test_sigterm_under_load_loses_no_request(
     tmp_path: Path, protocol: str, run_load: Callable[[ServerProcess], object]
 ) -> None:
-    tallies = []
-    for run in range(RUNS):
-        server = start(tmp_path, run, grpc_enabled=protocol == "grpc")
-        try:
-            tally = await run_load(server)  # type: ignore[misc]
-        finally:
-            server.stop()
-        tallies.append(tally)
+    with started(tmp_path, RUNS, grpc_enabled=protocol == "grpc") as servers:
+        tallies = [await run_load(server) for server in servers]  # type: ignore[misc]
     summary = [(t.answers, len(t.lost), t.lost[:3]) for t in tallies]
     assert [len(t.lost) for t in tallies] == [0] * RUNS, summary
     assert [t.no_retry_after for t in tallies] == [0] * RUNS, summary

@@ -9,25 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_sigterm import WARM_ANSWERS, grpc_run, http_run
-from tests.servers import ServerProcess
+from tests.integration.test_sigterm import WARM_ANSWERS, grpc_run, http_run, started
 
 RUNS = 3
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 async def test_sigterm_under_load_loses_no_request(tmp_path: Path, protocol: str) -> None:
-    tallies = []
-    for run in range(RUNS):
-        server = ServerProcess(
-            "--workers", "2", "--drain-timeout-s", "5",
-            log_path=tmp_path / f"sigterm{run}.log", grpc=protocol == "grpc",
-        )  # fmt: skip
-        server.start()
-        try:
-            tallies.append(await (http_run(server) if protocol == "http" else grpc_run(server)))
-        finally:
-            server.stop()
+    run_load = http_run if protocol == "http" else grpc_run
+    with started(tmp_path, RUNS, "--workers", "2", grpc_enabled=protocol == "grpc") as servers:
+        tallies = [await run_load(server) for server in servers]
     summary = [(t.answers, len(t.lost), t.lost[:3]) for t in tallies]
     assert [len(t.lost) for t in tallies] == [0] * RUNS, summary
     assert [t.no_retry_after for t in tallies] == [0] * RUNS, summary
