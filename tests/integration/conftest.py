@@ -8,9 +8,10 @@ import pytest
 from tests.servers import ServerProcess
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """`sluice serve` with no repository: the built-in demo model, HTTP and gRPC."""
+    """`sluice serve` with no repository: the built-in demo model, HTTP and gRPC. One for the
+    session: its tests read it, or count its traffic as deltas of its metrics."""
     log = tmp_path_factory.mktemp("demo-server") / "server.log"
     server = ServerProcess(log_path=log).start()
     yield server

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -219,14 +219,20 @@ def test_load_and_unload_are_logged_with_key_name_and_tenant(
 # -- /openapi.json, /docs and /metrics ------------------------------------------------------------
 
 
-@pytest.fixture
-def keyed_server(tmp_path: Path, start_server: StartServer) -> tuple[ServerProcess, Key, Key]:
+@pytest.fixture(scope="module")
+def keyed_server(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[ServerProcess, Key, Key]]:
+    """One server for the tests that only read its surfaces with and without keys."""
+    folder = tmp_path_factory.mktemp("keyed")
     user, admin = Key.create("acme"), Key.create("ops", role="admin")
     config = write_settings(
-        tmp_path / "server.yaml",
+        folder / "server.yaml",
         {"auth": {"keys": [user.entry(), admin.entry()]}, "metrics": {"require_key": True}},
     )
-    return start_server("--config", str(config)), user, admin
+    server = ServerProcess("--config", str(config), log_path=folder / "server.log").start()
+    yield server, user, admin
+    server.stop()
 
 
 def test_openapi_needs_a_key_once_keys_are_configured(

@@ -195,7 +195,7 @@ def _quick_start() -> tuple[list[str], list[str]]:
     return serve, loadtest
 
 
-def test_the_quick_start_runs_as_written_from_the_repo_root(tmp_path: Path) -> None:
+def test_the_quick_start_runs_as_written_from_the_repo_root(demo_server: ServerProcess) -> None:
     serve, command = _quick_start()
     assert serve == ["sluice", "serve", "--http-port", "18720", "--grpc-port", "18721"]
     out = command[command.index("--out") + 1]
@@ -203,11 +203,11 @@ def test_the_quick_start_runs_as_written_from_the_repo_root(tmp_path: Path) -> N
     report = ROOT / out
     if report.exists():
         pytest.skip(f"{report} exists; not overwriting it")
-    server = ServerProcess(log_path=tmp_path / "server.log").start()  # serve's flags: ports only
-    # Shorter steps and ramp, and the test server's port; everything else as written.
-    swaps = {"http://127.0.0.1:18720": server.url, "5": "1", "1:8:x2": "1:2:x2"}
+    # Shorter steps and ramp, and the port of the module's `sluice serve` (the Quick start's
+    # serve has flags for its ports only); everything else as written.
+    swaps = {"http://127.0.0.1:18720": demo_server.url, "5": "1", "1:8:x2": "1:2:x2"}
     args = [swaps.get(arg, arg) for arg in command[1:]]
-    assert args[:3] == ["loadtest", "--url", server.url]
+    assert args[:3] == ["loadtest", "--url", demo_server.url]
     sluice = Path(sys.executable).with_name("sluice")  # the installed console script
     try:
         done = subprocess.run(
@@ -221,5 +221,4 @@ def test_the_quick_start_runs_as_written_from_the_repo_root(tmp_path: Path) -> N
         assert shown is not None, done.stderr[-3000:]
         assert shown.group(1).split(", ") == [f"{out}/{path.name}" for path in files]
     finally:
-        server.stop()
         shutil.rmtree(report, ignore_errors=True)

@@ -23,6 +23,7 @@ import yaml
 from engine.auth import digest_key
 from engine.demo import write_demo_repository
 from server.keys import new_key
+from tests.integration.helpers_e2e import start_all
 from tests.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 from tests.redis_process import RedisProcess, free_port
 from tests.servers import ServerProcess
@@ -78,16 +79,16 @@ def start_cluster(workdir: Path, queue_delay_s: float = 0.002) -> Cluster:
     }  # fmt: skip
     config = workdir / "server.yaml"
     config.write_text(yaml.safe_dump(settings))
-    replicas: list[ServerProcess] = []
+    replicas = [
+        ServerProcess(
+            "--config", str(config), "--model-repository", str(repo),
+            log_path=workdir / f"sluice-{name}.log",
+        )
+        for name in ("a", "b")
+    ]  # fmt: skip
     nginx: NginxProcess | None = None
     try:
-        for name in ("a", "b"):
-            server = ServerProcess(
-                "--config", str(config), "--model-repository", str(repo),
-                log_path=workdir / f"sluice-{name}.log",
-            )  # fmt: skip
-            replicas.append(server)
-            server.start()
+        start_all(replicas)  # together: each start is mostly imports
         a, b = replicas
         http_port, grpc_port = free_port(), free_port()
         text = adapt_config(

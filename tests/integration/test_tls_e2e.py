@@ -90,12 +90,15 @@ def ca(tmp_path: Path) -> TestCA:
     return TestCA(tmp_path / "ca")
 
 
-@pytest.fixture
-def mtls_server(tmp_path: Path, ca: TestCA) -> Iterator[TlsServer]:
+@pytest.fixture(scope="module")
+def mtls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
+    """One server for the module's mTLS tests: they only connect, with or without a certificate."""
+    folder = tmp_path_factory.mktemp("mtls")
+    ca = TestCA(folder / "ca")
     client = ca.issue("client-a", server=False)
-    args = tls_args(tmp_path, ca.issue("server-a"), ca)
+    args = tls_args(folder, ca.issue("server-a"), ca)
     env = {"SLUICE_TLS__REQUIRE_CLIENT_CERT": "true"}
-    server = TlsServer(*args, ca=ca, client=client, env=env, log_path=tmp_path / "server.log")
+    server = TlsServer(*args, ca=ca, client=client, env=env, log_path=folder / "server.log")
     yield server.start()
     server.stop()
 
