@@ -1,12 +1,20 @@
 """`sluice serve --workers N`: the supervisor process.
 
-It binds the HTTP listening socket (the workers inherit it: one accept queue, so a worker that
-dies loses no queued connection) and reserves the gRPC port (every worker binds it again with
+It binds one HTTP listening socket per worker slot, all on the HTTP port with SO_REUSEPORT
+(each worker inherits its slot's), and reserves the gRPC port (every worker binds it again with
 SO_REUSEPORT), creates two shared-memory arenas per worker slot (engine/shm.py), then forks the
 engine process, waits for it to be ready, and forks the workers (server/workers.py).
 
+The kernel gives each new HTTP connection to one of the slots' sockets by a hash of its
+addresses, so connections opened together spread evenly whichever worker runs first. (One
+socket shared by all the workers had let the first worker woken take nearly all of them: its
+event loop accepts until the queue is empty, and 32 keep-alive connections of wrk left the
+other worker idle.) Each socket wakes only its own worker.
+
 - A worker that dies is forked again in its slot (after a back-off while it keeps dying): the
-  engine withdraws the requests it had in flight; the other workers are unaffected.
+  engine withdraws the requests it had in flight; the other workers are unaffected. The slot's
+  socket stays open here, so the connections the kernel queued on it (and gives it until the
+  new worker serves) wait for the new worker instead of being reset.
 - The engine dying ends the server: the workers are stopped and the supervisor exits 1, so that
   systemd or Kubernetes restarts it.
 - SIGTERM or SIGINT drains in order: the workers stop listening and finish their requests
@@ -100,13 +108,10 @@ class Supervisor:
     def run(self) -> int:
         settings = self.settings
         ensure_safe_bind(settings.host, settings.auth, settings.allow_unauthenticated)
-        from server.server import _bind
-
-        http = _bind(settings.host, settings.http_port)
-        http.listen(2048)
+        http = self._listen_http()
         grpc_reserve = self._reserve_grpc() if settings.grpc_enabled else None
         update = {
-            "http_port": http.getsockname()[1],
+            "http_port": http[0].getsockname()[1],
             "grpc_port": grpc_reserve.getsockname()[1] if grpc_reserve else settings.grpc_port,
         }
         self.worker_settings = settings.model_copy(
@@ -144,7 +149,8 @@ class Supervisor:
             return self._watch(wake_r)
         finally:
             signal.set_wakeup_fd(-1)
-            http.close()
+            for sock in http:
+                sock.close()
             if grpc_reserve is not None:
                 grpc_reserve.close()
             for fd in (wake_r, wake_w):
@@ -156,6 +162,27 @@ class Supervisor:
                 os.unlink(self.path)
             with contextlib.suppress(OSError):
                 os.rmdir(self._dir)
+
+    def _listen_http(self) -> list[socket.socket]:
+        """One listening socket per worker slot on the HTTP port (port 0: the one the first got).
+        The port is first bound without SO_REUSEPORT, so that a port another program (or another
+        sluice) listens on fails the start here rather than being shared with it."""
+        from server.server import _bind
+
+        host = self.settings.host
+        probe = _bind(host, self.settings.http_port)
+        port = probe.getsockname()[1]
+        probe.close()
+        sockets: list[socket.socket] = []
+        try:
+            for _ in range(self.count):
+                sockets.append(_bind(host, port, reuse_port=True))
+                sockets[-1].listen(2048)
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
+        return sockets
 
     def _reserve_grpc(self) -> socket.socket:
         """Bind (not listen) the gRPC port with SO_REUSEPORT: port 0 picks one for every worker,
@@ -215,10 +242,10 @@ class Supervisor:
         inputs, outputs = self.arenas[index]
         pid = _fork(
             lambda: worker_main(
-                self.worker_settings, index, (inputs.fd, outputs.fd), self.path, self.http,
+                self.worker_settings, index, (inputs.fd, outputs.fd), self.path, self.http[index],
                 orders_r,
             ),
-            {orders_r, inputs.fd, outputs.fd, self.http.fileno()},
+            {orders_r, inputs.fd, outputs.fd, self.http[index].fileno()},
         )  # fmt: skip
         os.close(orders_r)
         self._workers[index] = _Child(pid, orders_w)
@@ -256,7 +283,8 @@ class Supervisor:
             if self._stopping and drain_started is None:
                 drain_started = time.monotonic()
                 log.info("shutting down: the workers finish their requests, then the engine")
-                self.http.close()  # the workers' copies stay open until each has drained
+                for sock in self.http:  # each worker's copy stays open until it has drained
+                    sock.close()
                 for child in self._workers.values():
                     self._order_stop(child)
             code = self._collect()

@@ -2,9 +2,9 @@
 
 - the engine process: one `Engine` (admission, cache, batchers, backends) behind an `EngineHost`
   on a unix socket, plus the metrics port when one is configured;
-- a worker process: the normal HTTP and gRPC front-ends (`Server`) over a `RemoteEngine`, on the
-  supervisor's inherited HTTP listening socket and a gRPC port every worker binds with
-  SO_REUSEPORT (server_options turns it on when `workers` > 1).
+- a worker process: the normal HTTP and gRPC front-ends (`Server`) over a `RemoteEngine`, on its
+  slot's HTTP listening socket (the supervisor binds one per slot on the port, SO_REUSEPORT) and
+  a gRPC port every worker binds with SO_REUSEPORT (server_options turns it on when `workers` > 1).
 
 Neither takes orders from signals: SIGTERM and SIGINT sent to the whole process group (a
 terminal's Ctrl-C, systemd's default KillMode) must not start the engine's drain before the
