@@ -57,8 +57,9 @@ def server(
     folders: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerProcess]:
     repository = tmp_path_factory.mktemp("repository")
-    convert(folders["st"], repository, "embedder")
-    convert(folders["cls"], repository, "sentiment")
+    jobs = [(folders["st"], "embedder"), (folders["cls"], "sentiment")]
+    with ThreadPoolExecutor(2) as pool:  # a process each: their start-up and export overlap
+        list(pool.map(lambda job: convert(job[0], repository, job[1]), jobs))
     log = tmp_path_factory.mktemp("log") / "server.log"
     process = ServerProcess("--model-repository", str(repository), log_path=log)
     process.start(timeout_s=120)
