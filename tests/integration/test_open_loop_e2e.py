@@ -3,23 +3,16 @@ answered, on the seeded schedule, with latencies counted from its scheduled send
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
-from engine.demo import write_demo_repository
 from loadtests.benchmarks.open_loop import run_open_loop
 from tests.servers import ServerProcess
 
 
-async def test_an_open_loop_run_sends_its_schedule_and_reads_every_answer(tmp_path: Path) -> None:
-    repo = write_demo_repository(tmp_path / "models")
-    server = ServerProcess("--model-repository", str(repo), log_path=tmp_path / "server.log")
-    server.start(timeout_s=90)
-    try:
-        result = await run_open_loop(server.url, "demo", 40.0, 1.0, warmup_s=0.5, seed=3)
-    finally:
-        server.stop()
+async def test_an_open_loop_run_sends_its_schedule_and_reads_every_answer(
+    demo_server: ServerProcess,
+) -> None:
+    result = await run_open_loop(demo_server.url, "demo", 40.0, 1.0, warmup_s=0.5, seed=3)
     # The same seed draws the same Poisson schedule: that many requests fall after the warm-up.
     gaps = np.random.default_rng(3).exponential(1 / 40.0, size=int(40 * 1.5 * 1.5) + 16)
     expected = int(((np.cumsum(gaps) >= 0.5) & (np.cumsum(gaps) < 1.5)).sum())
