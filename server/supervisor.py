@@ -164,7 +164,7 @@ class Supervisor:
                 os.rmdir(self._dir)
 
     def _listen_http(self) -> list[socket.socket]:
-        """One listening socket per worker slot on the HTTP port (port 0: the one the first got).
+        """One listening socket per worker slot on the HTTP port (port 0: the one the probe got).
         The port is first bound without SO_REUSEPORT, so that a port another program (or another
         sluice) listens on fails the start here rather than being shared with it."""
         from server.server import _bind
