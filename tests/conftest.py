@@ -24,3 +24,14 @@ def redis_process(tmp_path: Path) -> Iterator[RedisProcess]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny GPT-2 of tests/generative.py built and converted once for the session: (its
+    Hugging Face folder, a repository with it as `tiny`). Modules take copies (`copy_tiny`)."""
+    from tests.generative import publish_tiny
+
+    root = tmp_path_factory.mktemp("tiny-gpt2")
+    publish_tiny(root / "hf", root / "models")
+    return root / "hf", root / "models"

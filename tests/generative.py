@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,16 @@ def publish_tiny(
     assert report.status == "published", report.to_json()
     assert report.published is not None
     return Path(report.published["model_path"]).parent
+
+
+def copy_tiny(built: tuple[Path, Path], root: Path) -> tuple[Path, Path]:
+    """Copy the session's tiny GPT-2 (the `tiny_gpt2_built` fixture: its Hugging Face folder and
+    a repository with it published as `tiny`) to root/hf and root/models, for a module to serve
+    and change; returns the copies. Building and converting it again would give the same files."""
+    hf, models = built
+    shutil.copytree(hf, root / "hf")
+    shutil.copytree(models, root / "models")
+    return root / "hf", root / "models"
 
 
 TOKEN_QUOTA = 50

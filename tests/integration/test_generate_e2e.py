@@ -15,7 +15,7 @@ import pytest
 
 from tests.generative import (
     check_unused_tokens_are_refunded,
-    publish_tiny,
+    copy_tiny,
     reference_greedy,
     token_quota_settings,
 )
@@ -24,10 +24,10 @@ from tests.servers import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("generate")
-    publish_tiny(root / "hf", root / "models")
-    return root / "hf", root / "models"
+def repository(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, Path]
+) -> tuple[Path, Path]:
+    return copy_tiny(tiny_gpt2_built, tmp_path_factory.mktemp("generate"))
 
 
 def serve(

@@ -15,14 +15,23 @@ import httpx
 import orjson
 import pytest
 
-from tests.generative import CHAT_TEMPLATE, SENTENCES, publish_tiny, reference_greedy, tiny_gpt2
+from tests.generative import (
+    CHAT_TEMPLATE,
+    SENTENCES,
+    copy_tiny,
+    publish_tiny,
+    reference_greedy,
+    tiny_gpt2,
+)
 from tests.servers import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
+def served(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, Path]
+) -> Iterator[tuple[ServerProcess, Path]]:
     root = tmp_path_factory.mktemp("openai")
-    publish_tiny(root / "hf", root / "models")
+    copy_tiny(tiny_gpt2_built, root)
     process = ServerProcess(
         "--model-repository", str(root / "models"), log_path=root / "server.log", grpc=False
     ).start(timeout_s=90)

@@ -28,6 +28,7 @@ from tests.generative import (
     CHAT_TEMPLATE,
     SENTENCES,
     check_unused_tokens_are_refunded,
+    copy_tiny,
     publish_tiny,
     reference_greedy,
     tiny_gpt2,
@@ -39,9 +40,11 @@ from tests.servers import ServerProcess
 
 
 @pytest.fixture(scope="module")
-def repository(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def repository(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, Path]
+) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("workers-generate")
-    publish_tiny(root / "hf", root / "models")
+    copy_tiny(tiny_gpt2_built, root)
     tiny_gpt2(root / "hf-long", n_positions=1024)
     version = publish_tiny(root / "hf-long", root / "models", name="long")
     config = version.parent / "config.yaml"

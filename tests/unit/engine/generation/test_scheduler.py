@@ -17,15 +17,16 @@ from engine.generation.scheduler import Chunk, GenSequence
 from engine.model import LoadedModel, load_model
 from engine.model_config import load_model_config
 from engine.settings import BatchingDefaults
-from tests.generative import SENTENCES, publish_tiny, reference_greedy, tiny_llama
+from tests.generative import SENTENCES, copy_tiny, publish_tiny, reference_greedy, tiny_llama
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def tiny(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, Path]
+) -> tuple[Path, Path]:
     """(the Hugging Face folder, the published version folder)."""
-    root = tmp_path_factory.mktemp("gen")
-    version = publish_tiny(root / "hf", root / "models")
-    return root / "hf", version
+    folder, models = copy_tiny(tiny_gpt2_built, tmp_path_factory.mktemp("gen"))
+    return folder, models / "tiny" / "1"
 
 
 @pytest.fixture(scope="module")
