@@ -48,6 +48,14 @@ average whatever the server does, so no target below that floor can be met: auto
 and each shed user resends at once (the targets once fixed here, 0.1 and 0.4 s, were both under
 a floor of ~0.6 s on this host). The floor moves 3x with the host's load, hence one per round,
 and ~20% between two runs in a row, hence 1.5x (at 1.25x, auto shed 8-12% in half the rounds)."""
+AUTO_MAX_BATCH = 32
+AUTO_INSTANCES = 2
+"""The CNN's batching in the auto vs fixed rounds. A delay only matters for a batch that forms
+while another runs: with one instance and `dispatch_when_idle` a batch goes the moment the model
+is free, under either delay, and at 64 users and batches of 8 every batch is full, so the two
+delays sent the same batches (2026-12-01's first runs). With two instances and room for 32 rows,
+the fixed delay sends what came in 2 ms beside the running batch; auto waits for the rows its
+head's deadline allows (or for the running batch to end)."""
 OPEN_LOADS = (0.8, 1.5)
 """Open-loop offered rates, as parts of the fixed delay's closed-loop req/s in the same round: a
 busy server with bursts (Poisson arrivals), and one offered clearly more than it can serve (the
@@ -155,14 +163,23 @@ def tune_model(url: str, model: str, budget_s: float, trial_s: int, out: Path) -
     }
 
 
-def auto_vs_fixed(url: str, seconds: int, rounds: int, work: Path) -> dict[str, Any]:
-    """Rounds of the CNN under a fixed 2 ms delay and under auto with the round's target: closed
-    loop at AUTO_USERS users first (the fixed delay's req/s sets the target and the open-loop
-    rates), then an unmeasured open-loop run, then each open-loop rate, fixed first in odd rounds
-    and auto first in even ones."""
+def auto_vs_fixed(
+    url: str,
+    seconds: int,
+    rounds: int,
+    work: Path,
+    max_batch: int,
+    instances: int,
+    open_loads: tuple[float, ...] = OPEN_LOADS,
+) -> dict[str, Any]:
+    """Rounds of the CNN, served with `max_batch` and `instances`, under a fixed 2 ms delay and
+    under auto: closed loop at AUTO_USERS users, then an unmeasured open-loop run, then each
+    open-loop rate; fixed first in odd rounds and auto first in even ones, at each load. Auto's
+    target and the open-loop rates come from the fixed delay's latest closed-loop req/s (round
+    1 measures it before anything else)."""
     control = ServerControl(url, "cnn")
     original = control.original()
-    base = dict(original.config)
+    base = {**original.config, "max_batch_size": max_batch, "instances": instances}
     batching = dict(base.get("dynamic_batching", {}))
     fixed = {**base, "dynamic_batching": {**batching, "max_queue_delay_s": 0.002}}
 
@@ -182,10 +199,11 @@ def auto_vs_fixed(url: str, seconds: int, rounds: int, work: Path) -> dict[str, 
     )
     closed: list[dict[str, Any]] = []
     opened: list[dict[str, Any]] = []
+    target_s = capacity = 0.0
     try:
         for round_ in range(1, rounds + 1):
-            target_s = capacity = 0.0
-            for name in ("fixed 2 ms", "auto"):
+            names = ("fixed 2 ms", "auto") if round_ % 2 else ("auto", "fixed 2 ms")
+            for name in names:
                 control.load(fixed if name != "auto" else auto(target_s))
                 out = work / f"{round_}-closed-{name.split()[0]}"
                 step = run_load_test(dataclasses.replace(load, out=out)).steps[0]
@@ -212,8 +230,10 @@ def auto_vs_fixed(url: str, seconds: int, rounds: int, work: Path) -> dict[str, 
             # Whichever delay ran first after the closed loop had a tail at 0.8x that the second
             # did not (p99 226-576 against 27-53 ms): an unmeasured open-loop run absorbs that.
             control.load(fixed)
-            asyncio.run(run_open_loop(url, "cnn", OPEN_LOADS[0] * capacity, 3.0, warmup_s=0.5))
-            for part in OPEN_LOADS:
+            if open_loads:
+                warm = open_loads[0] * capacity
+                asyncio.run(run_open_loop(url, "cnn", warm, 3.0, warmup_s=0.5))
+            for part in open_loads:
                 rate = round(part * capacity, 1)
                 pair = [("fixed 2 ms", fixed), ("auto", auto(target_s))]
                 for name, config in pair if round_ % 2 else pair[::-1]:
@@ -236,7 +256,7 @@ def auto_vs_fixed(url: str, seconds: int, rounds: int, work: Path) -> dict[str, 
                     print(f"round {round_}: {part:g}x {name}: {opened[-1]}", file=sys.stderr)
     finally:
         control.restore(original)
-    return {"closed": closed, "open": opened}
+    return {"max_batch": max_batch, "instances": instances, "closed": closed, "open": opened}
 
 
 def _median(rows: list[dict[str, Any]], key: str) -> float:
@@ -275,10 +295,22 @@ def markdown(data: dict[str, Any]) -> str:
             f"{', '.join(f'{v:,.0f}' for v in t['tuned_all_rps'])} |"
         )
     auto = data.get("auto")
-    if isinstance(auto, dict):
+    if isinstance(auto, dict) and auto:
         lines += ["", *auto_markdown(auto)]
+    for again in data.get("auto_replicates", []):
+        title = f"## `auto` vs fixed 2 ms on the CNN, again: `{again['command']}`"
+        lines += ["", *auto_markdown(again, title)]
     lines += ["", *data.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def _spread(rows: list[dict[str, Any]], key: str, form: str) -> str:
+    """Median (min-max) of `key` over `rows`, each formatted with `form`; "-" when none."""
+    values = [r[key] for r in rows if r.get(key) is not None]
+    if not values:
+        return "-"
+    low, mid, high = (form.format(v) for v in (min(values), statistics.median(values), max(values)))
+    return f"{mid} ({low}-{high})"
 
 
 def _ms(value: float | None) -> str:
@@ -289,17 +321,22 @@ def _rows(value: float | None) -> str:
     return "-" if value is None or value != value else f"{value:.1f}"
 
 
-def auto_markdown(auto: dict[str, Any]) -> list[str]:
-    """The auto vs fixed tables: closed loop, open loop, and the medians compared."""
+def auto_markdown(
+    auto: dict[str, Any], title: str = "## `auto` vs fixed 2 ms on the CNN"
+) -> list[str]:
+    """The auto vs fixed tables: closed loop, open loop (when run), and the medians compared."""
     closed, opened = auto["closed"], auto["open"]
+    then = ", then a 3 s open-loop run not measured, then each open-loop rate" if opened else ""
     lines = [
-        "## `auto` vs fixed 2 ms on the CNN",
+        title,
         "",
-        f"Each round: {AUTO_USERS} closed-loop users under the fixed delay, whose req/s sets the "
-        f"round's `latency_target_s` ({TARGET_OVER_FLOOR:g} x {AUTO_USERS} users / that req/s: "
-        "a closed loop cannot average below users / throughput) and the open-loop rates; then "
-        "auto at that target; then a 3 s open-loop run not measured; then each open-loop rate, "
-        "fixed first in odd rounds, auto first in even ones.",
+        f"The CNN served with max_batch_size {auto.get('max_batch', 8)} and "
+        f"{auto.get('instances', 1)} instance(s). Each round: {AUTO_USERS} closed-loop users "
+        f"under each delay{then}; at each load fixed first in odd rounds, auto first in even "
+        "ones. Auto's "
+        f"`latency_target_s` is {TARGET_OVER_FLOOR:g} x {AUTO_USERS} users / the fixed delay's "
+        "latest closed-loop req/s (a closed loop cannot average below users / throughput), "
+        "which also sets the open-loop rates.",
         "",
         f"### {AUTO_USERS} closed-loop users (locust, no wait between requests)",
         "",
@@ -323,30 +360,34 @@ def auto_markdown(auto: dict[str, Any]) -> list[str]:
             f"{_median(chosen, 'error_fraction'):.1%} | "
             f"{_rows(_median(chosen, 'mean_batch_rows'))} | |"
         )
+    if opened:
+        lines += [
+            "",
+            "### Fixed arrival rate (open loop: Poisson arrivals, the same schedule for both "
+            "delays)",
+            "",
+            "Offered as a part of the fixed delay's closed-loop req/s in the round. Latency "
+            "counts from each request's scheduled send; ok req/s counts 200s answered within the "
+            "schedule's span, goodput those of them answered within the target.",
+            "",
+            "| round | load | offered req/s | delay | target s | ok req/s | goodput req/s | "
+            "ok p50 ms | ok p99 ms | p99 of all answers ms | shed (504) | mean batch rows | "
+            "send lag p99 ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in opened:
+            lines.append(
+                f"| {r['round']} | {r['load']:g}x | {r['offered_rps']:,.1f} | {r['delay']} | "
+                f"{r['target_s']} | {r['ok_rps']:,.1f} | {r['goodput_rps']:,.1f} | "
+                f"{_ms(r['ok_p50_ms'])} | {_ms(r['ok_p99_ms'])} | {_ms(r['all_p99_ms'])} | "
+                f"{r['shed_fraction']:.1%} | {_rows(r['mean_batch_rows'])} | "
+                f"{_ms(r['send_lag_p99_ms'])} |"
+            )
     lines += [
         "",
-        "### Fixed arrival rate (open loop: Poisson arrivals, the same schedule for both delays)",
+        "### Medians over the rounds (range in brackets)",
         "",
-        "Offered as a part of the fixed delay's closed-loop req/s in the round. Latency counts "
-        "from each request's scheduled send; ok req/s counts 200s answered within the schedule's "
-        "span, goodput those of them answered within the target.",
-        "",
-        "| round | load | offered req/s | delay | target s | ok req/s | goodput req/s | "
-        "ok p50 ms | ok p99 ms | p99 of all answers ms | shed (504) | mean batch rows | "
-        "send lag p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in opened:
-        lines.append(
-            f"| {r['round']} | {r['load']:g}x | {r['offered_rps']:,.1f} | {r['delay']} | "
-            f"{r['target_s']} | {r['ok_rps']:,.1f} | {r['goodput_rps']:,.1f} | "
-            f"{_ms(r['ok_p50_ms'])} | {_ms(r['ok_p99_ms'])} | {_ms(r['all_p99_ms'])} | "
-            f"{r['shed_fraction']:.1%} | {_rows(r['mean_batch_rows'])} | "
-            f"{_ms(r['send_lag_p99_ms'])} |"
-        )
-    lines += [
-        "",
-        "### Medians over the rounds",
+        "auto / fixed is per round (the two measured minutes apart), then its median and range.",
         "",
         "| load | fixed ok req/s | auto ok req/s | auto / fixed | fixed goodput | auto goodput | "
         "fixed p99 ms | auto p99 ms |",
@@ -361,12 +402,17 @@ def auto_markdown(auto: dict[str, Any]) -> list[str]:
     for label, chosen, p99 in settings:
         by_fixed = [r for r in chosen if r["delay"] != "auto"]
         by_auto = [r for r in chosen if r["delay"] == "auto"]
-        ok_f, ok_a = _median(by_fixed, "ok_rps"), _median(by_auto, "ok_rps")
-        good = [_median(rows, "goodput_rps") for rows in (by_fixed, by_auto)]
-        goods = ["-" if g != g else f"{g:,.1f}" for g in good]
+        ratios = [
+            {"ratio": a["ok_rps"] / f["ok_rps"]}
+            for f, a in zip(by_fixed, by_auto, strict=True)
+            if f["ok_rps"]
+        ]
         lines.append(
-            f"| {label} | {ok_f:,.1f} | {ok_a:,.1f} | {ok_a / ok_f:.2f}x | {goods[0]} | "
-            f"{goods[1]} | {_ms(_median(by_fixed, p99))} | {_ms(_median(by_auto, p99))} |"
+            f"| {label} | {_spread(by_fixed, 'ok_rps', '{:,.1f}')} | "
+            f"{_spread(by_auto, 'ok_rps', '{:,.1f}')} | {_spread(ratios, 'ratio', '{:.2f}x')} | "
+            f"{_spread(by_fixed, 'goodput_rps', '{:,.1f}')} | "
+            f"{_spread(by_auto, 'goodput_rps', '{:,.1f}')} | "
+            f"{_spread(by_fixed, p99, '{:,.0f}')} | {_spread(by_auto, p99, '{:,.0f}')} |"
         )
     lines += [
         "",
@@ -385,9 +431,33 @@ def main() -> None:
     parser.add_argument("--auto-rounds", type=int, default=3)
     parser.add_argument("--models", default="cnn,mlp")
     parser.add_argument(
+        "--auto-max-batch",
+        type=int,
+        default=AUTO_MAX_BATCH,
+        help="the CNN's max_batch_size in the auto vs fixed rounds",
+    )
+    parser.add_argument(
+        "--open-loads",
+        default=",".join(f"{part:g}" for part in OPEN_LOADS),
+        help="open-loop rates after each round's closed loops, as parts of the fixed delay's "
+        "req/s; empty for none",
+    )
+    parser.add_argument(
+        "--auto-instances",
+        type=int,
+        default=AUTO_INSTANCES,
+        help="the CNN's instances in the auto vs fixed rounds",
+    )
+    parser.add_argument(
         "--parts",
         default="tune,auto",
         help="tune, auto or both; a part not run keeps its results from --out/tune.json",
+    )
+    parser.add_argument(
+        "--auto-replicate",
+        action="store_true",
+        help="add this auto vs fixed run beside the kept one (tables of its own) instead of "
+        "replacing it",
     )
     args = parser.parse_args()
     if shutil.which("taskset") is None:
@@ -409,14 +479,26 @@ def main() -> None:
                 out = work / f"tune-{model}"
                 tuned[model] = tune_model(url, model, args.budget_s, args.trial_s, out)
         auto = (
-            auto_vs_fixed(url, args.auto_seconds, args.auto_rounds, work / "auto")
+            auto_vs_fixed(
+                url,
+                args.auto_seconds,
+                args.auto_rounds,
+                work / "auto",
+                args.auto_max_batch,
+                args.auto_instances,
+                tuple(float(part) for part in args.open_loads.split(",") if part),
+            )
             if "auto" in parts
-            else kept.get("auto", {})
+            else {}
         )
     finally:
         process.terminate()
         process.wait(30)
     command = "python -m loadtests.benchmarks.tune " + " ".join(sys.argv[1:])
+    replicates = kept.get("auto_replicates", [])
+    if auto and args.auto_replicate:
+        replicates, auto = [*replicates, {**auto, "command": command}], {}
+    auto = auto or kept.get("auto", {})
     data = {
         "command": command,
         "commands": [
@@ -431,6 +513,7 @@ def main() -> None:
         "default_max_batch": MAX_BATCH,
         "tune": [tuned[model] for model in sorted(tuned)],
         "auto": auto,
+        "auto_replicates": replicates,
         "work": str(work),
         "notes": kept.get("notes", []),  # written by hand: edit them when a rerun changes them
     }
