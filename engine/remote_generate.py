@@ -108,6 +108,10 @@ class RemoteStream:
             self.cancel()
 
     def cancel(self) -> None:
+        """The client left: the engine frees the sequence and sends nothing more for it, so a
+        reader still iterating gets the last chunk here, "cancelled" as in one process."""
+        if not self._ended:
+            self._queue.put_nowait(Chunk([], "", "cancelled"))
         self._end(tell_engine=True)
 
     def _end(self, tell_engine: bool) -> None:

@@ -151,6 +151,29 @@ async def test_leaving_early_cancels_and_late_frames_are_ignored(
     assert remote.live  # the late frame did not end the connection
 
 
+async def test_a_stream_cancelled_while_read_ends_as_cancelled(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    """A non-streamed completion reads every chunk while a watcher cancels the stream when the
+    client leaves. The engine then sends nothing more for it, so the reader waited for a chunk
+    that never came: the handler never ended, and a SIGTERM waited drain_timeout_s for it. It
+    ends as the in-process stream does, with a chunk whose finish reason is "cancelled"."""
+    remote, engine = wired
+    stream, call_id = await started(remote, engine)
+    reader = asyncio.create_task(collect(stream))
+    engine.send(Kind.TOKENS, tokens(call_id, "one", 1))
+    await until(lambda: stream.completion_tokens == 1)
+    stream.cancel()  # the client left
+    chunks = await asyncio.wait_for(reader, 5)
+    assert [(c.text, c.finish_reason) for c in chunks] == [("one", None), ("", "cancelled")]
+    assert stream.finish_reason == "cancelled"
+    await until(lambda: engine.sent_by_worker(Kind.CANCEL) == [{"id": call_id}])
+
+
+async def collect(stream: Any) -> list[Any]:
+    return [chunk async for chunk in stream.chunks()]
+
+
 async def test_a_malformed_frame_or_a_lost_engine_ends_the_stream_with_an_error(
     wired: tuple[RemoteEngine, ScriptedEngine],
 ) -> None:
