@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -494,7 +495,7 @@ def main() -> None:
     finally:
         process.terminate()
         process.wait(30)
-    command = "python -m loadtests.benchmarks.tune " + " ".join(sys.argv[1:])
+    command = "python -m loadtests.benchmarks.tune " + shlex.join(sys.argv[1:])
     replicates = kept.get("auto_replicates", [])
     if auto and args.auto_replicate:
         replicates, auto = [*replicates, {**auto, "command": command}], {}
