@@ -13,7 +13,7 @@ to --client-cores; the defaults give the client the last core and the server the
 servers run for the whole benchmark (an idle one costs nothing) and each round loads every case
 on one, then the other, so the figures a ratio compares are measured seconds apart, not one
 half of the run after the other. Writes workers.json (every measurement) and workers.md (the
-medians of the rounds, with the 2-worker/1-worker ratios)."""
+medians of the rounds, with the 2-worker/1-worker ratios), or --name's files."""
 
 from __future__ import annotations
 
@@ -146,6 +146,7 @@ def main() -> None:
     parser.add_argument("--server-cores", default=default_server)
     parser.add_argument("--client-cores", default=str(cores[-1]))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--name", default="workers", help="the results files' name")
     args = parser.parse_args()
     require("wrk", "taskset")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -163,25 +164,26 @@ def main() -> None:
                     print(json.dumps(rows[-1]), flush=True)
     report = {"rows": rows, "machine": machine(), "server_cores": args.server_cores,
               "client_cores": args.client_cores, "seconds": args.seconds,
-              "rounds": args.rounds}  # fmt: skip
-    (args.out / "workers.json").write_text(json.dumps(report, indent=1))
-    (args.out / "workers.md").write_text(table(report))
+              "rounds": args.rounds, "name": args.name}  # fmt: skip
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+    (args.out / f"{args.name}.md").write_text(table(report))
     print(table(report))
 
 
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
+    name = "" if report.get("name", "workers") == "workers" else f" --name {report['name']}"
     rounds = sorted({r.get("round", 0) for r in rows})
     keys = list(dict.fromkeys((r["workers"], r["model"], r["protocol"], r["concurrency"])
                               for r in rows))  # fmt: skip
     by = {(r.get("round", 0), r["workers"], r["model"], r["protocol"], r["concurrency"]): r
           for r in rows}  # fmt: skip
     lines = [
-        "# Worker processes benchmark",
+        "# Worker processes benchmark" + (f" ({report['name']})" if name else ""),
         "",
         f"Command: `python -m loadtests.benchmarks.workers --seconds {report['seconds']:g} "
         f"--rounds {len(rounds)} --server-cores {report['server_cores']} "
-        f"--client-cores {report['client_cores']}`; {report['machine']}. Medians of "
+        f"--client-cores {report['client_cores']}{name}`; {report['machine']}. Medians of "
         f"{len(rounds)} rounds, the range in brackets; a ratio is taken within each round "
         "(2 workers over 1, measured seconds apart) and its median shown.",
         "",
@@ -226,3 +228,7 @@ def engine_part(rows: list[dict[str, Any]]) -> str:
     supervisor's), median of `rows`; "-" for one process."""
     parts = [r["engine_cpu_s_per_1000"] for r in rows if r.get("engine_cpu_s_per_1000")]
     return f"{statistics.median(parts):.3f}" if parts else "-"
+
+
+if __name__ == "__main__":
+    main()
