@@ -170,7 +170,7 @@ class BatchRunner:
     A run is timed by its thread's CPU time, on the loop and in the pool. The wall clock would
     also count, in the pool, the wait for the GIL while the loop thread holds it (on a busy loop,
     milliseconds for a 15 µs run, which then never came back to the loop), and on the loop, the
-    turns other processes take on a shared core (one turn of 1.5 ms sent a 40 µs model into the
+    turns other processes take on a shared core (one turn of 10 ms sends a 40 µs model into the
     pool for a dozen runs, each hand-off dearer than the run). So inline is only for backends that
     compute in the calling thread (`inline`: ONNX Runtime on the CPU, whose intra-op threads
     spin while the caller computes its share), whose CPU time is the time they hold the loop.

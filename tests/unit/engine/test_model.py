@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -117,32 +118,43 @@ async def test_load_model_auto_completes_from_the_model(tmp_path: Path) -> None:
             await model.close()
 
 
-async def test_a_cheap_model_runs_on_the_loop_even_while_the_loop_is_busy(tmp_path: Path) -> None:
-    """A run's cost is the work it does, not the wall time around it: in the pool, a run waits
-    for the GIL while the loop thread holds it, and that wait, taken for the run, kept a 10 µs
-    model in the pool (a thread hop per batch) for as long as the loop stayed busy. The wait is
-    played here by a millisecond in which the run's thread does no work (a busy loop's GIL is
-    not reproducible: how long a pool thread waits for it ranged from 0.5 ms to 18 s)."""
+async def runs_on_the_loop(tmp_path: Path, before_run: Callable[[], None], runs: int) -> list[bool]:
+    """Per run of an inline-capable BatchRunner whose backend calls `before_run` first: whether
+    it ran on the loop's thread."""
     backend = recording(tmp_path, identity_model("FP32"))
     run = backend.run
 
-    def waited_then_ran(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if threading.current_thread() is not threading.main_thread():
-            time.sleep(0.001)  # waiting, not working: the thread's CPU clock does not move
+    def prefixed(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        before_run()
         return run(inputs)
 
-    backend.run = waited_then_ran  # type: ignore[method-assign]
+    backend.run = prefixed  # type: ignore[method-assign]
     executor = ThreadPoolExecutor(1)
     runner = BatchRunner(backend, executor, inline=True)
     try:
-        for _ in range(100):
+        for _ in range(runs):
             await runner({"INPUT0": np.ones((1, 4), np.float32)})
     finally:
         executor.shutdown()
         backend.close()
-    assert backend.on_loop[0] is False  # the first run's cost is unknown: the pool
+    return backend.on_loop
+
+
+async def test_a_cheap_model_runs_on_the_loop_even_while_the_loop_is_busy(tmp_path: Path) -> None:
+    """A run's cost is the work it does, not the wall time around it: in the pool, a run waits
+    for the GIL while the loop thread holds it, and that wait, taken for the run, kept a 10 µs
+    model in the pool (a thread hop per batch) for as long as the loop stayed busy. The wait is
+    played here by milliseconds in which the run's thread does no work (a busy loop's GIL is
+    not reproducible: how long a pool thread waits for it ranged from 0.5 ms to 18 s)."""
+
+    def waited() -> None:
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.002)  # waiting, not working: the thread's CPU clock does not move
+
+    on_loop = await runs_on_the_loop(tmp_path, waited, 100)
+    assert on_loop[0] is False  # the first run's cost is unknown: the pool
     # The cold first run costs about a millisecond; the moving average forgets it within 50.
-    assert backend.on_loop[-50:] == [True] * 50
+    assert on_loop[-50:] == [True] * 50
 
 
 async def test_a_cheap_run_stays_on_the_loop_when_its_process_is_descheduled(
@@ -150,52 +162,29 @@ async def test_a_cheap_run_stays_on_the_loop_when_its_process_is_descheduled(
 ) -> None:
     """On a core shared with other processes (a worker beside the engine process), an inline
     run is sometimes descheduled midway: its wall time then counts another process's turn. Taken
-    for its cost, one such turn (1.5 ms is enough for a 40 µs model) sent the model into the
-    pool for the next dozen runs, each thread hand-off dearer than the run. The turn is played
-    here by a millisecond in which the loop's thread does no work."""
-    backend = recording(tmp_path, identity_model("FP32"))
-    run = backend.run
+    for its cost, one such turn (1.5 ms under the earlier 200 µs bound, 10 ms under today's)
+    sent a 40 µs model into the pool for the next dozen runs, each thread hand-off dearer than
+    the run. The turns are played here by milliseconds in which the loop's thread does no
+    work."""
 
-    def descheduled_then_ran(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def descheduled() -> None:
         if threading.current_thread() is threading.main_thread():
-            time.sleep(0.001)  # another process's turn: this thread's CPU clock does not move
-        return run(inputs)
+            time.sleep(0.002)  # another process's turn: this thread's CPU clock does not move
 
-    backend.run = descheduled_then_ran  # type: ignore[method-assign]
-    executor = ThreadPoolExecutor(1)
-    runner = BatchRunner(backend, executor, inline=True)
-    try:
-        for _ in range(60):
-            await runner({"INPUT0": np.ones((1, 4), np.float32)})
-    finally:
-        executor.shutdown()
-        backend.close()
-    assert backend.on_loop[-50:] == [True] * 50
+    assert (await runs_on_the_loop(tmp_path, descheduled, 60))[-50:] == [True] * 50
 
 
 async def test_a_run_of_a_few_hundred_microseconds_stays_on_the_loop(tmp_path: Path) -> None:
     """The benchmark MLP's batches of 25-64 rows cost about 200 µs of CPU in a loaded engine
     process, right at the old 200 µs bound: 94 of 849 batches went to the pool and back, each
     hand-off dearer than the run. Runs under a millisecond stay inline."""
-    backend = recording(tmp_path, identity_model("FP32"))
-    run = backend.run
 
-    def costly(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def costly() -> None:
         until = time.thread_time() + 0.0003  # 300 µs of this thread's CPU, however loaded
         while time.thread_time() < until:
             pass
-        return run(inputs)
 
-    backend.run = costly  # type: ignore[method-assign]
-    executor = ThreadPoolExecutor(1)
-    runner = BatchRunner(backend, executor, inline=True)
-    try:
-        for _ in range(20):
-            await runner({"INPUT0": np.ones((1, 4), np.float32)})
-    finally:
-        executor.shutdown()
-        backend.close()
-    assert backend.on_loop[1:] == [True] * 19
+    assert (await runs_on_the_loop(tmp_path, costly, 20))[1:] == [True] * 19
 
 
 async def test_load_model_refuses_batching_on_a_fixed_shape_model(tmp_path: Path) -> None:
