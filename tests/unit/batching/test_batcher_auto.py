@@ -286,17 +286,7 @@ async def test_one_stalled_batch_does_not_shed_requests_the_model_can_serve() ->
     for index in range(100):
         batcher.cost.observe(1 + index % 4, 0.010)
     batcher.cost.observe(4, 2.0)
-    batcher.pause()
-    now = time.monotonic()
-    tasks = [
-        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=now + 0.06)) for tag in range(4)
-    ]
-    await settle()
-    batcher.resume()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert [type(r).__name__ for r in results] == ["dict"] * 4
-    assert batcher.shed == 0
-    await batcher.close()
+    await four_served_in_time(batcher, 0.06)
 
 
 async def test_a_fit_that_lags_a_faster_machine_does_not_shed_what_the_model_now_serves() -> None:
@@ -311,17 +301,7 @@ async def test_a_fit_that_lags_a_faster_machine_does_not_shed_what_the_model_now
     for _ in range(4):
         batcher.cost.observe(4, 0.1)
     assert (batcher.cost.predict(4) or 0.0) > 0.2  # the fit still lags
-    batcher.pause()
-    now = time.monotonic()
-    tasks = [
-        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=now + 0.2)) for tag in range(4)
-    ]
-    await settle()
-    batcher.resume()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert [type(r).__name__ for r in results] == ["dict"] * 4
-    assert batcher.shed == 0
-    await batcher.close()
+    await four_served_in_time(batcher, 0.2)
 
 
 async def test_stalls_that_ratchet_the_fit_stop_shedding_after_one_batch_at_speed() -> None:
@@ -338,17 +318,7 @@ async def test_stalls_that_ratchet_the_fit_stop_shedding_after_one_batch_at_spee
         batcher.cost.observe(4, 4.0)  # stalled
     batcher.cost.observe(4, 0.035)  # the probe, at the model's speed
     assert (batcher.cost.predict(4) or 0.0) > 0.6
-    batcher.pause()
-    now = time.monotonic()
-    tasks = [
-        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=now + 0.3)) for tag in range(4)
-    ]
-    await settle()
-    batcher.resume()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
-    assert [type(r).__name__ for r in results] == ["dict"] * 4
-    assert batcher.shed == 0
-    await batcher.close()
+    await four_served_in_time(batcher, 0.3)
 
 
 async def test_with_a_backlog_a_batch_stays_full_and_sheds_what_a_full_one_cannot_serve() -> None:
@@ -400,4 +370,20 @@ async def test_a_latency_target_counts_from_arrival() -> None:
         await batcher.submit(rows(1), 1, arrived=time.monotonic() - 0.2)
     assert (await batcher.submit(rows(2), 1, arrived=time.monotonic() - 0.01))["y"][0, 0] == 4
     assert recorder.batches == [[2]]
+    await batcher.close()
+
+
+async def four_served_in_time(batcher: Batcher, left_s: float) -> None:
+    """Four one-row requests with `left_s` to their deadlines, queued together: every one is
+    served and none shed."""
+    batcher.pause()
+    now = time.monotonic()
+    tasks = [
+        asyncio.create_task(batcher.submit(rows(tag), 1, deadline=now + left_s)) for tag in range(4)
+    ]
+    await settle()
+    batcher.resume()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert [type(r).__name__ for r in results] == ["dict"] * 4
+    assert batcher.shed == 0
     await batcher.close()
