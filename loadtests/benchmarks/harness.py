@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -127,6 +128,18 @@ def serving(kind: str, repo: Path, core: str, *sluice_args: str) -> Iterator[Ser
     ready = http_ready(url + "/v2/health/ready", any_answer=kind != "sluice")
     with running(pinned(core, *command), ready, f"{kind} server") as process:
         yield Served(url, f"127.0.0.1:{grpc_port}", process.pid)
+
+
+def spread(values: Sequence[float], form: str) -> str:
+    """The median of `values` with their range in brackets, each formatted with `form` (a
+    str.format field such as "{:,.1f}"): how every results table shows repeated rounds. One value
+    is shown alone; none is "-"."""
+    if not values:
+        return "-"
+    middle = form.format(statistics.median(values))
+    if len(values) == 1:
+        return middle
+    return f"{middle} ({form.format(min(values))}-{form.format(max(values))})"
 
 
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:

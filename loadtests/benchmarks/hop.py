@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -36,7 +35,7 @@ from engine.settings import load_settings
 from engine.shm import Arena
 from engine.types import InferRequest, InferResponse
 from loadtests.benchmarks.batching import machine
-from loadtests.benchmarks.harness import markdown_table
+from loadtests.benchmarks.harness import markdown_table, spread
 from loadtests.benchmarks.models import MODELS, write_repository
 from server.server import tune_gc
 
@@ -105,16 +104,13 @@ def table(report: dict[str, Any]) -> str:
         return [r["cpu_us"] for r in report["rows"]
                 if r["path"] == path and r["concurrency"] == concurrency]  # fmt: skip
 
-    def cell(values: list[float], digits: int = 1) -> str:
-        return (f"{statistics.median(values):.{digits}f} "
-                f"({min(values):.{digits}f}-{max(values):.{digits}f})")  # fmt: skip
-
     cells = []
     for concurrency in CONCURRENCY:
         direct, remote = figures("direct", concurrency), figures("remote", concurrency)
         hop = [r - d for d, r in zip(direct, remote, strict=True)]
         ratio = [r / d for d, r in zip(direct, remote, strict=True)]
-        cells.append([concurrency, cell(direct), cell(remote), cell(hop), cell(ratio, 2)])
+        cells.append([concurrency, spread(direct, "{:.1f}"), spread(remote, "{:.1f}"),
+                      spread(hop, "{:.1f}"), spread(ratio, "{:.2f}")])  # fmt: skip
     lines = [
         "# Worker hop benchmark",
         "",

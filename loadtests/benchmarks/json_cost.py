@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import timeit
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import numpy as np
 import orjson
 
 from loadtests.benchmarks.batching import SERVER_CORE, machine, wrk
-from loadtests.benchmarks.harness import cpu_s, markdown_table, require, serving
+from loadtests.benchmarks.harness import cpu_s, markdown_table, require, serving, spread
 from loadtests.benchmarks.models import MODELS, write_repository
 from server import codec
 
@@ -147,11 +146,6 @@ def main() -> None:
     print(text)
 
 
-def _spread(values: list[float], digits: int) -> str:
-    middle = statistics.median(values)
-    return f"{middle:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
-
-
 def table(report: dict[str, Any]) -> str:
     rounds = len({r["round"] for r in report["rows"]})
 
@@ -180,9 +174,9 @@ def table(report: dict[str, Any]) -> str:
             ("req per CPU second", "per_core", "per_core_ratios"),
         ):
             vs = report[key][model]
-            spreads = [_spread(values(kind, model, field), 0) for kind in KINDS]
-            cells.append([model, f"{size / 1e3:,.1f} kB", label, *spreads,
-                          _spread(vs["plain"], 2), _spread(vs["floor"], 2)])  # fmt: skip
+            spreads = [spread(values(kind, model, field), "{:,.0f}") for kind in KINDS]
+            ratios = [spread(vs[peer], "{:,.2f}") for peer in ("plain", "floor")]
+            cells.append([model, f"{size / 1e3:,.1f} kB", label, *spreads, *ratios])
     lines += markdown_table(columns, cells)
     lines += [
         "",

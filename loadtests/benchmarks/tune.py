@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.benchmarks.batching import CLIENT_CORE, SERVER_CORE
-from loadtests.benchmarks.harness import free_port, pinned
+from loadtests.benchmarks.harness import free_port, pinned, spread
 from loadtests.benchmarks.models import MAX_BATCH, write_repository
 from loadtests.benchmarks.open_loop import run_open_loop
 from loadtests.harness import LoadTestConfig, run_load_test
@@ -306,12 +306,8 @@ def markdown(data: dict[str, Any]) -> str:
 
 
 def _spread(rows: list[dict[str, Any]], key: str, form: str) -> str:
-    """Median (min-max) of `key` over `rows`, each formatted with `form`; "-" when none."""
-    values = [r[key] for r in rows if r.get(key) is not None]
-    if not values:
-        return "-"
-    low, mid, high = (form.format(v) for v in (min(values), statistics.median(values), max(values)))
-    return f"{mid} ({low}-{high})"
+    """`spread` of `key` over the `rows` that have it."""
+    return spread([r[key] for r in rows if r.get(key) is not None], form)
 
 
 def _ms(value: float | None) -> str:

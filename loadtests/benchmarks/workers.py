@@ -41,6 +41,7 @@ from loadtests.benchmarks.harness import (
     require,
     running,
     sluice_command,
+    spread,
 )
 from loadtests.benchmarks.models import write_repository
 
@@ -213,14 +214,6 @@ def ratio(pairs: list[tuple[dict[str, Any], Any]], field: str) -> str:
     if not pairs:
         return "-"
     return f"{statistics.median(row[field] / base[field] for row, base in pairs):.2f}"
-
-
-def spread(values: list[float], form: str) -> str:
-    """The median of `values`, with their range in brackets when there are several."""
-    middle = form.format(statistics.median(values))
-    if len(values) == 1:
-        return middle
-    return f"{middle} ({form.format(min(values))}-{form.format(max(values))})"
 
 
 def engine_part(rows: list[dict[str, Any]]) -> str:
