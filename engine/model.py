@@ -16,7 +16,7 @@ import numpy as np
 from batching.assembly import Padding
 from batching.batcher import Batcher, BatchPolicy
 from engine import datatypes
-from engine.backends.base import Backend
+from engine.backends.base import CPU_PROVIDER, Backend
 from engine.generation.generator import Generator
 from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
@@ -154,10 +154,6 @@ def warm_up(backend: Backend, sizes: list[int], max_batch_size: int) -> None:
             )
         for _ in range(getattr(backend, "instance_slots", 1)):
             backend.run(feed)
-
-
-CPU_PROVIDER = "CPUExecutionProvider"
-"""ONNX Runtime's CPU provider (named here: importing the backend would load onnxruntime)."""
 
 
 class BatchRunner:

@@ -8,6 +8,10 @@ import numpy as np
 
 from engine.types import TensorSpec
 
+CPU_PROVIDER = "CPUExecutionProvider"
+"""ONNX Runtime's CPU provider, the `provider` of a backend that computes in the calling thread
+(named here, where importing costs nothing: the ONNX Runtime backend's module loads onnxruntime)."""
+
 
 class Backend(Protocol):
     """A loaded model. `run` is synchronous and thread-safe: the engine calls it from a thread

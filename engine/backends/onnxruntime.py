@@ -12,6 +12,7 @@ import numpy as np
 import onnxruntime as ort
 
 from engine import datatypes
+from engine.backends.base import CPU_PROVIDER
 from engine.errors import BackendError, InvalidInput
 from engine.model_config import GPU_PROVIDERS, InstanceGroup, OnnxRuntimeOptions
 from engine.types import TensorSpec
@@ -32,14 +33,11 @@ def _spec(arg: ort.NodeArg) -> TensorSpec:
     return TensorSpec(arg.name, datatypes.from_onnx(arg.type), shape, names)
 
 
-CPU = "CPUExecutionProvider"
-
-
 def choose_providers(preferred: list[str], available: list[str]) -> list[str]:
     """The preferred providers that this onnxruntime build has, in order, always ending in CPU."""
     chosen = [name for name in preferred if name in available]
-    if "CPUExecutionProvider" not in chosen:
-        chosen.append("CPUExecutionProvider")
+    if CPU_PROVIDER not in chosen:
+        chosen.append(CPU_PROVIDER)
     return chosen
 
 
@@ -108,7 +106,7 @@ class OnnxBackend:
         running = session.get_providers()[0]
         if running in GPU_PROVIDERS:
             self._bound.add(id(session))
-        wanted = options.provider_names[0] if options.provider_names else CPU
+        wanted = options.provider_names[0] if options.provider_names else CPU_PROVIDER
         if options.require_providers and running != wanted:
             raise BackendError(
                 f"{self._label} requires {wanted} (onnxruntime.require_providers), but "
@@ -166,8 +164,8 @@ def session_providers(
         if device is not None and provider.name in GPU_PROVIDERS:
             values["device_id"] = str(device)
         chosen.append((provider.name, values))
-    if CPU not in [name for name, _ in chosen]:
-        chosen.append((CPU, {}))
+    if CPU_PROVIDER not in [name for name, _ in chosen]:
+        chosen.append((CPU_PROVIDER, {}))
     return chosen
 
 
