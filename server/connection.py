@@ -1,6 +1,6 @@
 """HTTP connections: read timeouts, a connection cap, and a shutdown that loses no request.
 
-uvicorn's httptools protocol with three additions:
+uvicorn's httptools protocol with these additions:
 
 - Read timeouts. A request head (request line and headers) must arrive whole within
   `http_header_timeout_s` of its first byte (or of the connection opening), and its body within
@@ -13,6 +13,7 @@ uvicorn's httptools protocol with three additions:
   is never closed under a request: one in progress is answered with `Connection: close`; an idle
   one stays open `DRAIN_IDLE_S` for a request already on its way (answered, 503 while the engine
   drains, with `Connection: close`) and is closed only while no request is on it.
+- One write per answer: a response's head and body leave in one writev (_CycleTransport).
 - Lingering close. An answer sent before the request's body has all arrived (503 at the door
   while draining, an early error) is followed by reading and dropping the rest of the body before
   the connection closes: closing a socket with unread data makes the kernel reset the
@@ -97,7 +98,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._reading_body = True
         self._arm_read(self.policy.body_timeout_s)
         if self.cycle is not None and self.cycle.scope is self.scope:  # this request's cycle
-            self.cycle.transport = _LingeringClose(self)  # type: ignore[assignment]
+            self.cycle.transport = _CycleTransport(self)  # type: ignore[assignment]
             if self.policy.draining:
                 self.cycle.keep_alive = False  # the answer says Connection: close
 
@@ -186,16 +187,47 @@ class HttpProtocol(HttpToolsProtocol):
             self._drain_timer = None
 
 
-class _LingeringClose:
-    """The transport as a request's cycle sees it: its close() waits for the request's body."""
+class _CycleTransport:
+    """The transport as a request's cycle sees it.
+
+    - One write per answer: uvicorn writes a response's head and its body separately, two send
+      syscalls; the head is held until the body's first write and both leave in one writev. A
+      head whose body does not follow at once (a stream) is written on the loop's next turn.
+    - Lingering close: close() waits for the request's body (see the module docstring)."""
+
+    __slots__ = ("_head", "_holding", "_protocol", "_transport")
 
     def __init__(self, protocol: HttpProtocol) -> None:
         self._protocol = protocol
+        self._transport = protocol.transport
+        self._head: bytes | None = None
+        self._holding = True  # only the cycle's first write (its head) is held
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._protocol.transport, name)
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes) -> None:
+        head = self._head
+        if head is not None:
+            self._head = None
+            self._transport.writelines((head, data))
+        elif self._holding:
+            self._holding = False
+            self._head = data
+            self._protocol.loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        """Write a held head now."""
+        head = self._head
+        if head is not None:
+            self._head = None
+            if not self._transport.is_closing():
+                self._transport.write(head)
 
     def close(self) -> None:
+        self.flush()
         self._protocol.close_after_body()
 
 

@@ -1,14 +1,26 @@
-"""server/connection.py's listener hand-over on real loopback sockets: connections the kernel has
-queued (requests already written on them) are taken, not reset by the listener's close."""
+"""server/connection.py on real sockets: the listener hand-over (connections the kernel has
+queued, requests already written on them, are taken, not reset by the listener's close), and the
+protocol's writes (a response's head and body leave together unless the body has to wait)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import pytest
+import uvicorn
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.server import ServerState
 
-from server.connection import REQUEST_TIMEOUT, TOO_MANY_CONNECTIONS, accept_pending
+from server.connection import (
+    REQUEST_TIMEOUT,
+    TOO_MANY_CONNECTIONS,
+    ConnectionPolicy,
+    HttpProtocol,
+    accept_pending,
+)
 
 
 @pytest.fixture
@@ -55,3 +67,83 @@ def test_canned_answers_are_complete_http_responses(answer: bytes, status: bytes
     assert fields[b"connection"] == b"close"
     assert int(fields[b"content-length"]) == len(body)
     assert body.startswith(b'{"error":"')
+
+
+class _Recording:
+    """The connection's real transport, with the data of each write and writelines call kept:
+    how many sends the protocol asks for."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self.writes: list[bytes] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+        self._transport.write(data)
+
+    def writelines(self, chunks: Iterable[bytes]) -> None:
+        chunks = list(chunks)
+        self.writes.append(b"".join(chunks))
+        self._transport.writelines(chunks)
+
+
+async def _serve_one(app: ASGIApp) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
+    """`app` behind server.connection.HttpProtocol on one end of a real socket pair; the other
+    end as a client's stream, with a request already written on it."""
+    kept: list[_Recording] = []
+
+    class Protocol(HttpProtocol):
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            kept.append(_Recording(transport))
+            super().connection_made(kept[0])  # type: ignore[arg-type]
+
+    config = uvicorn.Config(app, log_level="warning")
+    policy = ConnectionPolicy(header_timeout_s=5, body_timeout_s=5, max_connections=8)
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    await loop.connect_accepted_socket(
+        lambda: Protocol(config=config, server_state=ServerState(), app_state={}, policy=policy),
+        ours,
+    )
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    writer.write(b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n")
+    return kept[0], reader, writer
+
+
+async def test_a_response_head_and_body_leave_in_one_write() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"5")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"hello"})
+
+    recording, reader, writer = await _serve_one(app)
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert await asyncio.wait_for(reader.readexactly(5), 5) == b"hello"
+        assert recording.writes == [head + b"hello"]  # one send, not one for each part
+    finally:
+        writer.close()
+
+
+async def test_a_streamed_head_is_sent_before_its_body_is_ready() -> None:
+    body_ready = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(b"content-length", b"5")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await body_ready.wait()
+        await send({"type": "http.response.body", "body": b"later"})
+
+    recording, reader, writer = await _serve_one(app)
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)  # the body waits on us
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n")
+        body_ready.set()
+        assert await asyncio.wait_for(reader.readexactly(5), 5) == b"later"
+        assert recording.writes == [head, b"later"]
+    finally:
+        writer.close()
