@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,10 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger("sluice.http")
 
+WHEN_GONE = "sluice.when_gone"
+"""The scope extension of each request: a function taking the callback to call (or None, to stop
+calling it) if the client disconnects before its answer is complete. A task that waits on
+`receive()` for `http.disconnect` does the same for each request at several times the cost."""
 DRAIN_IDLE_S = 1.0
 """How long a draining keep-alive connection with no request on it stays open: a client that is
 writing its next request gets it answered, one that is not writing is closed like any idle one."""
@@ -84,6 +89,13 @@ class HttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timers()
         super().connection_lost(exc)
+        cycle = self.cycle
+        if (
+            cycle is not None
+            and cycle.disconnected
+            and isinstance(cycle.transport, _CycleTransport)
+        ):
+            cycle.transport.gone()
 
     # -- read timeouts ---------------------------------------------------------------------------
 
@@ -98,7 +110,10 @@ class HttpProtocol(HttpToolsProtocol):
         self._reading_body = True
         self._arm_read(self.policy.body_timeout_s)
         if self.cycle is not None and self.cycle.scope is self.scope:  # this request's cycle
-            self.cycle.transport = _CycleTransport(self)  # type: ignore[assignment]
+            transport = _CycleTransport(self)
+            self.cycle.transport = transport  # type: ignore[assignment]
+            extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
+            extensions[WHEN_GONE] = transport.when_gone
             if self.policy.draining:
                 self.cycle.keep_alive = False  # the answer says Connection: close
 
@@ -193,15 +208,18 @@ class _CycleTransport:
     - One write per answer: uvicorn writes a response's head and its body separately, two send
       syscalls; the head is held until the body's first write and both leave in one writev. A
       head whose body does not follow at once (a stream) is written on the loop's next turn.
-    - Lingering close: close() waits for the request's body (see the module docstring)."""
+    - Lingering close: close() waits for the request's body (see the module docstring).
+    - The client leaving: `when_gone` (the WHEN_GONE scope extension) sets what is called."""
 
-    __slots__ = ("_head", "_holding", "_protocol", "_transport")
+    __slots__ = ("_gone", "_head", "_holding", "_left", "_protocol", "_transport")
 
     def __init__(self, protocol: HttpProtocol) -> None:
         self._protocol = protocol
         self._transport = protocol.transport
         self._head: bytes | None = None
         self._holding = True  # only the cycle's first write (its head) is held
+        self._gone: Callable[[], None] | None = None
+        self._left = False
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -229,6 +247,20 @@ class _CycleTransport:
     def close(self) -> None:
         self.flush()
         self._protocol.close_after_body()
+
+    def when_gone(self, callback: Callable[[], None] | None) -> None:
+        """Call `callback` if the client disconnects before the answer is complete, at once if
+        it has (None: call nothing)."""
+        self._gone = callback
+        if self._left:
+            self.gone()
+
+    def gone(self) -> None:
+        """The client disconnected before the answer was complete."""
+        self._left = True
+        callback, self._gone = self._gone, None
+        if callback is not None:
+            callback()
 
 
 def accept_pending(listener: socket.socket) -> list[socket.socket]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import orjson
@@ -21,17 +21,17 @@ from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import binary, codec, raw_tensors
+from server.connection import WHEN_GONE
 from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
 from server.logs import choose_request_id, request_id
 
 log = logging.getLogger("sluice.http")
 T = TypeVar("T")
+WhenGone = Callable[[Callable[[], None] | None], None]
 
 INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer")
 INFER_SPAN = "POST /v2/models/{name}/infer"
-WATCH_AFTER_S = 0.001
-"""How long a request waits for its answer before a task watches for its client leaving."""
 # Headers that decide how a request is read or who sends it: sent twice, they are ambiguous.
 SINGLE_HEADERS = (
     "x-api-key",
@@ -112,6 +112,7 @@ class HttpCall:
             else [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
         )
         self._receive = receive
+        self._when_gone: WhenGone | None = scope.get("extensions", {}).get(WHEN_GONE)
         self._limit = limit
         self._split: binary.BinaryRequest | None = None
 
@@ -158,7 +159,7 @@ class HttpCall:
         return content, {key.lower(): value for key, value in extra.items()}
 
     async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
-        return await _unless_disconnected(self._receive, answer)
+        return await _unless_gone(self._when_gone, answer)
 
     async def read_body(self) -> bytes:
         """The whole body, or PayloadTooLarge as soon as it passes the limit."""
@@ -202,29 +203,22 @@ def _error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+async def _unless_gone(when_gone: WhenGone | None, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it (the batcher withdraws the
-    request). The watcher task starts only once the work has taken WATCH_AFTER_S: most answers
-    come sooner, and a task per request (created, started, cancelled) costs more than a timer;
-    a client that leaves is still withdrawn, that much later."""
+    request) and raise ClientGone. `when_gone` is the WHEN_GONE scope extension of sluice's HTTP
+    protocol (server/connection.py); without it (another ASGI server) nobody is watching."""
+    if when_gone is None:
+        return await work
     current = asyncio.current_task()
     assert current is not None
     gone = False
-    watcher: asyncio.Future[None] | None = None
 
-    async def watch() -> None:
+    def cancel() -> None:
         nonlocal gone
-        message: Message = await receive()
-        while message["type"] != "http.disconnect":
-            message = await receive()
         gone = True
         current.cancel()
 
-    def start_watching() -> None:
-        nonlocal watcher
-        watcher = asyncio.ensure_future(watch())
-
-    timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, start_watching)
+    when_gone(cancel)
     try:
         return await work
     except asyncio.CancelledError:
@@ -233,6 +227,4 @@ async def _unless_disconnected(receive: Receive, work: Awaitable[T]) -> T:
             raise ClientGone from None
         raise
     finally:
-        timer.cancel()
-        if watcher is not None:
-            watcher.cancel()
+        when_gone(None)

@@ -1,6 +1,7 @@
 """server/connection.py on real sockets: the listener hand-over (connections the kernel has
 queued, requests already written on them, are taken, not reset by the listener's close), and the
-protocol's writes (a response's head and body leave together unless the body has to wait)."""
+protocol's writes (a response's head and body leave together unless the body has to wait), and
+the client leaving, as the app is told of it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from uvicorn.server import ServerState
 from server.connection import (
     REQUEST_TIMEOUT,
     TOO_MANY_CONNECTIONS,
+    WHEN_GONE,
     ConnectionPolicy,
     HttpProtocol,
     accept_pending,
@@ -147,3 +149,34 @@ async def test_a_streamed_head_is_sent_before_its_body_is_ready() -> None:
         assert recording.writes == [head, b"later"]
     finally:
         writer.close()
+
+
+async def test_a_client_that_leaves_before_its_answer_is_reported_to_the_app() -> None:
+    registered, told = asyncio.Event(), asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["extensions"][WHEN_GONE](told.set)
+        registered.set()
+        await asyncio.wait_for(told.wait(), 5)  # the answer waits; the client leaves meanwhile
+
+    _, _, writer = await _serve_one(app)
+    await asyncio.wait_for(registered.wait(), 5)
+    writer.close()
+    await asyncio.wait_for(told.wait(), 5)
+
+
+async def test_a_client_gone_before_the_app_asks_is_reported_at_once() -> None:
+    told = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        message = await receive()  # the request
+        while message["type"] != "http.disconnect":  # once the loss of the connection is in
+            message = await receive()
+        calls: list[str] = []
+        scope["extensions"][WHEN_GONE](lambda: calls.append("gone"))
+        if calls == ["gone"]:  # at once, not at some later turn
+            told.set()
+
+    _, _, writer = await _serve_one(app)
+    writer.close()
+    await asyncio.wait_for(told.wait(), 5)
