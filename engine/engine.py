@@ -192,7 +192,7 @@ class Engine:
         admit = self.limiter.admit(tenant, model.name, rows)
         if self.tracing is not None:
             admit = self.tracing.stage("admission", admit)
-        async with await admit:
+        with await admit:  # released on the way out; a coroutine pair less than async with
             return await self._admitted(model, request, rows, priority, started, use_cache)
 
     def _priority(
