@@ -82,12 +82,13 @@ def running(
     name: str,
     timeout_s: float = 60.0,
     stop_s: float = 30.0,
+    cwd: Path | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Start `command` (stdout discarded), wait until `ready()`, yield the process and on the
-    way out terminate it and wait up to `stop_s` for it to exit. RuntimeError naming `name`
-    when the process exits or `timeout_s` passes before it is ready. With taskset in front, the
-    process is the server itself (taskset execs it)."""
-    process = subprocess.Popen(list(command), stdout=subprocess.DEVNULL)
+    """Start `command` (in `cwd`, stdout discarded), wait until `ready()`, yield the process and
+    on the way out terminate it and wait up to `stop_s` for it to exit. RuntimeError naming
+    `name` when the process exits or `timeout_s` passes before it is ready. With taskset in
+    front, the process is the server itself (taskset execs it)."""
+    process = subprocess.Popen(list(command), stdout=subprocess.DEVNULL, cwd=cwd)
     try:
         deadline = time.monotonic() + timeout_s
         while not ready():

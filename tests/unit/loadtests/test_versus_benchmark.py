@@ -1,0 +1,45 @@
+"""The two-checkout benchmark (loadtests/benchmarks/versus.py): a real server started from
+another checkout runs that checkout's code, and the table's ratios are taken round by round."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+
+import loadtests.benchmarks.versus as versus
+from loadtests.benchmarks.models import write_repository
+
+
+def test_the_base_server_runs_the_code_of_its_own_checkout(tmp_path: Path) -> None:
+    here = Path(__file__).resolve().parents[3]
+    base = tmp_path / "base"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), "HEAD"], cwd=here,
+                   check=True)  # fmt: skip
+    try:
+        marker = "0.0-versus-test"
+        app = base / "server" / "app.py"
+        app.write_text(app.read_text().replace('version="0.1.0"', f'version="{marker}"'))
+        with versus.server(base, write_repository(tmp_path / "repo")) as served:
+            seen = httpx.get(f"{served.url}/openapi.json", timeout=10).json()["info"]["version"]
+        assert seen == marker
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=here,
+                       check=True)  # fmt: skip
+
+
+def test_the_table_takes_each_ratio_within_a_round() -> None:
+    rows = [
+        {"round": 0, "case": "mlp:json:16", "server": "base", "cpu_us": 200.0, "errors": 0},
+        {"round": 0, "case": "mlp:json:16", "server": "this", "cpu_us": 100.0, "errors": 0},
+        {"round": 1, "case": "mlp:json:16", "server": "this", "cpu_us": 400.0, "errors": 1},
+        {"round": 1, "case": "mlp:json:16", "server": "base", "cpu_us": 400.0, "errors": 0},
+    ]
+    report = {"rows": rows, "cases": ["mlp:json:16"], "rounds": 2, "seconds": 3.0, "base": "/b",
+              "base_commit": "abc", "this_commit": "def", "machine": {}}  # fmt: skip
+    line = versus.table(report).splitlines()[-1]
+    # Medians of 200/400 and 100/400 would give 1.20; within rounds: 2.00 and 1.00, median 1.50.
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells == ["mlp:json:16", "300.0 (200.0-400.0)", "250.0 (100.0-400.0)",
+                     "1.50 (1.00-2.00)", "2.00 1.00", "1"]  # fmt: skip
