@@ -14,6 +14,8 @@ uvicorn's httptools protocol with these additions:
   one stays open `DRAIN_IDLE_S` for a request already on its way (answered, 503 while the engine
   drains, with `Connection: close`) and is closed only while no request is on it.
 - One write per answer: a response's head and body leave in one writev (_CycleTransport).
+- The client leaving: a request learns it from the connection's loss, through the WHEN_GONE
+  scope extension, without a task per request reading `receive()` for `http.disconnect`.
 - Lingering close. An answer sent before the request's body has all arrived (503 at the door
   while draining, an early error) is followed by reading and dropping the rest of the body before
   the connection closes: closing a socket with unread data makes the kernel reset the
