@@ -158,8 +158,9 @@ def _strategy(run: TuneRun) -> str:
         "trials, and the axes interact weakly except instances x threads, which are searched "
         "in that order within the cores. The original and the best "
         f"{FINALISTS} are then measured again in the same run and the winner is the one whose "
-        "worse measurement is best, so one lucky trial cannot win and the winner is never below "
-        "the original."
+        "worse measurement is best, if that beats every measurement of the original (else the "
+        "original stays), so one lucky trial cannot win and the winner is never below the "
+        "original."
     )
 
 

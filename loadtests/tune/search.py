@@ -5,8 +5,9 @@ batch size, delay, preferred sizes, instances, threads) is walked from the curre
 towards the better neighbour for as long as the throughput at the SLO keeps rising by more than
 `MIN_GAIN`; values that are not on the order (delay `auto`, the preferred-size shapes) are tried
 once each. The best few candidates are then measured again beside the original, in the same
-conditions, and the winner is the one whose worse measurement is best: a lucky trial cannot win
-alone, and the original is always in the final, so the winner is never below it.
+conditions, and the winner is the one whose worse measurement is best, if that beats every
+measurement of the original (else the original stays): a lucky trial cannot win alone, and a
+candidate wins only by more than the original's own spread, so the winner is never below it.
 
 Throughput at a p99 SLO rises and then falls along each of these axes (bigger batches amortise
 the per-batch cost until their latency busts the SLO; more instances or threads help until the
@@ -211,8 +212,11 @@ class Search:
         return self._winner()
 
     def _winner(self) -> Trial | None:
-        """Of the candidates measured in the final, the one whose worse measurement is best (or,
-        when the budget ended the search first, the best search trial)."""
+        """Of the candidates measured in the final, the one whose worse measurement is best,
+        provided it beats every measurement of the original; else the original (or, when the
+        budget ended the search first, the best search trial). Two measurements of one config
+        differ by more than a few percent on a shared machine: a candidate whose worse run
+        only beats the original's worse run may be no better at all."""
         finals = {t.candidate.key: t for t in self.trials if t.phase == "final"}
         if not finals:
             searched = [t for t in self.trials if t.passed]
@@ -221,8 +225,14 @@ class Search:
         passed = [key for key in finals if worst[key] > 0]
         if not passed:
             return None
-        key = max(passed, key=lambda k: (worst[k], k == self.space.baseline.key))
-        return finals[key]
+        original = self.space.baseline.key
+        bar = max((t.ok_rps for t in self.trials if t.candidate.key == original), default=0.0)
+        beating = [key for key in passed if key != original and worst[key] > bar]
+        if beating:
+            return finals[max(beating, key=worst.__getitem__)]
+        if original in passed:
+            return finals[original]
+        return finals[max(passed, key=worst.__getitem__)]  # the original missed the SLO once
 
     def worst_ok_rps(self, key: str) -> float:
         """A candidate's lowest throughput at the SLO over its measurements (0 if one missed)."""

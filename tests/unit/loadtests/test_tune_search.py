@@ -84,6 +84,33 @@ def test_a_lucky_trial_does_not_beat_the_original_it_cannot_repeat() -> None:
     assert search.worst_ok_rps(winner.candidate.key) >= search.worst_ok_rps(base.key)
 
 
+def test_a_candidate_within_the_original_s_own_spread_does_not_win() -> None:
+    # The best candidate's worse run (its final, at 0.95x its rate) beats the original's worse
+    # run (its search trial) but not its final one, which a faster spell of the host put at 1.1x
+    # the candidate's rate: the two configs' runs overlap, so the gain may be noise.
+    base = space().baseline
+    best = Candidate(32, 0.001, "original", 2, 2)
+    margin = synthetic_rps(best) / synthetic_rps(base)
+    noise = {f"final:{base.key}": 1.1 * margin, f"final:{best.key}": 0.95}
+    machine = Machine(noise=noise)
+    search = Search(space(), machine, budget_s=10_000, clock=machine.clock)
+    winner = search.run()
+    assert winner is not None
+    assert winner.candidate.key == base.key
+    assert search.worst_ok_rps(best.key) > search.worst_ok_rps(base.key)  # the old rule's pick
+
+
+def test_a_candidate_beating_every_run_of_the_original_wins() -> None:
+    base = space().baseline
+    best = Candidate(32, 0.001, "original", 2, 2)
+    margin = synthetic_rps(best) / synthetic_rps(base)
+    noise = {f"final:{base.key}": 0.9 * margin, f"final:{best.key}": 0.95}
+    machine = Machine(noise=noise)
+    winner = Search(space(), machine, budget_s=10_000, clock=machine.clock).run()
+    assert winner is not None
+    assert winner.candidate == best
+
+
 def test_the_budget_stops_before_a_trial_that_would_not_fit() -> None:
     machine = Machine(trial_s=10.0)
     search = Search(space(), machine, budget_s=35, clock=machine.clock)
