@@ -35,8 +35,11 @@ from loadtests.benchmarks.harness import free_port, pinned, spread
 from loadtests.benchmarks.models import MAX_BATCH, write_repository
 from loadtests.benchmarks.open_loop import run_open_loop
 from loadtests.harness import LoadTestConfig, run_load_test
+from loadtests.plan import parse_ramp
 from loadtests.scrape import scrape, server_metrics
-from loadtests.tune.server import ServerControl
+from loadtests.tune.search import Trial
+from loadtests.tune.server import Original, ServerControl
+from loadtests.tune.trial import HarnessTrials
 
 SLO_MS = {"cnn": 150.0, "mlp": 20.0}
 """One p99 SLO per model: the CNN's default reaches ~200 ms at 64 users, the MLP's ~10 ms."""
@@ -57,13 +60,14 @@ is free, under either delay, and at 64 users and batches of 8 every batch is ful
 delays sent the same batches (2026-12-01's first runs). With two instances and room for 32 rows,
 the fixed delay sends what came in 2 ms beside the running batch; auto waits for the rows its
 head's deadline allows (or for the running batch to end)."""
+CONFIRM_ROUNDS = 5
 OPEN_LOADS = (0.8, 1.5)
 """Open-loop offered rates, as parts of the fixed delay's closed-loop req/s in the same round: a
 busy server with bursts (Poisson arrivals), and one offered clearly more than it can serve (the
 closed loop's req/s moves by a fifth between runs on this host, so 1.25x was not always over)."""
 
 
-def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(repo: Path, log: Path, cores: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     command = [
         sys.executable,
@@ -86,7 +90,7 @@ def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
         "mlp",
     ]
     with log.open("wb") as out:
-        process = subprocess.Popen(pinned(SERVER_CORE, *command), stdout=out, stderr=out)
+        process = subprocess.Popen(pinned(cores, *command), stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -102,8 +106,18 @@ def start_server(repo: Path, log: Path) -> tuple[subprocess.Popen[bytes], str]:
         time.sleep(0.2)
 
 
-def tune_model(url: str, model: str, budget_s: float, trial_s: int, out: Path) -> dict[str, Any]:
-    """One `sluice tune` run (pinned to the client core) and its final-round comparison."""
+def tune_model(
+    url: str,
+    model: str,
+    budget_s: float,
+    trial_s: int,
+    out: Path,
+    confirm_rounds: int,
+    cores: int,
+) -> dict[str, Any]:
+    """One `sluice tune` run (pinned to the client core; told the server has `cores` cores), its
+    final-round comparison, and the default and winner measured again in `confirm_rounds` rounds
+    (`confirm`)."""
     command = [
         sys.executable,
         "-m",
@@ -124,7 +138,7 @@ def tune_model(url: str, model: str, budget_s: float, trial_s: int, out: Path) -
         "--budget-s",
         str(budget_s),
         "--cores",
-        "1",
+        str(cores),
         "--out",
         str(out),
     ]
@@ -145,6 +159,7 @@ def tune_model(url: str, model: str, budget_s: float, trial_s: int, out: Path) -
     return {
         "model": model,
         "slo_p99_ms": SLO_MS[model],
+        "server_cores": cores,
         "exit": done.returncode,
         "seconds": round(took, 1),
         "trials": len(trials),
@@ -160,8 +175,50 @@ def tune_model(url: str, model: str, budget_s: float, trial_s: int, out: Path) -
         "tuned_p99_ms": winner_final["p99_ms"] if winner_final else None,
         "default_all_rps": measured(baseline),
         "tuned_all_rps": measured(winner),
+        "confirm": confirm(url, model, out, confirm_rounds, trial_s)
+        if done.returncode == 0
+        else {},
         "stderr_tail": done.stderr[-1500:],
     }
+
+
+def confirm(url: str, model: str, out: Path, rounds: int, trial_s: int) -> dict[str, Any]:
+    """The default and the tune's winner measured again `rounds` times each, in turn, the order
+    swapped each round, as the tune measures a candidate (a reload, then the ramp, req/s at the
+    SLO): one final round is one measurement each, and on this host one measurement moves by
+    half. Empty when the tune chose no winner or kept the default."""
+    results = json.loads((out / "results.json").read_text())
+    finals = {t["key"]: Trial.from_dict(t) for t in results["trials"] if t["phase"] == "final"}
+    baseline, winner = finals.get(results["baseline"]), finals.get(results["winner"] or "")
+    if rounds <= 0 or baseline is None or winner is None or winner is baseline:
+        return {}
+    control = ServerControl(url, model, {})
+    original = Original.from_dict(results["original"])
+    load = LoadTestConfig(
+        url=url,
+        model=model,
+        protocol="http-binary",
+        users=parse_ramp(RAMP),
+        duration_s=trial_s,
+        out=out / "confirm",
+        slo_p99_ms=SLO_MS[model],
+    )
+    measure = HarnessTrials(control, load, out / "confirm", original=original)
+    measured: dict[str, list[float]] = {"default": [], "tuned": []}
+    try:
+        for round_ in range(rounds):
+            pair = [("default", baseline), ("tuned", winner)]
+            for name, trial in pair if round_ % 2 == 0 else pair[::-1]:
+                index = len(measured["default"]) + len(measured["tuned"]) + 1
+                again = measure(trial.candidate, trial.config, "confirm", index)
+                measured[name].append(again.ok_rps)
+                row = {"model": model, "round": round_, "config": name, "ok_rps": again.ok_rps}
+                print(json.dumps(row), flush=True)
+    finally:
+        control.restore(original)
+    # A round where the default met the SLO at no step has no ratio (its req/s at the SLO is 0).
+    pairs = zip(measured["default"], measured["tuned"], strict=True)
+    return {"rounds": rounds, **measured, "ratios": [t / d for d, t in pairs if d > 0]}
 
 
 def auto_vs_fixed(
@@ -271,16 +328,17 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         "Commands (a later one re-runs only what it names and keeps the rest): "
         + "; ".join(f"`{c}`" for c in data.get("commands", [data["command"]]))
-        + f". Server on core 0, load (locust via the harness) on core 1; {data['machine']}.",
+        + f". Server on core 0 (on cores 0-1 where a row says 2 server cores), load (locust via "
+        f"the harness) on core 1; {data['machine']}.",
         "",
         "## `sluice tune`: tuned vs default, req/s at the p99 SLO",
         "",
         "Both measured in the tune's final round (same run, same conditions); `all` lists every "
         "measurement of each (search and final).",
         "",
-        "| model | SLO p99 | default req/s (p99 ms) | tuned req/s (p99 ms) | tuned / default | "
-        "trials / grid | winner | all default | all tuned |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | server cores | SLO p99 | default req/s (p99 ms) | tuned req/s (p99 ms) | "
+        "tuned / default | trials / grid | winner | all default | all tuned |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in data["tune"]:
         ratio = (
@@ -289,12 +347,14 @@ def markdown(data: dict[str, Any]) -> str:
             else "-"
         )
         lines.append(
-            f"| {t['model']} | {t['slo_p99_ms']:g} ms | {t['default_rps'] or 0:,.0f} "
+            f"| {t['model']} | {t.get('server_cores', 1)} | {t['slo_p99_ms']:g} ms | "
+            f"{t['default_rps'] or 0:,.0f} "
             f"({t['default_p99_ms'] or 0:.0f}) | {t['tuned_rps'] or 0:,.0f} "
             f"({t['tuned_p99_ms'] or 0:.0f}) | {ratio} | {t['trials']} / {t['grid']:,} | "
             f"`{t['winner']}` | {', '.join(f'{v:,.0f}' for v in t['default_all_rps'])} | "
             f"{', '.join(f'{v:,.0f}' for v in t['tuned_all_rps'])} |"
         )
+    lines += confirm_markdown(data["tune"])
     auto = data.get("auto")
     if isinstance(auto, dict) and auto:
         lines += ["", *auto_markdown(auto)]
@@ -303,6 +363,35 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", *auto_markdown(again, title)]
     lines += ["", *data.get("notes", [])]
     return "\n".join(lines) + "\n"
+
+
+def confirm_markdown(tunes: list[dict[str, Any]]) -> list[str]:
+    """The confirmation rounds' table (`confirm`): each ratio taken within its round."""
+    confirmed = [t for t in tunes if t.get("confirm")]
+    if not confirmed:
+        return []
+    lines = [
+        "",
+        "### The default and the winner measured again, in turn",
+        "",
+        "After each tune, both configs are measured again as a trial measures them (reload, "
+        "ramp, req/s at the SLO), the order swapped each round; tuned / default is taken within "
+        "each round, then its median and range.",
+        "",
+        "| model | server cores | rounds | default req/s | tuned req/s | tuned / default | "
+        "each round |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for t in confirmed:
+        c = t["confirm"]
+        lines.append(
+            f"| {t['model']} | {t.get('server_cores', 1)} | {c['rounds']} | "
+            f"{spread(c['default'], '{:,.0f}')} | "
+            f"{spread(c['tuned'], '{:,.0f}')} | {spread(c['ratios'], '{:.2f}x')} | "
+            + " ".join(f"{r:.2f}" for r in c["ratios"])
+            + " |"
+        )
+    return lines
 
 
 def _spread(rows: list[dict[str, Any]], key: str, form: str) -> str:
@@ -428,6 +517,18 @@ def main() -> None:
     parser.add_argument("--auto-rounds", type=int, default=3)
     parser.add_argument("--models", default="cnn,mlp")
     parser.add_argument(
+        "--server-cores",
+        default=SERVER_CORE,
+        help="the server's CPU list (taskset), e.g. 0-1 to let threads and instances use both; "
+        "the load stays on core " + CLIENT_CORE,
+    )
+    parser.add_argument(
+        "--confirm-rounds",
+        type=int,
+        default=CONFIRM_ROUNDS,
+        help="rounds measuring the default and the winner again after each tune (0: none)",
+    )
+    parser.add_argument(
         "--auto-max-batch",
         type=int,
         default=AUTO_MAX_BATCH,
@@ -462,7 +563,8 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="sluice-tune-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     repo = write_repository(work / "models")
-    process, url = start_server(repo, work / "server.log")
+    process, url = start_server(repo, work / "server.log", args.server_cores)
+    cores = len(os.sched_getaffinity(process.pid))
     # The load generators run here and in processes started from here (locust, the tune): off
     # the server's core. (The auto rows of 2026-12-01's first commands ran locust unpinned.)
     os.sched_setaffinity(0, {int(CLIENT_CORE)})
@@ -470,11 +572,14 @@ def main() -> None:
     kept_path = args.out / "tune.json"
     kept = json.loads(kept_path.read_text()) if kept_path.exists() else {}
     try:
-        tuned = {t["model"]: t for t in kept.get("tune", [])}  # models not run now are kept
+        # Models (and server core counts) not run now are kept.
+        tuned = {(t["model"], t.get("server_cores", 1)): t for t in kept.get("tune", [])}
         if "tune" in parts:
             for model in args.models.split(","):
                 out = work / f"tune-{model}"
-                tuned[model] = tune_model(url, model, args.budget_s, args.trial_s, out)
+                tuned[(model, cores)] = tune_model(
+                    url, model, args.budget_s, args.trial_s, out, args.confirm_rounds, cores
+                )
         auto = (
             auto_vs_fixed(
                 url,
@@ -508,7 +613,7 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"),
         },
         "default_max_batch": MAX_BATCH,
-        "tune": [tuned[model] for model in sorted(tuned)],
+        "tune": [tuned[key] for key in sorted(tuned)],
         "auto": auto,
         "auto_replicates": replicates,
         "work": str(work),

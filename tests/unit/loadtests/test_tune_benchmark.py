@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtests.benchmarks.tune import auto_markdown
+from loadtests.benchmarks.tune import auto_markdown, confirm_markdown
 
 
 def closed(round_: int, delay: str, ok_rps: float, p99_ms: float) -> dict[str, Any]:
@@ -38,3 +38,17 @@ def test_auto_over_fixed_is_taken_per_round_then_its_median_and_range() -> None:
     assert cells[1:4] == ["150.0 (100.0-200.0)", "150.0 (120.0-180.0)", "1.05x (0.90x-1.20x)"]
     assert cells[6:8] == ["425 (350-500)", "350 (300-400)"]
     assert "Fixed arrival rate" not in text  # no open loop was run
+
+
+def test_the_confirmation_ratio_is_taken_per_round() -> None:
+    # The host ran twice as fast in round 2: medians of each config alone would say 1.33x; per
+    # round, the winner served 1.5x and 1.0x of the default measured beside it.
+    confirmed = {"rounds": 2, "default": [100.0, 200.0], "tuned": [150.0, 200.0],
+                 "ratios": [1.5, 1.0]}  # fmt: skip
+    tunes = [{"model": "cnn", "server_cores": 2, "confirm": confirmed}, {"model": "mlp"}]
+    rows = [line for line in confirm_markdown(tunes) if line.startswith("| cnn")]
+    cells = [cell.strip() for cell in rows[0].split("|")[1:-1]]
+    assert cells == ["cnn", "2", "2", "150 (100-200)", "175 (150-200)", "1.25x (1.00x-1.50x)",
+                     "1.50 1.00"]  # fmt: skip
+    assert not [line for line in confirm_markdown(tunes) if line.startswith("| mlp")]
+    assert confirm_markdown([{"model": "mlp"}]) == []  # no confirmation run: no table
