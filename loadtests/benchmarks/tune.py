@@ -1,12 +1,15 @@
 """The tuning benchmark, in one run on this machine: `sluice tune` on the compute-bound CNN and
 the overhead-bound MLP (req/s at one p99 SLO each, the tuned winner against the default config,
-both measured in the tune's own final round), then `max_queue_delay_s: auto` against a fixed
-2 ms delay on the CNN with `latency_target_s` set, alternated in rounds of the same run: at 64
-closed-loop users (locust) and at two fixed arrival rates (`open_loop`), under and over what the
-fixed delay served in the round. The server is pinned to core 0; this process, and so the load
-generators it runs (locust, the open loop, the tune), to core 1.
+both measured in the tune's own final round, then again in `--confirm-rounds` alternating
+rounds), then `max_queue_delay_s: auto` against a fixed 2 ms delay on the CNN with
+`latency_target_s` set, alternated in rounds of the same run: at 64 closed-loop users (locust)
+and at two fixed arrival rates (`open_loop`), under and over what the fixed delay served in the
+round. The server is pinned to core 0 (`--server-cores` to change it; the tune is told how many
+cores it has); this process, and so the load generators it runs (locust, the open loop, the
+tune), to core 1.
 
     python -m loadtests.benchmarks.tune --out loadtests/benchmarks/results [--budget-s 240]
+        [--server-cores 0-1] [--confirm-rounds 5]
 
 Writes tune.json (every measurement) and tune.md (the tables); each tune's own report folder is
 kept under --work (default: a temporary folder).
