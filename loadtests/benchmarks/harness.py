@@ -117,9 +117,12 @@ class Served:
 
 
 @contextmanager
-def serving(kind: str, repo: Path, core: str, *sluice_args: str) -> Iterator[Served]:
+def serving(
+    kind: str, repo: Path, core: str, *sluice_args: str, cwd: Path | None = None
+) -> Iterator[Served]:
     """sluice (`kind` "sluice", with `sluice_args`) or a baseline peer serving `repo`, pinned to
-    `core`, once it answers: sluice once ready, a peer (no health route) once it answers at all."""
+    `core`, once it answers: sluice once ready, a peer (no health route) once it answers at all.
+    Run in `cwd` when given: `python -m server` there imports that checkout's packages first."""
     port, grpc_port = free_port(), free_port()
     if kind == "sluice":
         command = sluice_command(repo, port, grpc_port, *sluice_args)
@@ -127,7 +130,7 @@ def serving(kind: str, repo: Path, core: str, *sluice_args: str) -> Iterator[Ser
         command = baseline_command(kind, repo, port)
     url = f"http://127.0.0.1:{port}"
     ready = http_ready(url + "/v2/health/ready", any_answer=kind != "sluice")
-    with running(pinned(core, *command), ready, f"{kind} server") as process:
+    with running(pinned(core, *command), ready, f"{kind} server", cwd=cwd) as process:
         yield Served(url, f"127.0.0.1:{grpc_port}", process.pid)
 
 

@@ -18,39 +18,16 @@ import argparse
 import json
 import subprocess
 import tempfile
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from loadtests.benchmarks.batching import SERVER_CORE, grpc_load, machine, wrk
-from loadtests.benchmarks.harness import (
-    Served,
-    cpu_s,
-    free_port,
-    http_ready,
-    markdown_table,
-    pinned,
-    require,
-    running,
-    sluice_command,
-    spread,
-)
+from loadtests.benchmarks.harness import Served, cpu_s, markdown_table, require, serving, spread
 from loadtests.benchmarks.json_cost import json_body
 from loadtests.benchmarks.models import write_repository
 
 KINDS = ("base", "this")
-
-
-@contextmanager
-def server(code: Path | None, repo: Path) -> Iterator[Served]:
-    """sluice from the checkout at `code` (None: this one; run there, so that `-m server`
-    imports its packages first) serving `repo`, pinned to core 0."""
-    port, grpc_port = free_port(), free_port()
-    command = pinned(SERVER_CORE, *sluice_command(repo, port, grpc_port, "--workers", "1"))
-    ready = http_ready(f"http://127.0.0.1:{port}/v2/health/ready")
-    with running(command, ready, f"sluice from {code or 'here'}", cwd=code) as process:
-        yield Served(f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}", process.pid)
 
 
 def measure(served: Served, case: str, seconds: float) -> dict[str, Any]:
@@ -118,7 +95,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         repo = write_repository(Path(tmp))
         codes = dict(zip(KINDS, (args.base.resolve(), None), strict=True))
-        servers = {kind: stack.enter_context(server(code, repo)) for kind, code in codes.items()}
+        servers = {
+            kind: stack.enter_context(
+                serving("sluice", repo, SERVER_CORE, "--workers", "1", cwd=code)
+            )
+            for kind, code in codes.items()
+        }
         for served in servers.values():  # warm each: first batches, the inline-run choice
             measure(served, cases[0], 1)
         for round_ in range(args.rounds):

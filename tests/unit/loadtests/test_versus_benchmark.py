@@ -1,5 +1,6 @@
-"""The two-checkout benchmark (loadtests/benchmarks/versus.py): a real server started from
-another checkout runs that checkout's code, and the table's ratios are taken round by round."""
+"""The two-checkout benchmark (loadtests/benchmarks/versus.py): a real server started (by the
+harness's `serving`, as the benchmark starts it) in another checkout runs that checkout's code,
+and the table's ratios are taken round by round."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 import httpx
 
 import loadtests.benchmarks.versus as versus
+from loadtests.benchmarks.batching import SERVER_CORE
+from loadtests.benchmarks.harness import serving
 from loadtests.benchmarks.models import write_repository
 
 
@@ -21,7 +24,8 @@ def test_the_base_server_runs_the_code_of_its_own_checkout(tmp_path: Path) -> No
         marker = "0.0-versus-test"
         app = base / "server" / "app.py"
         app.write_text(app.read_text().replace('version="0.1.0"', f'version="{marker}"'))
-        with versus.server(base, write_repository(tmp_path / "repo")) as served:
+        repo = write_repository(tmp_path / "repo")
+        with serving("sluice", repo, SERVER_CORE, "--workers", "1", cwd=base) as served:
             seen = httpx.get(f"{served.url}/openapi.json", timeout=10).json()["info"]["version"]
         assert seen == marker
     finally:
