@@ -337,7 +337,7 @@ def markdown(data: dict[str, Any]) -> str:
         "## `sluice tune`: tuned vs default, req/s at the p99 SLO",
         "",
         "Both measured in the tune's final round (same run, same conditions); `all` lists every "
-        "measurement of each (search and final).",
+        "measurement of each (search, final and the tune's paired rounds).",
         "",
         "| model | server cores | SLO p99 | default req/s (p99 ms) | tuned req/s (p99 ms) | "
         "tuned / default | trials / grid | winner | all default | all tuned |",

@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from loadtests.plots import DPI
 from loadtests.render import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from loadtests.tune.results import TuneRun
-from loadtests.tune.search import FINALISTS, MIN_GAIN, Trial
+from loadtests.tune.search import CONFIRM_ROUNDS, FINALISTS, MIN_GAIN, Trial
 
 CURVES = "candidates.png"
 FRONT = "front.png"
@@ -157,10 +157,12 @@ def _strategy(run: TuneRun) -> str:
         "falls along each of these axes, so a climb finds an axis's best in two to four "
         "trials, and the axes interact weakly except instances x threads, which are searched "
         "in that order within the cores. The original and the best "
-        f"{FINALISTS} are then measured again in the same run and the winner is the one whose "
+        f"{FINALISTS} are then measured again in the same run and the pick is the one whose "
         "worse measurement is best, if that beats every measurement of the original (else the "
-        "original stays), so one lucky trial cannot win and the winner is never below the "
-        "original."
+        f"original stays), so one lucky trial cannot win. The pick then faces the original in "
+        f"{CONFIRM_ROUNDS} paired rounds (measured back to back, the order swapped each round) "
+        "and replaces it only if it wins every round: the machine's speed drifts over minutes, "
+        "and only side-by-side runs cancel the drift, so the winner is never below the original."
     )
 
 

@@ -5,9 +5,12 @@ batch size, delay, preferred sizes, instances, threads) is walked from the curre
 towards the better neighbour for as long as the throughput at the SLO keeps rising by more than
 `MIN_GAIN`; values that are not on the order (delay `auto`, the preferred-size shapes) are tried
 once each. The best few candidates are then measured again beside the original, in the same
-conditions, and the winner is the one whose worse measurement is best, if that beats every
+conditions, and the pick is the one whose worse measurement is best, if that beats every
 measurement of the original (else the original stays): a lucky trial cannot win alone, and a
-candidate wins only by more than the original's own spread, so the winner is never below it.
+candidate wins only by more than the original's own spread. The pick then faces the original in
+CONFIRM_ROUNDS paired rounds (the two measured back to back, the order swapped each round) and
+replaces it only if it wins every round: a machine's speed drifts over minutes, and only
+measurements taken side by side cancel the drift, so the winner is never below the original.
 
 Throughput at a p99 SLO rises and then falls along each of these axes (bigger batches amortise
 the per-batch cost until their latency busts the SLO; more instances or threads help until the
@@ -30,6 +33,8 @@ MIN_GAIN = 0.03
 """A neighbour must beat the current best by this fraction to move the climb (noise guard)."""
 FINALISTS = 3
 """Candidates besides the original measured again at the end."""
+CONFIRM_ROUNDS = 2
+"""Paired rounds, the pick against the original, that the pick must each win to replace it."""
 
 
 @dataclass(slots=True)
@@ -49,7 +54,7 @@ class Trial:
 
     index: int
     phase: str
-    """"search" or "final" (the re-measurement)."""
+    """"search", "final" (the re-measurement) or "confirm1", "confirm2"... (the paired rounds)."""
     candidate: Candidate
     config: dict[str, Any]
     ok_rps: float
@@ -148,13 +153,15 @@ class Search:
 
     def planned(self) -> int:
         """An upper bound on the trials: the original, every other value of every axis once,
-        and the final re-measurements."""
+        the final re-measurements and the paired rounds."""
         axes = self.space.axes(self.space.baseline)
-        return 1 + sum(len(values) - 1 for _, values, _ in axes) + FINALISTS + 1
+        finals = FINALISTS + 1 + 2 * CONFIRM_ROUNDS
+        return 1 + sum(len(values) - 1 for _, values, _ in axes) + finals
 
     def run(self) -> Trial | None:
-        """Search, re-measure the finalists, and return the winner (None when no candidate met
-        the SLO). Stops early, keeping what it measured, when the budget is spent."""
+        """Search, re-measure the finalists, confirm the pick, and return the winner (None when
+        no candidate met the SLO). Stops early, keeping what it measured, when the budget is
+        spent (a pick not yet confirmed then loses to the original)."""
         try:
             best = self._trial(self.space.baseline, "search")
             for name, values, ordered in self.space.axes(best.candidate):
@@ -209,9 +216,39 @@ class Search:
         finalists = [t.candidate for t in ranked if t.candidate.key != baseline][:FINALISTS]
         for candidate in [self.space.baseline, *finalists]:
             self._trial(candidate, "final")
+        pick = self._pick()
+        if pick is not None and pick.candidate.key != baseline:
+            for round_ in range(1, CONFIRM_ROUNDS + 1):
+                pair = [self.space.baseline, pick.candidate]
+                for candidate in pair if round_ % 2 else pair[::-1]:
+                    self._trial(candidate, f"confirm{round_}")
         return self._winner()
 
     def _winner(self) -> Trial | None:
+        """The pick (`_pick`) once it has won every paired round against the original; else the
+        original. (A pick that won because the original missed the SLO stands unconfirmed.)"""
+        pick = self._pick()
+        original = self.space.baseline.key
+        finals = {t.candidate.key: t for t in self.trials if t.phase == "final"}
+        if pick is None or pick.candidate.key == original or original not in finals:
+            return pick
+        if self.worst_ok_rps(original) > 0 and not self.confirmed(pick.candidate.key):
+            return finals[original]
+        return pick
+
+    def confirmed(self, key: str) -> bool:
+        """Whether candidate `key` beat the original in each of the CONFIRM_ROUNDS paired
+        rounds (a round not measured, for want of budget, is not won)."""
+        original = self.space.baseline.key
+        for round_ in range(1, CONFIRM_ROUNDS + 1):
+            runs = {t.candidate.key: t for t in self.trials if t.phase == f"confirm{round_}"}
+            if key not in runs or original not in runs:
+                return False
+            if not runs[key].passed or runs[key].ok_rps <= runs[original].ok_rps:
+                return False
+        return True
+
+    def _pick(self) -> Trial | None:
         """Of the candidates measured in the final, the one whose worse measurement is best,
         provided it beats every measurement of the original; else the original (or, when the
         budget ended the search first, the best search trial). Two measurements of one config
@@ -226,7 +263,7 @@ class Search:
         if not passed:
             return None
         original = self.space.baseline.key
-        bar = max((t.ok_rps for t in self.trials if t.candidate.key == original), default=0.0)
+        bar = max((t.ok_rps for t in self._runs(original)), default=0.0)
         beating = [key for key in passed if key != original and worst[key] > bar]
         if beating:
             return finals[max(beating, key=worst.__getitem__)]
@@ -235,11 +272,16 @@ class Search:
         return finals[max(passed, key=worst.__getitem__)]  # the original missed the SLO once
 
     def worst_ok_rps(self, key: str) -> float:
-        """A candidate's lowest throughput at the SLO over its measurements (0 if one missed)."""
-        runs = [t for t in self.trials if t.candidate.key == key]
+        """A candidate's lowest throughput at the SLO over its search and final measurements (0
+        if one missed)."""
+        runs = self._runs(key)
         if not runs or not all(t.passed for t in runs):
             return 0.0
         return min(t.ok_rps for t in runs)
+
+    def _runs(self, key: str) -> list[Trial]:
+        """A candidate's search and final measurements (the paired rounds are judged apart)."""
+        return [t for t in self.trials if t.candidate.key == key and t.phase in ("search", "final")]
 
     def best(self) -> Trial | None:
         return max((t for t in self.trials if t.passed), key=_score, default=None)

@@ -1,6 +1,6 @@
 """The tune search against a synthetic machine: it finds the best candidate in far fewer trials
-than the grid, re-measures finalists beside the original, keeps to its budget, and a resumed
-search measures nothing it measured before."""
+than the grid, re-measures finalists beside the original, confirms its pick in paired rounds,
+keeps to its budget, and a resumed search measures nothing it measured before."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from loadtests.tune.search import FINALISTS, Search, StepPoint, Trial
+from loadtests.tune.search import CONFIRM_ROUNDS, FINALISTS, Search, StepPoint, Trial
 from loadtests.tune.space import AUTO, Candidate, Space, build_space, effective
 
 ORIGINAL = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_s": 0.002}}
@@ -113,6 +113,48 @@ def test_a_candidate_beating_every_run_of_the_original_wins() -> None:
     _, winner = final_round(0.9)
     assert winner is not None
     assert winner.candidate == BEST
+
+
+def test_the_pick_faces_the_original_in_paired_rounds_the_order_swapped() -> None:
+    machine = Machine()
+    Search(space(), machine, budget_s=10_000, clock=machine.clock).run()
+    base = space().baseline.key
+    rounds = [(p, k) for p, k in machine.measured if p.startswith("confirm")]
+    expected = [
+        ("confirm1", base),
+        ("confirm1", BEST.key),
+        ("confirm2", BEST.key),
+        ("confirm2", base),
+    ]
+    assert CONFIRM_ROUNDS == 2
+    assert rounds == expected
+
+
+def test_a_pick_that_loses_one_paired_round_does_not_win() -> None:
+    # The best candidate beats every search and final run of the original, then comes in below
+    # it in the second paired round (the host slowed while it ran): the original stays.
+    base = space().baseline
+    margin = synthetic_rps(BEST) / synthetic_rps(base)
+    machine = Machine(noise={f"confirm2:{BEST.key}": 0.9 / margin})
+    search = Search(space(), machine, budget_s=10_000, clock=machine.clock)
+    winner = search.run()
+    assert winner is not None
+    assert winner.candidate == base
+    assert search.confirmed(BEST.key) is False
+
+
+def test_a_budget_that_ends_in_the_paired_rounds_keeps_the_original() -> None:
+    full = Machine()
+    Search(space(), full, budget_s=10_000, clock=full.clock).run()
+    before_rounds = len(full.measured) - 2 * CONFIRM_ROUNDS
+    machine = Machine()  # room for the finals and one trial of the first round
+    budget = (before_rounds + 1) * machine.trial_s + 5
+    search = Search(space(), machine, budget_s=budget, clock=machine.clock)
+    winner = search.run()
+    assert search.budget_exhausted is True
+    assert machine.measured[-1][0] == "confirm1"
+    assert winner is not None
+    assert winner.candidate == space().baseline
 
 
 def test_the_budget_stops_before_a_trial_that_would_not_fit() -> None:
