@@ -15,7 +15,10 @@ uvicorn's httptools protocol with these additions:
   drains, with `Connection: close`) and is closed only while no request is on it.
 - One write per answer: a response's head and body leave in one writev (_CycleTransport).
 - The client leaving: a request learns it from the connection's loss, through the WHEN_GONE
-  scope extension, without a task per request reading `receive()` for `http.disconnect`.
+  scope extension, without a task per request reading `receive()` for `http.disconnect`. Reading
+  goes on once a request's body is in, so the loss is seen whatever the body's size (uvicorn
+  stops reading while over 64 KiB of body wait for the app, until its next `receive()`, which an
+  app holding its whole body never makes).
 - Lingering close. An answer sent before the request's body has all arrived (503 at the door
   while draining, an early error) is followed by reading and dropping the rest of the body before
   the connection closes: closing a socket with unread data makes the kernel reset the
@@ -125,6 +128,8 @@ class HttpProtocol(HttpToolsProtocol):
         self._cancel_read()
         if self._close_after_body:
             self.transport.close()
+        elif not self.pipeline:  # the body is in: read on, to see the client leave (above)
+            self.flow.resume_reading()
 
     def close_after_body(self) -> None:
         """Close now, or, while the request's body is still arriving, once it is read (bounded

@@ -92,9 +92,11 @@ class _Recording:
         self._transport.writelines(chunks)
 
 
-async def _serve_one(app: ASGIApp) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
+async def _serve_one(
+    app: ASGIApp, request: bytes = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n"
+) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
     """`app` behind server.connection.HttpProtocol on one end of a real socket pair; the other
-    end as a client's stream, with a request already written on it."""
+    end as a client's stream, with `request` (or its beginning) already written on it."""
     kept: list[_Recording] = []
 
     class Protocol(HttpProtocol):
@@ -111,7 +113,7 @@ async def _serve_one(app: ASGIApp) -> tuple[_Recording, asyncio.StreamReader, as
         ours,
     )
     reader, writer = await asyncio.open_connection(sock=theirs)
-    writer.write(b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n")
+    writer.write(request)
     return kept[0], reader, writer
 
 
@@ -178,5 +180,29 @@ async def test_a_client_gone_before_the_app_asks_is_reported_at_once() -> None:
             told.set()
 
     _, _, writer = await _serve_one(app)
+    writer.close()
+    await asyncio.wait_for(told.wait(), 5)
+
+
+async def test_a_client_that_leaves_after_a_large_body_is_reported_to_the_app() -> None:
+    # 100 kB of body arrive in one read while the app waits in receive(): uvicorn stops reading
+    # (over 64 KiB wait for the app), and the app, which then has its whole body, calls
+    # receive() no more. The connection must still be read, or its loss is never seen.
+    body = b"x" * 100_000
+    waiting, told = asyncio.Event(), asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        waiting.set()
+        message = await receive()
+        assert len(message["body"]) == len(body)  # in one read
+        assert not message["more_body"]
+        scope["extensions"][WHEN_GONE](told.set)
+        await asyncio.wait_for(told.wait(), 5)
+
+    head = b"POST / HTTP/1.1\r\nhost: sluice\r\ncontent-length: %d\r\n\r\n" % len(body)
+    _, _, writer = await _serve_one(app, head)
+    await asyncio.wait_for(waiting.wait(), 5)
+    writer.write(body)  # one send: the socket pair's buffer takes it whole
+    await writer.drain()
     writer.close()
     await asyncio.wait_for(told.wait(), 5)
