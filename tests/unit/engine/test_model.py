@@ -177,14 +177,15 @@ async def test_a_cheap_run_stays_on_the_loop_when_its_process_is_descheduled(
 async def test_a_run_of_a_few_hundred_microseconds_stays_on_the_loop(tmp_path: Path) -> None:
     """The benchmark MLP's batches of 25-64 rows cost about 200 µs of CPU in a loaded engine
     process, right at the old 200 µs bound: 94 of 849 batches went to the pool and back, each
-    hand-off dearer than the run. Runs under a millisecond stay inline."""
+    hand-off dearer than the run. Runs under a millisecond stay inline, once the moving average
+    has forgotten the cold first run (over a millisecond on a loaded machine: the full suite's)."""
 
     def costly() -> None:
         until = time.thread_time() + 0.0003  # 300 µs of this thread's CPU, however loaded
         while time.thread_time() < until:
             pass
 
-    assert (await runs_on_the_loop(tmp_path, costly, 20))[1:] == [True] * 19
+    assert (await runs_on_the_loop(tmp_path, costly, 100))[-50:] == [True] * 50
 
 
 async def test_load_model_refuses_batching_on_a_fixed_shape_model(tmp_path: Path) -> None:
