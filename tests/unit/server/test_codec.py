@@ -16,7 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
 from engine.types import InferResponse
-from server import binary
+from server import binary, codec
 from server.codec import (
     decode_data,
     decode_request,
@@ -686,3 +686,28 @@ def test_text_among_numbers_costs_no_memory_beyond_the_data() -> None:
         tracemalloc.stop()
     assert message.startswith("input 'x': data holds text; datatype FP32 needs numbers")
     assert peak_bytes < 10_000_000
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data"),
+    [
+        ("FP32", [0.5, -1.25, 3, 7.5]),
+        ("FP64", [1e300, -(2**60), 0.0]),
+        ("INT64", [-(2**63), 0, 2**63 - 1]),
+        ("UINT64", [2**64 - 1, 0, 1]),
+        ("FP32", [0.5, "x", 1.0]),
+        ("FP32", [0.5, None, 1.0]),
+        ("INT32", [1, 2.5, 3]),
+        ("INT64", [1, 2**63, 3]),
+        ("UINT64", [1, -1, 3]),
+        ("FP32", [1.0, True, 0.0]),
+    ],
+)
+@pytest.mark.parametrize("struct_values", [1 << 16, 2])
+def test_both_readers_of_the_values_agree_with_the_walk(
+    datatype: str, data: list[Any], struct_values: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # struct reads up to STRUCT_VALUES values, array.array the longer lists: both refuse what
+    # the walk refuses, and the walk names the problem.
+    monkeypatch.setattr(codec, "STRUCT_VALUES", struct_values)
+    assert_agree(datatype, [len(data)], data)
