@@ -14,13 +14,7 @@ from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -41,51 +35,33 @@ class Metrics:
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self.requests = Counter(
-            "sluice_requests",
-            "Inference requests answered, by model, version, protocol and status code.",
-            ["model", "version", "protocol", "status"],
-            registry=self.registry,
-        )
-        self.latency = Histogram(
-            "sluice_request_duration_seconds",
-            "End-to-end inference latency inside the server (decode to encode).",
-            ["model", "protocol"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
-        )
-        self.encode = Histogram(
-            "sluice_encode_duration_seconds",
-            "Time to encode a response body.",
-            ["protocol"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=self.registry,
-        )
+        self.registry.register(_FrontEndCollector(self))
         self.registry.register(_EngineCollector(snapshot))
         self.registry.register(GpuMetrics())  # exports nothing without NVML
         self.registry.register(GenerationCollector(snapshot))  # generative models only
-        # Label children by key: a dict lookup is far cheaper than `labels()` on the hot path.
-        self._counted: dict[tuple[str, str, str, int], Any] = {}
-        self._timed: dict[tuple[str, str], Any] = {}
-        self._encoded: dict[str, Any] = {}
+        # Plain counts and histograms, exported at scrape time: prometheus_client's own take a
+        # lock and several calls per update (~1.7 µs a request against ~0.3).
+        self.counted: dict[tuple[str, str, str, int], int] = {}
+        """Requests answered by (model, version, protocol, status)."""
+        self.timed: dict[tuple[str, str], StatsHistogram] = {}
+        """Request latency by (model, protocol)."""
+        self.encoded_timed: dict[str, StatsHistogram] = {}
+        """Response encoding time by protocol."""
 
     def request(self, model: str, version: str, protocol: str, status: int, seconds: float) -> None:
         """Count one answered inference request and observe its latency."""
         key = (model, version, protocol, status)
-        counter = self._counted.get(key)
-        if counter is None:
-            counter = self._counted[key] = self.requests.labels(model, version, protocol, status)
-        counter.inc()
-        histogram = self._timed.get((model, protocol))
+        self.counted[key] = self.counted.get(key, 0) + 1
+        histogram = self.timed.get((model, protocol))
         if histogram is None:
-            histogram = self._timed[(model, protocol)] = self.latency.labels(model, protocol)
+            histogram = self.timed[(model, protocol)] = StatsHistogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
 
     def encoded(self, protocol: str, seconds: float) -> None:
         """Observe the time one response took to encode."""
-        histogram = self._encoded.get(protocol)
+        histogram = self.encoded_timed.get(protocol)
         if histogram is None:
-            histogram = self._encoded[protocol] = self.encode.labels(protocol)
+            histogram = self.encoded_timed[protocol] = StatsHistogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
 
     def exposition(self) -> bytes:
@@ -112,6 +88,39 @@ class Metrics:
 
 def _histogram(family: HistogramMetricFamily, labels: list[str], histogram: StatsHistogram) -> None:
     family.add_metric(labels, histogram.cumulative(), histogram.total)
+
+
+class _FrontEndCollector:
+    """The front-ends' request counts and latencies (Metrics.request, Metrics.encoded)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        metrics = self._metrics
+        requests = CounterMetricFamily(
+            "sluice_requests",
+            "Inference requests answered, by model, version, protocol and status code.",
+            labels=["model", "version", "protocol", "status"],
+        )
+        for (model, version, protocol, status), count in list(metrics.counted.items()):
+            requests.add_metric([model, version, protocol, str(status)], count)
+        latency = HistogramMetricFamily(
+            "sluice_request_duration_seconds",
+            "End-to-end inference latency inside the server (decode to encode).",
+            labels=["model", "protocol"],
+        )
+        for (model, protocol), histogram in list(metrics.timed.items()):
+            _histogram(latency, [model, protocol], histogram)
+        encode = HistogramMetricFamily(
+            "sluice_encode_duration_seconds", "Time to encode a response body.", labels=["protocol"]
+        )
+        for protocol, histogram in list(metrics.encoded_timed.items()):
+            _histogram(encode, [protocol], histogram)
+        yield from (requests, latency, encode)
 
 
 class _EngineCollector:
