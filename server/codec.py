@@ -119,8 +119,8 @@ def vectorized_data(datatype: str, shape: list[int], data: list[Any]) -> np.ndar
     Nested lists are checked and flattened a level at a time. The values are read into C 64-bit
     numbers by `struct` (`_packed`), which refuses text, null, objects and lists (and fractions,
     for an integer datatype) and numbers that do not fit. It takes bools as 1 and 0, so only the
-    values read as 0 or 1 are looked at again. Ranges and the overflow of a
-    cast to a narrower float are checked on the numpy array. BOOL data is left to the walk."""
+    values read as 0 or 1 are looked at again. Ranges and the overflow of a cast to a narrower
+    float are checked on the numpy array. BOOL data is left to the walk."""
     target = datatypes.NUMPY_DTYPES.get(datatype)
     if target is None or target.kind not in "iuf":
         return None
