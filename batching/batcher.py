@@ -47,10 +47,12 @@ PROBE_AFTER_S = 1.0
 """With no batch run for this long, the next one runs unshed: shedding on a fit that only runs
 could correct (one slow batch, a noisy neighbour) would otherwise shed everything forever."""
 GROW_EVERY = 256
-"""Every this many batches an idle model sends, one waits for one caller more than the last
-brought: how it notices that callers come together (see `_gather`)."""
+"""At most this many batches an idle model sends apart, one waits for one caller more than the
+last brought: how it notices that callers come together (see `_gather`). After such a probe
+that found its caller the next batch probes again; after one that did not, twice as many
+batches later, up to this."""
 GROW_WAIT_S = 0.001
-"""How long past its head's arrival such a batch waits for that extra caller, at most."""
+"""How long past the newest caller's arrival a probe waits for one more, at most."""
 AUTO_GATHER_S = 0.002
 """With delay "auto", how long past its head's arrival an idle batch waits for company at most:
 its window runs to the head's deadline, and callers who come together are a few loop turns
@@ -134,7 +136,9 @@ class Batcher:
         """Requests answered DeadlinePassed unrun because their batch could not meet it."""
         self._last_ran = time.monotonic()  # when a batch last finished (or the batcher started)
         self._company = 1  # callers an idle batch waits for: how many the last one gathered
-        self._idle_sends = 0
+        self._probe_every = 1  # idle batches from one probe for company to the next (_gather)
+        self._until_probe = 1
+        self._last_put = 0.0  # when the newest request was queued
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -166,6 +170,7 @@ class Batcher:
         group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
         item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future(), deadline)
         self.queue.put(item)
+        self._last_put = now
         self._wakeup.set()
         try:
             if deadline is None:
@@ -354,21 +359,32 @@ class Batcher:
         one call per wake of its poller), so a model idle between them would run every request
         alone, each paying the whole batch path. So the batch waits, up to its window, until as
         many callers are queued as the last idle batch gathered; the window ending first lowers
-        that to the callers who came. Every GROW_EVERY-th idle batch waits up to GROW_WAIT_S
-        for one caller more: that is how company is noticed, and all a lone caller ever waits."""
-        self._idle_sends += 1
-        want = self._company + (self._idle_sends % GROW_EVERY == 0)
+        that to the callers who came. Now and then a batch (a probe) then waits for one caller
+        more, while callers keep coming no more than GROW_WAIT_S apart: that is how company is
+        noticed and grows, and all a lone caller ever waits. A probe that finds its caller is
+        followed by another at the next batch, so company climbs a caller a batch while callers
+        keep coming; one that does not doubles the batches to the next, up to GROW_EVERY, so a
+        model whose callers are all in its batch seldom waits for one that cannot come."""
+        self._until_probe -= 1
+        probing = self._until_probe <= 0
+        want = self._company + probing
         if want <= 1:
             return
         policy = self.policy
         if policy.auto:
             window_end = min(window_end, head.enqueued + AUTO_GATHER_S)
-        end = window_end if want <= self._company else min(window_end, head.enqueued + GROW_WAIT_S)
         while head.state == QUEUED and not self._flushing and self._gate.is_set():
             callers = self.queue.requests
             full = self.queue.group_rows(head.group) >= policy.max_batch_size
+            end = window_end
+            if probing and callers >= self._company:
+                end = min(end, self._last_put + GROW_WAIT_S)
             remaining = end - time.monotonic()
             if callers >= want or full or remaining <= 0:
+                if probing:
+                    found = callers >= want or full
+                    self._probe_every = 1 if found else min(2 * self._probe_every, GROW_EVERY)
+                    self._until_probe = self._probe_every
                 self._company = callers
                 return
             self._wakeup.clear()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import tempfile
 from contextlib import ExitStack
@@ -28,6 +29,7 @@ from loadtests.benchmarks.json_cost import json_body
 from loadtests.benchmarks.models import write_repository
 
 KINDS = ("base", "this")
+PERCENTILES = ("p50_us", "p99_us")
 
 
 def measure(served: Served, case: str, seconds: float) -> dict[str, Any]:
@@ -44,8 +46,8 @@ def measure(served: Served, case: str, seconds: float) -> dict[str, Any]:
     else:
         raise SystemExit(f"case {case}: protocol must be json or grpc")
     cpu_us = (cpu_s(served.pid) - used) / max(answered, 1) * 1e6
-    return {"throughput": result["throughput"], "cpu_us": cpu_us,
-            "errors": result["requests"] - answered}  # fmt: skip
+    return {"throughput": result["throughput"], "cpu_us": cpu_us, "p50_us": result["p50_us"],
+            "p99_us": result["p99_us"], "errors": result["requests"] - answered}  # fmt: skip
 
 
 def table(report: dict[str, Any]) -> str:
@@ -56,8 +58,12 @@ def table(report: dict[str, Any]) -> str:
         ratios = [
             b["cpu_us"] / t["cpu_us"] for b, t in zip(mine["base"], mine["this"], strict=True)
         ]
+        latency = [
+            " / ".join(f"{statistics.median(r[p] for r in mine[k]):,.0f}" for p in PERCENTILES)
+            for k in KINDS
+        ]
         cells.append([case, *(spread([r["cpu_us"] for r in mine[k]], "{:.1f}") for k in KINDS),
-                      spread(ratios, "{:.2f}"), " ".join(f"{x:.2f}" for x in ratios),
+                      spread(ratios, "{:.2f}"), " ".join(f"{x:.2f}" for x in ratios), *latency,
                       sum(r["errors"] for r in rows if r["case"] == case)])  # fmt: skip
     lines = [
         "# This checkout against another",
@@ -67,10 +73,12 @@ def table(report: dict[str, Any]) -> str:
         f"; base: {report['base_commit']}, this: {report['this_commit']}; servers on core "
         f"{SERVER_CORE}, load on the other core; {report['machine']}. Server CPU µs per answered "
         "request, median of the rounds with the range in brackets; base / this is taken within "
-        "each round (above 1: this checkout costs less).",
+        "each round (above 1: this checkout costs less). p50 / p99: the load generator's "
+        "latency percentiles, µs, median of the rounds.",
         "",
     ]
-    columns = ["case", "base µs", "this µs", "base / this", "each round", "errors"]
+    columns = ["case", "base µs", "this µs", "base / this", "each round", "base p50 / p99",
+               "this p50 / p99", "errors"]  # fmt: skip
     return "\n".join([*lines, *markdown_table(columns, cells)]) + "\n"
 
 

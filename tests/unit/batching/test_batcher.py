@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from batching.assembly import Padding
-from batching.batcher import Batcher, BatchPolicy, BatchTimings
+from batching.batcher import GROW_WAIT_S, Batcher, BatchPolicy, BatchTimings
 from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed, QueueFull
 
 Tensors = dict[str, np.ndarray]
@@ -116,10 +116,13 @@ async def test_idle_model_dispatches_at_once_and_busy_model_batches(recorder: Re
     await batcher.close()
 
 
-async def hand_over(batcher: Batcher, callers: int, calls: int) -> list[float]:
+async def hand_over(
+    batcher: Batcher, callers: int, calls: int, pace_s: float = 0.0
+) -> list[float]:
     """A front-end that hands requests over one at a time, a few loop turns apart, as grpc.aio
-    accepts one call per wake of its poller; each caller's next request only after its answer.
-    Returns each call's wait for its answer, in seconds."""
+    accepts one call per wake of its poller, and `pace_s` of the loop's time apart (what reading
+    each call costs it); each caller's next request only after its answer. Returns each call's
+    wait for its answer, in seconds."""
     free: asyncio.Queue[int] = asyncio.Queue()
     for caller in range(callers):
         free.put_nowait(caller)
@@ -135,6 +138,7 @@ async def hand_over(batcher: Batcher, callers: int, calls: int) -> list[float]:
         for _ in range(calls):
             tag = await free.get()
             await settle()  # the model runs what it was sent before the next call is read
+            time.sleep(pace_s)  # the loop busy reading the call (the arrivals' pace)
             group.create_task(call(tag))
     return waits
 
@@ -147,6 +151,32 @@ async def test_callers_handed_over_one_at_a_time_share_batches(recorder: Recorde
     await hand_over(batcher, callers=16, calls=2000)
     late = recorder.batches[-50:]
     assert sum(map(len, late)) / len(late) >= 2, [len(b) for b in late]
+    await batcher.close()
+
+
+async def test_company_grows_to_every_caller_when_they_come_apart(recorder: Recorder) -> None:
+    """A probe for one caller more waited GROW_WAIT_S past the head's arrival, so company could
+    only grow to the callers who came within 1 ms of the first: over gRPC (calls ~250 µs apart)
+    batches settled near 5 requests of the 16 waiting. It waits past the newest caller's
+    arrival instead, and probes again after each that found its caller: with 16 callers handed
+    over 0.45 ms apart (2 or 3 a millisecond), batches grow to hold most of them."""
+    batcher = make(recorder, max_batch_size=16, max_queue_delay_s=0.05)
+    await hand_over(batcher, callers=16, calls=600, pace_s=0.00045)
+    late = recorder.batches[-10:]
+    assert sum(map(len, late)) / len(late) >= 8, [len(b) for b in recorder.batches]
+    await batcher.close()
+
+
+async def test_callers_all_in_the_batch_are_seldom_held_for_one_more(recorder: Recorder) -> None:
+    """Two callers, each waiting for its answer before its next call: every batch gathers both,
+    and a probe for a third waits GROW_WAIT_S for a caller who cannot come. A probe that finds
+    nobody doubles the batches to the next (up to GROW_EVERY), so few calls are held."""
+    batcher = make(recorder, max_batch_size=16, max_queue_delay_s=5.0)
+    waits = await hand_over(batcher, callers=2, calls=1200)
+    held = [wait for wait in waits if wait >= GROW_WAIT_S]
+    # Probes at batches 1, 3, 7, ..., 511 and then every 256th: about 11 in ~600 batches, each
+    # holding both callers; probing every batch would hold nearly all 1,200.
+    assert len(held) <= 40, len(held)
     await batcher.close()
 
 

@@ -40,10 +40,13 @@ def test_the_table_takes_each_ratio_within_a_round() -> None:
         {"round": 1, "case": "mlp:json:16", "server": "this", "cpu_us": 400.0, "errors": 1},
         {"round": 1, "case": "mlp:json:16", "server": "base", "cpu_us": 400.0, "errors": 0},
     ]
+    for row, p50, p99 in zip(rows, (900, 500, 700, 1100), (3000, 2000, 4000, 5000), strict=True):
+        row |= {"p50_us": p50, "p99_us": p99}
     report = {"rows": rows, "cases": ["mlp:json:16"], "rounds": 2, "seconds": 3.0, "base": "/b",
               "base_commit": "abc", "this_commit": "def", "machine": {}}  # fmt: skip
     line = versus.table(report).splitlines()[-1]
     # Medians of 200/400 and 100/400 would give 1.20; within rounds: 2.00 and 1.00, median 1.50.
     cells = [cell.strip() for cell in line.strip("|").split("|")]
     assert cells == ["mlp:json:16", "300.0 (200.0-400.0)", "250.0 (100.0-400.0)",
-                     "1.50 (1.00-2.00)", "2.00 1.00", "1"]  # fmt: skip
+                     "1.50 (1.00-2.00)", "2.00 1.00", "1,000 / 4,000", "600 / 3,000",
+                     "1"]  # fmt: skip
