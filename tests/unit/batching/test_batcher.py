@@ -116,9 +116,7 @@ async def test_idle_model_dispatches_at_once_and_busy_model_batches(recorder: Re
     await batcher.close()
 
 
-async def hand_over(
-    batcher: Batcher, callers: int, calls: int, pace_s: float = 0.0
-) -> list[float]:
+async def hand_over(batcher: Batcher, callers: int, calls: int, pace_s: float = 0.0) -> list[float]:
     """A front-end that hands requests over one at a time, a few loop turns apart, as grpc.aio
     accepts one call per wake of its poller, and `pace_s` of the loop's time apart (what reading
     each call costs it); each caller's next request only after its answer. Returns each call's
@@ -138,7 +136,7 @@ async def hand_over(
         for _ in range(calls):
             tag = await free.get()
             await settle()  # the model runs what it was sent before the next call is read
-            time.sleep(pace_s)  # the loop busy reading the call (the arrivals' pace)
+            time.sleep(pace_s)  # noqa: ASYNC251 - the loop busy reading the call: the pace
             group.create_task(call(tag))
     return waits
 
