@@ -16,13 +16,15 @@ from engine import datatypes
 from engine.errors import InvalidInput
 from engine.types import InferRequest
 from engine.validate import InputCheck, check_parameters, scheduling
-from server.json_header import RawData
+from server.json_header import NumberKind, RawData
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
 _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}
 _KIND_NAMES = {str: "text", bool: "a boolean", float: "a fraction", int: "an integer",
                dict: "an object", type(None): "null"}  # fmt: skip
 _NEEDS = {"b": "booleans", "u": "integers", "i": "integers", "f": "numbers"}
+_KIND_DTYPES = {"d": np.dtype(np.float64), "i": np.dtype(np.int64), "u": np.dtype(np.uint64)}
+"""The numpy dtype of each kind of C number RawData.numbers reads."""
 _FLOAT_MAX = {size: float(np.finfo(f"f{size}").max) for size in (2, 4, 8)}
 """The largest finite value of each float width, by its size in bytes."""
 
@@ -108,9 +110,26 @@ def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.nda
     (`vectorized_data`); data those checks cannot vouch for is handed to `walk_data`, which
     names the problem."""
     if isinstance(data, RawData):
+        decoded = raw_numbers(datatype, shape, data)
+        if decoded is not None:
+            return decoded
         data = data.parse()
     decoded = vectorized_data(datatype, shape, data) if isinstance(data, list) else None
     return walk_data(name, datatype, shape, data) if decoded is None else decoded
+
+
+def raw_numbers(datatype: str, shape: list[int], data: RawData) -> np.ndarray | None:
+    """Numeric `data` still in the body's text as `walk_data` decodes it, read straight into C
+    numbers (RawData.numbers: a flat array only), or None when only the parsed values can say."""
+    target = datatypes.NUMPY_DTYPES.get(datatype)
+    if target is None or target.kind not in "iuf":
+        return None
+    kind: NumberKind = "d" if target.kind == "f" else "u" if target == np.uint64 else "i"
+    buffer = data.numbers(kind)
+    if buffer is None:
+        return None
+    values = np.frombuffer(buffer, dtype=_KIND_DTYPES[kind])
+    return _narrowed(values, target, shape) if values.size == math.prod(shape) else None
 
 
 def vectorized_data(datatype: str, shape: list[int], data: list[Any]) -> np.ndarray | None:
@@ -134,6 +153,11 @@ def vectorized_data(datatype: str, shape: list[int], data: list[Any]) -> np.ndar
         return None
     if _holds_bool(flat, values):
         return None
+    return _narrowed(values, target, shape)
+
+
+def _narrowed(values: np.ndarray, target: np.dtype[Any], shape: list[int]) -> np.ndarray | None:
+    """64-bit `values` cast to `target` in `shape`, or None when one does not fit it."""
     if target.kind in "iu":
         info = np.iinfo(target.str)
         if values.size and (values.min() < info.min or values.max() > info.max):

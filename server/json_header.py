@@ -15,16 +15,26 @@ from __future__ import annotations
 
 import re
 import secrets
+import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
+import simdjson
 
 from engine.errors import InvalidInput
 
-LAZY_BYTES = 256 * 1024
-"""Smaller bodies are parsed whole: their objects are small, and they are decoded on the event
-loop, where the scan's cost would count (binary.OFFLOAD_BYTES)."""
+LAZY_BYTES = 16 * 1024
+"""Smaller bodies are parsed whole: the scan's fixed cost (~30 µs) would outweigh what reading
+their numbers without Python objects (`RawData.numbers`) saves."""
+PARSER_KEEPS_BYTES = 1024 * 1024
+"""A thread keeps one simdjson parser for data up to this size (a new one costs its buffers'
+allocation on every call); larger data gets a parser of its own, so no thread keeps the
+buffers of the largest request it ever read."""
+_PARSERS = threading.local()
+
+NumberKind = Literal["d", "i", "u"]
+"""C numbers `RawData.numbers` reads: double, int64, uint64."""
 
 # One JSON token after optional whitespace: a string, a structural character, or a scalar.
 _TOKEN = re.compile(rb'[ \t\n\r]*+(?:("(?:[^"\\]++|\\.)*+")|([\[\]{}:,])|[^ \t\n\r"\[\]{}:,]++)')
@@ -58,6 +68,27 @@ class RawData:
                 f"(char {pos})"
             ) from None
 
+    def numbers(self, kind: NumberKind) -> Any | None:
+        """The value's numbers as a buffer of C numbers of `kind` ("d": double, "i": int64,
+        "u": uint64), read by simdjson without a Python object per value; None unless the
+        value is a flat array of JSON numbers that each fit `kind` (no nested array, bool,
+        null, string or object, no fraction for an integer kind, no integer past 64 bits, no
+        text that is not JSON): `parse` then tells what it holds. simdjson reads a number as
+        the nearest double, as orjson does, and an integer that a double holds inexactly as
+        its nearest double, as Python's float() does."""
+        if self.body.find(b"[", self.start + 1, self.end) >= 0:
+            return None  # nested (or a `[` in a string): as_buffer would flatten ragged lists
+        size = self.end - self.start
+        parser = getattr(_PARSERS, "parser", None) if size <= PARSER_KEEPS_BYTES else None
+        if parser is None:
+            parser = simdjson.Parser()
+            if size <= PARSER_KEEPS_BYTES:
+                _PARSERS.parser = parser
+        try:
+            return _flat_buffer(parser, self.body[self.start : self.end], kind)
+        except (ValueError, TypeError, RuntimeError):  # not JSON, not such numbers, too large
+            return None
+
 
 def loads(body: bytes | memoryview) -> Any:
     """`orjson.loads(body)`, except that in a body of LAZY_BYTES or more each `inputs[i].data`
@@ -85,6 +116,13 @@ def loads(body: bytes | memoryview) -> Any:
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return orjson.loads(body)  # the cut was wrong, or the body is: orjson says which
     return header
+
+
+def _flat_buffer(parser: simdjson.Parser, text: bytes, kind: NumberKind) -> Any | None:
+    """as_buffer of the array `text` holds; no proxy into the parser outlives this call (the
+    parser refuses to parse again while one does)."""
+    value = parser.parse(text)
+    return value.as_buffer(of_type=kind) if isinstance(value, simdjson.Array) else None
 
 
 def _data_values(text: bytes) -> list[tuple[int, int, int]]:

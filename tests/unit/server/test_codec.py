@@ -4,6 +4,7 @@ vectorized decoder and the reference element walk agree on every input."""
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 from typing import Any
 
@@ -16,15 +17,17 @@ from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
 from engine.types import InferResponse
-from server import binary, codec
+from server import binary, codec, json_header
 from server.codec import (
     decode_data,
     decode_request,
     json_data,
     parse_json,
+    raw_numbers,
     vectorized_data,
     walk_data,
 )
+from server.json_header import RawData
 from tests.models import DATATYPES, NUMERIC_DATATYPES, NUMPY_TYPES, sample
 
 
@@ -487,14 +490,35 @@ def outcome(decoder: Any, datatype: str, shape: list[int], data: Any) -> Any:
     return array.dtype, array.shape, values
 
 
+def as_raw(data: Any) -> tuple[RawData, Any] | None:
+    """`data` as a large body's `data` value still unparsed (its JSON text inside a body), with
+    what orjson parses that text to (big integers become floats); None if orjson cannot."""
+    text = json.dumps(data).encode()
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    head = b'{"inputs": [{"data": '
+    return RawData(head + text + b"}]}", len(head), len(head) + len(text)), parsed
+
+
+def assert_vouched(fast: np.ndarray | None, expected: Any) -> None:
+    """A fast path vouches only for what the walk accepts, and decodes it as the walk does."""
+    if fast is not None:
+        assert not isinstance(expected, str), expected
+        assert (fast.dtype, fast.shape, fast.tobytes()) == expected
+
+
 def assert_agree(datatype: str, shape: list[int], data: Any) -> None:
     expected = outcome(walk_data, datatype, shape, data)
     assert outcome(decode_data, datatype, shape, data) == expected
-    if isinstance(data, list):  # the fast path alone vouches only for what the walk accepts
-        fast = vectorized_data(datatype, shape, data)
-        if fast is not None:
-            assert not isinstance(expected, str), expected
-            assert (fast.dtype, fast.shape, fast.tobytes()) == expected
+    if isinstance(data, list):
+        assert_vouched(vectorized_data(datatype, shape, data), expected)
+    raw = as_raw(data)
+    if raw is not None:  # the same data still in the body's text (RawData.numbers)
+        expected = outcome(walk_data, datatype, shape, raw[1])
+        assert outcome(decode_data, datatype, shape, raw[0]) == expected
+        assert_vouched(raw_numbers(datatype, shape, raw[0]), expected)
 
 
 # Values that numpy reads as numbers of some kind but the walk may refuse, or that sit at a range
@@ -637,15 +661,20 @@ def test_decoders_agree_on_any_json(datatype: str, data: Any, shape: list[int] |
     ],
 )
 def test_the_fast_path_vouches_for_valid_data(datatype: str, shape: list[int], data: Any) -> None:
-    fast = vectorized_data(datatype, shape, data)
-    assert fast is not None
-    assert fast.flags.writeable
     walked = walk_data("x", datatype, shape, data)
-    assert (fast.dtype, fast.shape, fast.tobytes()) == (
-        walked.dtype,
-        walked.shape,
-        walked.tobytes(),
-    )
+    raw = as_raw(data)
+    assert raw is not None
+    flat = np.shape(data) == (len(data),)  # the text is read straight to numbers only when flat
+    readers = [vectorized_data(datatype, shape, data)]
+    readers += [raw_numbers(datatype, shape, raw[0])] if flat else []
+    for fast in readers:
+        assert fast is not None
+        assert fast.flags.writeable
+        assert (fast.dtype, fast.shape, fast.tobytes()) == (
+            walked.dtype,
+            walked.shape,
+            walked.tobytes(),
+        )
 
 
 @pytest.mark.parametrize(
@@ -665,6 +694,30 @@ def test_a_bool_among_many_numbers_is_refused(datatype: str, data: list[Any]) ->
     shape = list(np.shape(data))
     assert vectorized_data(datatype, shape, data) is None
     assert "data holds a boolean" in data_rejected(datatype, shape, data)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"[[1, 2], [3]]", b"[[1, 2], [3, 4]]", b'[1, "[2"]', b"[1, true]", b"[1, null]",
+     b"[1e400]", b"[18446744073709551616]", b"[1,]", b"[01]", b"[NaN]", b"5", b"[1] 2"],
+)  # fmt: skip
+def test_only_a_flat_array_of_numbers_is_read_to_numbers(text: bytes) -> None:
+    # simdjson flattens nested arrays, ragged ones too, so those are left to the walk, with
+    # everything else the walk must name.
+    assert RawData(text, 0, len(text)).numbers("d") is None
+    good = b"[1, 2.5]"
+    assert bytes(RawData(good, 0, len(good)).numbers("d")) == np.array([1, 2.5]).tobytes()
+
+
+def test_a_kept_parser_is_not_replaced_by_a_large_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thread keeps one parser for small data; data past PARSER_KEEPS_BYTES gets its own, so
+    # no thread holds the buffers of the largest body it ever read.
+    small, large = b"[1, 2]", b"[" + b"1, " * 40 + b"2]"
+    monkeypatch.setattr(json_header, "PARSER_KEEPS_BYTES", 64)
+    assert np.frombuffer(RawData(small, 0, len(small)).numbers("i"), "i8").sum() == 3
+    kept = json_header._PARSERS.parser
+    assert np.frombuffer(RawData(large, 0, len(large)).numbers("i"), "i8").sum() == 42
+    assert json_header._PARSERS.parser is kept
 
 
 def test_ints_are_rounded_to_floats_as_python_casts_them() -> None:
