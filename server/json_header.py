@@ -4,7 +4,9 @@ orjson turns a whole body into Python objects at once, so a 40 MB tensor costs h
 lists and numbers before any check sees that its shape is refused. `loads` finds the `data`
 value of each `inputs` entry of a large body without parsing it (regular expressions, at C
 speed), parses the rest (names, datatypes, shapes, parameters: the header) with orjson, and
-hands back each input's data as `RawData`, parsed once the header is known to fit the model.
+hands back each input's data as `RawData`, parsed once the header is known to fit the model:
+a flat array of numbers straight into C numbers by simdjson (`RawData.numbers`), with no
+Python object per value (a Python float costs more than parsing it), anything else by orjson.
 
 The result is exactly `orjson.loads(body)` with those values deferred: the cut is checked, not
 trusted. Each cut value is replaced by a per-request marker; the header must parse with every
