@@ -120,7 +120,7 @@ def decode_data(name: str, datatype: str, shape: list[int], data: Any) -> np.nda
 
 def raw_numbers(datatype: str, shape: list[int], data: RawData) -> np.ndarray | None:
     """Numeric `data` still in the body's text as `walk_data` decodes it, read straight into C
-    numbers (RawData.numbers: a flat array only), or None when only the parsed values can say."""
+    numbers (RawData.numbers), or None when only the parsed values can say."""
     target = datatypes.NUMPY_DTYPES.get(datatype)
     if target is None or target.kind not in "iuf":
         return None

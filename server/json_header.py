@@ -5,8 +5,9 @@ lists and numbers before any check sees that its shape is refused. `loads` finds
 value of each `inputs` entry of a large body without parsing it (regular expressions, at C
 speed), parses the rest (names, datatypes, shapes, parameters: the header) with orjson, and
 hands back each input's data as `RawData`, parsed once the header is known to fit the model:
-a flat array of numbers straight into C numbers by simdjson (`RawData.numbers`), with no
-Python object per value (a Python float costs more than parsing it), anything else by orjson.
+an array of numbers (flat or regularly nested) straight into C numbers by simdjson
+(`RawData.numbers`), with no Python object per value (a Python float costs more than parsing
+it), anything else by orjson.
 
 The result is exactly `orjson.loads(body)` with those values deferred: the cut is checked, not
 trusted. Each cut value is replaced by a per-request marker; the header must parse with every
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import orjson
 import simdjson
 
+from engine.datatypes import MAX_DIMS
 from engine.errors import InvalidInput
 
 LAZY_BYTES = 16 * 1024
@@ -70,16 +72,15 @@ class RawData:
                 f"(char {pos})"
             ) from None
 
-    def numbers(self, kind: NumberKind) -> Any | None:
-        """The value's numbers as a buffer of C numbers of `kind` ("d": double, "i": int64,
-        "u": uint64), read by simdjson without a Python object per value; None unless the
-        value is a flat array of JSON numbers that each fit `kind` (no nested array, bool,
-        null, string or object, no fraction for an integer kind, no integer past 64 bits, no
-        text that is not JSON): `parse` then tells what it holds. simdjson reads a number as
-        the nearest double, as orjson does, and an integer that a double holds inexactly as
-        its nearest double, as Python's float() does."""
-        if self.body.find(b"[", self.start + 1, self.end) >= 0:
-            return None  # nested (or a `[` in a string): as_buffer would flatten ragged lists
+    def numbers(self, kind: NumberKind) -> bytes | None:
+        """The value's numbers in row-major order as a buffer of C numbers of `kind` ("d":
+        double, "i": int64, "u": uint64), read by simdjson without a Python object per value;
+        None unless the value is an array of JSON numbers that each fit `kind`, flat or
+        regularly nested (no ragged lists, lists mixed with values or nesting past MAX_DIMS;
+        no bool, null, string or object, no fraction for an integer kind, no integer past 64
+        bits, no text that is not JSON): `parse` then tells what it holds. simdjson reads a
+        number as the nearest double, as orjson does, and an integer that a double holds
+        inexactly as its nearest double, as Python's float() does."""
         size = self.end - self.start
         parser = getattr(_PARSERS, "parser", None) if size <= PARSER_KEEPS_BYTES else None
         if parser is None:
@@ -87,7 +88,7 @@ class RawData:
             if size <= PARSER_KEEPS_BYTES:
                 _PARSERS.parser = parser
         try:
-            return _flat_buffer(parser, self.body[self.start : self.end], kind)
+            return _regular_buffer(parser, self.body[self.start : self.end], kind)
         except (ValueError, TypeError, RuntimeError):  # not JSON, not such numbers, too large
             return None
 
@@ -120,11 +121,29 @@ def loads(body: bytes | memoryview) -> Any:
     return header
 
 
-def _flat_buffer(parser: simdjson.Parser, text: bytes, kind: NumberKind) -> Any | None:
-    """as_buffer of the array `text` holds; no proxy into the parser outlives this call (the
-    parser refuses to parse again while one does)."""
+def _regular_buffer(parser: simdjson.Parser, text: bytes, kind: NumberKind) -> bytes | None:
+    """as_buffer of the array `text` holds, if its lists nest regularly; no proxy into the
+    parser outlives this call (the parser refuses to parse again while one does).
+
+    as_buffer flattens any nesting, ragged too, so the lists are checked a level at a time
+    (a Python step per list, none per value): every list at one depth holds lists, all of one
+    length, or none does; and `[` occurs in the text once per list seen, so no list hides among
+    the last level's values (a string holding `[` is refused by as_buffer anyway)."""
     value = parser.parse(text)
-    return value.as_buffer(of_type=kind) if isinstance(value, simdjson.Array) else None
+    if not isinstance(value, simdjson.Array):
+        return None
+    lists, level = 1, [value]
+    for _ in range(MAX_DIMS):
+        if not len(level[0]) or not isinstance(level[0][0], simdjson.Array):
+            break
+        items = [item for array in level for item in array]
+        inner = [item for item in items if isinstance(item, simdjson.Array)]
+        if len(inner) != len(items) or len({len(item) for item in inner}) != 1:
+            return None
+        lists, level = lists + len(inner), inner
+    else:
+        return None  # deeper than any shape: the walk names it
+    return value.as_buffer(of_type=kind) if text.count(b"[") == lists else None
 
 
 def _data_values(text: bytes) -> list[tuple[int, int, int]]:
