@@ -101,9 +101,11 @@ def running(
         process.wait(stop_s)
 
 
-def cpu_s(pid: int) -> float:
-    """CPU time (user + system, every thread) that process `pid` has used, in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_s(pid: int, main_thread: bool = False) -> float:
+    """CPU time (user + system, every thread, or its `main_thread` alone: a Python server's
+    event loop) that process `pid` has used, in seconds."""
+    stat = Path(f"/proc/{pid}/task/{pid}/stat" if main_thread else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

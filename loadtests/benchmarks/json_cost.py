@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import timeit
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from server import codec, json_header
 
 CONCURRENCY = 16
 KINDS = ("sluice", "plain", "floor")
+THREADS = ("loop_us", "cpu_us")
 
 
 def json_body(model: str, nested: bool = False) -> bytes:
@@ -111,7 +113,8 @@ def throughput(repo: Path, rounds: int, seconds: float) -> list[dict[str, Any]]:
     """Every server runs for the whole benchmark (idle ones cost nothing) and each round loads
     them in turn, so the figures a ratio compares are measured seconds apart. Besides req/s,
     each row has the server's CPU time per request: other work on the shared core lowers req/s
-    but hardly changes what each request costs."""
+    but hardly changes what each request costs; and its main thread's (the event loop's, where
+    HTTP, decoding and encoding run; ONNX Runtime runs in other threads when not inline)."""
     rows: list[dict[str, Any]] = []
     with ExitStack() as stack:
         servers = {
@@ -122,10 +125,11 @@ def throughput(repo: Path, rounds: int, seconds: float) -> list[dict[str, Any]]:
             for model in MODELS:
                 for kind, served in servers.items():
                     target, pid = f"{served.url}/v2/models/{model}/infer", served.pid
-                    used = cpu_s(pid)
+                    used, loop_used = cpu_s(pid), cpu_s(pid, main_thread=True)
                     result = wrk(target, json_body(model), CONCURRENCY, seconds, {})
-                    answered = result["requests"] - result["non2xx"]
-                    result["cpu_us"] = (cpu_s(pid) - used) / max(answered, 1) * 1e6
+                    answered = max(result["requests"] - result["non2xx"], 1)
+                    result["cpu_us"] = (cpu_s(pid) - used) / answered * 1e6
+                    result["loop_us"] = (cpu_s(pid, main_thread=True) - loop_used) / answered * 1e6
                     result["per_core"] = 1e6 / result["cpu_us"]
                     rows.append({"round": round_, "server": kind, "model": model, **result})
                     print(json.dumps(rows[-1]), flush=True)
@@ -181,7 +185,9 @@ def table(report: dict[str, Any]) -> str:
         f"Each figure is the median of {rounds} rounds, with the range in brackets. "
         "req per CPU second: requests answered over the CPU time (user + system, every thread) "
         "the server used meanwhile, what one core does when it is the server's alone; on a "
-        "shared machine it is the steadier figure, req/s moves with the others' load.",
+        "shared machine it is the steadier figure, req/s moves with the others' load. "
+        "event loop / all: the CPU µs a request of the server's main thread (HTTP, decoding, "
+        "encoding) and of every thread (ONNX Runtime's too), medians.",
         "",
     ]
     columns = ["model", "body", "measure", "sluice", "plain FastAPI", "floor", "sluice x plain",
@@ -197,6 +203,12 @@ def table(report: dict[str, Any]) -> str:
             spreads = [spread(values(kind, model, field), "{:,.0f}") for kind in KINDS]
             ratios = [spread(vs[peer], "{:,.2f}") for peer in ("plain", "floor")]
             cells.append([model, f"{size / 1e3:,.1f} kB", label, *spreads, *ratios])
+        threads = [
+            " / ".join(f"{statistics.median(values(kind, model, f)):,.0f}" for f in THREADS)
+            for kind in KINDS
+        ]
+        cells.append([model, f"{size / 1e3:,.1f} kB", "CPU µs a request: event loop / all",
+                      *threads, "-", "-"])  # fmt: skip
     lines += markdown_table(columns, cells)
     lines += [
         "",
