@@ -31,6 +31,12 @@ def _request(body: Any) -> tuple[str, dict[str, Any]]:
     text = body.get("text_input")
     if not isinstance(text, str):
         raise InvalidInput(f"text_input must be a string; got {type(text).__name__}")
+    fields = sorted(set(body) - {"text_input", "parameters", "stream", *SAMPLING_KEYS})
+    if fields:
+        raise InvalidInput(
+            f"unknown generate field '{fields[0]}'; a request has text_input, parameters, "
+            f"stream and the sampling keys ({', '.join(SAMPLING_KEYS)})"
+        )
     parameters = body.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidInput("parameters must be an object")

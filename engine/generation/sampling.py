@@ -93,7 +93,11 @@ class Sampler:
         params = self.params
         if params.greedy:
             return int(np.argmax(logits))
-        scores = logits.astype(np.float64) / params.temperature
+        # Shifted to a maximum of 0 first: a tiny temperature then sends the others to -inf
+        # instead of sending the largest to +inf (and inf - inf to NaN).
+        scores = logits.astype(np.float64)
+        with np.errstate(over="ignore"):
+            scores = (scores - scores.max()) / params.temperature
         if 0 < params.top_k < scores.size:
             kth = np.partition(scores, -params.top_k)[-params.top_k]
             scores = np.where(scores < kth, -np.inf, scores)

@@ -143,13 +143,16 @@ class GenerationScheduler:
                 f"{len(prompt)} prompt + {max_tokens} completion tokens need {need} bytes of "
                 f"key/value cache; kv_cache_bytes is {self.options.kv_cache_bytes}"
             )
-        if len(self.waiting) - self._startable() >= self.options.max_waiting_sequences:
+        sequence = GenSequence(list(prompt), params, max_tokens, detokenizer)
+        self.waiting.append(sequence)
+        # Counted with the new one: one that the next step starts does not wait (so even
+        # max_waiting_sequences 0 serves a model with room).
+        if len(self.waiting) - self._startable() > self.options.max_waiting_sequences:
+            self.waiting.pop()
             raise Overloaded(
                 f"{self.label} has {len(self.waiting)} sequences waiting for cache room "
                 f"(max_waiting_sequences {self.options.max_waiting_sequences}); retry later"
             )
-        sequence = GenSequence(list(prompt), params, max_tokens, detokenizer)
-        self.waiting.append(sequence)
         self._ensure_task()
         self._wake.set()
         return sequence

@@ -125,9 +125,10 @@ class GenerationService:
         generator = model.generator
         if generator is None:
             raise ModelNotFound(request.model, available=self.generative_models())
-        options = {k: v for k, v in request.options.items() if k in SAMPLING_KEYS}
+        # A key given as null is a key not given: it takes the default.
+        options = {k: v for k, v in request.options.items() if k in SAMPLING_KEYS and v is not None}
         options.setdefault("max_tokens", generator.options.default_max_tokens)
-        params = sampling_params(**{k: v for k, v in options.items() if v is not None})
+        params = sampling_params(**options)
         if request.messages is not None:
             prompt = generator.chat_ids(request.messages)
         else:

@@ -94,11 +94,12 @@ class Detokenizer:
         decoded = self._text.decode(self._ids)
         if decoded.endswith(REPLACEMENT):
             return ""  # a character split across tokens: wait for the rest
-        for stop in self._stop:
-            at = decoded.find(stop, max(0, self._sent - len(stop) + 1))
-            if at != -1:
-                self.stopped = True
-                return self._release(decoded[:at])
+        # The earliest stop wins: two can complete in one token, in either order of the list.
+        found = [decoded.find(stop, max(0, self._sent - len(stop) + 1)) for stop in self._stop]
+        found = [at for at in found if at != -1]
+        if found:
+            self.stopped = True
+            return self._release(decoded[: min(found)])
         return self._release(decoded[: max(self._sent, len(decoded) - self._hold)])
 
     def flush(self) -> str:

@@ -95,6 +95,8 @@ def test_generate_stream_sends_the_same_text_in_events(
         ("tiny/generate_stream", {"text_input": 5}, 400, "text_input must be a string"),
         ("tiny/generate", {"text_input": "a", "parameters": {"beams": 2}}, 400,
          "unknown generate parameter 'beams'"),
+        ("tiny/generate", {"text_input": "a", "max_new_tokens": 3}, 400,
+         "unknown generate field 'max_new_tokens'"),
     ],
 )  # fmt: skip
 def test_bad_input_is_a_v2_error(
@@ -104,6 +106,17 @@ def test_bad_input_is_a_v2_error(
     assert reply.status_code == status
     assert set(reply.json()) == {"error"}
     assert message in reply.json()["error"]
+
+
+@pytest.mark.parametrize("route", ["generate", "generate_stream"])
+def test_a_null_sampling_key_takes_its_default(server: ServerProcess, route: str) -> None:
+    url = f"{server.url}/v2/models/tiny/{route}"
+    plain = httpx.post(url, json={"text_input": "one batch", "temperature": 0}, timeout=30)
+    nulls = {"text_input": "one batch", "temperature": 0, "top_p": None,
+             "parameters": {"max_tokens": None, "seed": None}}  # fmt: skip
+    given = httpx.post(url, json=nulls, timeout=30)
+    assert plain.status_code == given.status_code == 200, given.text
+    assert given.text == plain.text
 
 
 def test_rate_limit_in_tokens_charges_prompt_and_completion(

@@ -32,6 +32,11 @@ def test_plain_temperature_reaches_every_token() -> None:
     assert draws(sampling_params(1, temperature=2.0, seed=3), 2000) == {0, 1, 2, 3, 4}
 
 
+def test_a_tiny_temperature_is_all_but_greedy() -> None:
+    for temperature in (1e-308, 5e-324):
+        assert draws(sampling_params(1, temperature=temperature, seed=1), 20) == {0}
+
+
 def test_a_seed_repeats_its_draws() -> None:
     first, second = Sampler(sampling_params(1, seed=9)), Sampler(sampling_params(1, seed=9))
     assert [first(LOGITS) for _ in range(50)] == [second(LOGITS) for _ in range(50)]

@@ -320,6 +320,25 @@ async def test_sequences_submitted_together_take_a_free_place_before_counting_as
         await loaded.close()
 
 
+async def test_with_no_waiting_allowed_a_sequence_that_can_start_is_served(
+    tiny: tuple[Path, Path],
+) -> None:
+    """max_waiting_sequences 0: a sequence the next step starts is not waiting, so it is served;
+    only one that would have to wait for a running place is refused."""
+    loaded = await load(tiny[1], max_running_sequences=1, max_waiting_sequences=0)
+    try:
+        generator = loaded.generator
+        assert generator is not None
+        params = sampling_params(8, temperature=0)
+        first = generator.start([1, 2, 3], params)
+        with pytest.raises(Overloaded, match="max_waiting_sequences 0"):
+            generator.start([4, 5, 6], params)
+        chunks = await asyncio.wait_for(collect(first), 10)
+        assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        await loaded.close()
+
+
 async def test_a_long_prompt_does_not_stall_running_streams(model: LoadedModel) -> None:
     generator = model.generator
     assert generator is not None

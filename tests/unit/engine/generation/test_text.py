@@ -52,6 +52,14 @@ def test_a_stop_string_across_tokens_ends_the_text_before_it(text: ModelText) ->
     assert not any("mer" in d for d in deltas)
 
 
+def test_the_earliest_of_two_stops_completed_by_one_token_wins(text: ModelText) -> None:
+    ids = text.encode("the quick brown fox")
+    assert " quick" in [text.decode([i]) for i in ids]  # "q" and "k" complete in one token
+    for stop, before in ((("q", "k"), "the "), (("k", "q"), "the "), (("ick", "u"), "the q")):
+        _, joined = stream(text, ids, stop=stop)
+        assert joined == before, stop
+
+
 def test_text_that_might_become_a_stop_string_is_held_back_then_released(
     text: ModelText,
 ) -> None:
