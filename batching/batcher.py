@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -191,6 +192,10 @@ class Batcher:
             self.queue.cancel(item)
             item.future.cancel()
             raise
+        finally:
+            # An error raised from the future keeps this frame in its traceback: not the item,
+            # whose future holds the error (a cycle only the collector would break).
+            del item
 
     def pause(self) -> None:
         """Test hook: stop forming batches (queued requests wait) until resume()."""
@@ -405,6 +410,7 @@ class Batcher:
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():
                     _settle(item, exc=BatcherClosed("server shut down while this request ran"))
+                _clear_frames(item.future)
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
@@ -442,6 +448,23 @@ class Batcher:
         else:
             message = f"{self.label} failed: {type(exc).__name__}: {exc}"
         return BatchFailed(message, exc)
+
+
+def _clear_frames(future: asyncio.Future[Tensors]) -> None:
+    """A failed request's error keeps its tracebacks (for the log) but not their frames' locals:
+    they hold the batch, so its futures, so this error (a cycle that only the collector breaks,
+    and the server runs it seldom), and its inputs (under --workers, a slot of a worker's arena,
+    which a few failures filled)."""
+    if not future.done() or future.cancelled():
+        return
+    pending, seen = [future.exception()], set()
+    while pending:
+        error = pending.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        pending += [getattr(error, "cause", None), error.__cause__, error.__context__]
 
 
 def _settle(

@@ -35,6 +35,7 @@ import struct
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -322,12 +323,25 @@ async def place_tensors(
             f"{what} is full ({allocator.used_bytes} of {allocator.size_bytes} bytes in use); "
             "retry shortly"
         )
-    try:
-        if size > WRITE_OFF_LOOP_BYTES:
-            described = await asyncio.to_thread(write_tensors, arena.buf, offset, arrays)
-        else:
+    if size <= WRITE_OFF_LOOP_BYTES:
+        try:
             described = write_tensors(arena.buf, offset, arrays)
+        except BaseException:
+            allocator.free(offset)
+            raise
+        return offset, size, described
+    copy = asyncio.ensure_future(asyncio.to_thread(write_tensors, arena.buf, offset, arrays))
+    try:
+        described = await asyncio.shield(copy)
     except BaseException:
-        allocator.free(offset)
+        # Cancelled (the client left) while the thread may still be writing into the slot: it
+        # is free once the thread is done, not before (the next request would be given it).
+        copy.add_done_callback(lambda done: _free_after(done, allocator, offset))
         raise
     return offset, size, described
+
+
+def _free_after(copy: asyncio.Future[Any], allocator: Allocator, offset: int) -> None:
+    if not copy.cancelled():
+        copy.exception()  # a failed copy was raised to the caller already (or nobody is left)
+    allocator.free(offset)

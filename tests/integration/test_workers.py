@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import onnx
 import onnxruntime as ort
 import psutil
 import pytest
@@ -202,6 +203,41 @@ def test_arenas_are_all_free_once_answers_are_sent(server: ServerProcess) -> Non
             labels = f'{{arena="{arena}",worker="{worker}"}}'
             assert samples[f"sluice_worker_arena_bytes{labels}"] == ARENA_BYTES
             assert f"sluice_worker_arena_used_bytes{labels}" in samples
+
+
+def mismatched_add_model() -> onnx.ModelProto:
+    """x + y over dims the config leaves free: inputs of different widths pass every check and
+    fail in ONNX Runtime (a backend error, as an out-of-memory or a bad kernel would be)."""
+    value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Add", ["x", "y"], ["z"])], "add",
+        [value("x", onnx.TensorProto.FLOAT, ["b", "n"]),
+         value("y", onnx.TensorProto.FLOAT, ["b", "m"])],
+        [value("z", onnx.TensorProto.FLOAT, ["b", "n"])],
+    )  # fmt: skip
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_failed_requests_leave_no_arena_slot_taken(tmp_path: Path, repo: Path) -> None:
+    """A request whose batch failed in the backend kept its in-arena slot until the engine's
+    cyclic collector ran (seldom: the server raises its thresholds), so a few large failures
+    filled a worker's arena and every request after them was refused 503."""
+    write_model(repo, "add", mismatched_add_model(), "max_batch_size: 4\n")
+    server = serve(tmp_path, "--model-repository", str(repo))
+    try:
+        x = {"name": "x", "datatype": "FP32", "shape": [1, 100_000], "data": [1.0] * 100_000}
+        y = {"name": "y", "datatype": "FP32", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}
+        body = {"inputs": [x, y]}
+        replies = asyncio.run(fresh_posts(f"{server.url}/v2/models/add/infer", [body] * 6))
+        assert {reply.status_code for reply in replies} == {500}, replies[0].text
+
+        def used() -> dict[str, float]:
+            return {name: value for name, value in worker_samples(server).items()
+                    if name.startswith("sluice_worker_arena_used_bytes")}  # fmt: skip
+
+        wait_for(lambda: set(used().values()) == {0}, f"every arena slot freed ({used()})")
+    finally:
+        server.stop()
 
 
 def owner(client_ports: set[int], candidates: list[psutil.Process]) -> psutil.Process | None:

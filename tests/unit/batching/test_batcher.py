@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import weakref
 
@@ -409,6 +410,30 @@ async def test_a_finished_batch_holds_no_inputs(recorder: Recorder, max_batch_si
     del inputs
     await settle()  # the finished batch's task completes
     assert held() is None
+    await batcher.close()
+
+
+@pytest.mark.parametrize("company", [1, 3])
+async def test_a_failed_batch_holds_no_inputs(recorder: Recorder, company: int) -> None:
+    """A request whose batch failed holds its inputs no longer than its error lives, without the
+    cyclic collector (which the server runs seldom): the error's tracebacks held the batch's
+    frames, whose locals held the request, whose future held the error. Under --workers the
+    inputs are a slot of a worker's arena, and a few failures filled it (503 from then on)."""
+    batcher = make(recorder, max_batch_size=4, max_queue_delay_s=0.0)
+    batches = [rows(-1)] + [rows(i) for i in range(1, company)]  # alone, or failing a batch
+    held = [weakref.ref(item["x"]) for item in batches]
+    gc.disable()
+    try:
+        results = await asyncio.gather(
+            *(batcher.submit(item, 1) for item in batches), return_exceptions=True
+        )
+        assert isinstance(results[0], BatchFailed)
+        assert all(isinstance(result, dict) for result in results[1:])
+        del batches, results
+        await settle()
+        assert [i for i, ref in enumerate(held) if ref() is not None] == []
+    finally:
+        gc.enable()
     await batcher.close()
 
 
