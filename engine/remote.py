@@ -134,6 +134,7 @@ class RemoteEngine:
         self._events_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sync: socket.socket | None = None
+        self._sync_broken = False  # the last call failed: the next one connects again
         self._sync_lock = threading.Lock()
         self.engine_gone = asyncio.Event()
         self._closing = False
@@ -153,10 +154,18 @@ class RemoteEngine:
         for offset, size in welcome["held"]:  # still read by the engine for our predecessor
             self.allocator.reserve(offset, size)
         self._state = welcome["state"]
-        self._sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sync.settimeout(CALL_TIMEOUT_S)
-        self._sync.connect(self.path)
-        self._sync.sendall(frame(Kind.HELLO, {"worker": None}))
+        self._sync = self._connect_sync()
+
+    def _connect_sync(self) -> socket.socket:
+        sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sync.settimeout(CALL_TIMEOUT_S)
+            sync.connect(self.path)
+            sync.sendall(frame(Kind.HELLO, {"worker": None}))
+        except BaseException:
+            sync.close()
+            raise
+        return sync
 
     @property
     def live(self) -> bool:
@@ -401,9 +410,16 @@ class RemoteEngine:
         with self._sync_lock:
             started = time.monotonic()
             try:
+                if self._sync_broken:
+                    self._sync = self._connect_sync()
+                    self._sync_broken = False
                 self._sync.sendall(data)
                 kind, message = read_frame_sync(self._sync)
             except (OSError, ProtocolError) as exc:
+                # The answer may still come, or be half read: the next call must not take it
+                # for its own, so it gets a new connection.
+                self._sync.close()
+                self._sync_broken = True
                 raise errors.BackendError(
                     f"the engine process did not answer '{method}' "
                     f"({time.monotonic() - started:.1f} s): {exc}"

@@ -16,9 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
+import engine.remote
 from engine.demo import mlp_model, write_demo_repository
 from engine.engine import Engine
-from engine.errors import InvalidInput, ModelNotFound, Overloaded, PayloadTooLarge, RateLimited
+from engine.errors import (
+    BackendError,
+    InvalidInput,
+    ModelNotFound,
+    Overloaded,
+    PayloadTooLarge,
+    RateLimited,
+)
 from engine.host import EngineHost
 from engine.remote import RemoteEngine
 from engine.settings import Settings, load_settings
@@ -229,6 +237,34 @@ async def test_front_end_counts_of_every_worker_are_in_the_metrics(
         assert 'protocol="grpc",status="200",version="1"} 1.0' in text.decode()
         stats = await asyncio.to_thread(first.statistics, "demo")
         assert stats["model_stats"][0]["name"] == "demo"
+    finally:
+        await rig.close()
+
+
+async def test_a_call_that_timed_out_does_not_answer_the_next_one(
+    make_rig: Callable[..., Rig], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine answers a call after the worker gave up on it: that late answer went to the
+    worker's next call, and each call after it got the one before's answer, for good."""
+    monkeypatch.setattr(engine.remote, "CALL_TIMEOUT_S", 0.2)
+    rig = make_rig()
+    await rig.start()
+    try:
+        remote = await rig.remote()
+        gate, answer = asyncio.Event(), rig.host._method
+
+        async def slow_metadata(method: str, args: list[Any]) -> Any:
+            if method == "model_metadata":
+                await gate.wait()
+            return await answer(method, args)
+
+        monkeypatch.setattr(rig.host, "_method", slow_metadata)
+        with pytest.raises(BackendError, match="did not answer 'model_metadata'"):
+            await asyncio.to_thread(remote.model_metadata, "demo")
+        gate.set()
+        stats = await asyncio.to_thread(remote.statistics, "demo")
+        assert stats["model_stats"][0]["name"] == "demo"
+        assert (await asyncio.to_thread(remote.model_metadata, "demo")).name == "demo"
     finally:
         await rig.close()
 
