@@ -117,8 +117,16 @@ class DeadlineExceeded(EngineError):
 class PayloadTooLarge(EngineError):
     """The request body is over the configured limit."""
 
-    def __init__(self, size_bytes: int | None, limit_bytes: int, coding: str | None = None) -> None:
-        if coding is not None:  # inflation stops at the limit: the whole size is never known
+    def __init__(
+        self,
+        size_bytes: int | None,
+        limit_bytes: int,
+        coding: str | None = None,
+        message: str | None = None,
+    ) -> None:
+        if message is not None:  # another limit than the body's (a worker's arena)
+            super().__init__(message)
+        elif coding is not None:  # inflation stops at the limit: the whole size is never known
             super().__init__(
                 f"request body exceeds the limit of {limit_bytes} bytes once inflated ({coding})"
             )

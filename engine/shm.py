@@ -316,7 +316,12 @@ async def place_tensors(
     arena is a quick 503, never a wait."""
     size = slot_bytes(arrays)
     if size > allocator.size_bytes:
-        raise errors.PayloadTooLarge(size, allocator.size_bytes)
+        raise errors.PayloadTooLarge(
+            size,
+            allocator.size_bytes,
+            message=f"the tensors take {size} bytes, more than all of {what} holds "
+            f"({allocator.size_bytes} bytes, the setting worker_arena_bytes)",
+        )
     offset = allocator.alloc(size)
     if offset is None:
         raise errors.Overloaded(

@@ -166,7 +166,9 @@ async def test_a_full_arena_is_overloaded_at_once_and_never_waits(
         with pytest.raises(Overloaded, match="request arena is full") as refused:
             await asyncio.wait_for(remote.infer(request(np.zeros((1, 16), np.float32))), 1.0)
         assert refused.value.retry_after_header == "1"
-        with pytest.raises(PayloadTooLarge):
+        with pytest.raises(PayloadTooLarge, match=r"the tensors take 576 bytes, more than all of "
+                           r"this worker's request arena holds \(512 bytes, the setting "
+                           r"worker_arena_bytes\)"):  # fmt: skip
             await remote.infer(request(np.zeros((9, 16), np.float32)))
         batcher.resume()
         answers = await asyncio.wait_for(asyncio.gather(*held), 10)
