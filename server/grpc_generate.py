@@ -2,7 +2,9 @@
 generative model (input `text_input`, BYTES [1]; sampling in the request's parameters:
 max_tokens, temperature, top_k, top_p, seed, stop) gets one ModelInferResponse per token batch,
 each with the new text as `text_output` (BYTES [1]); the last has the parameters
-`triton_final_response: true`, `finish_reason` and the token counts. A failure is one
+`triton_final_response: true`, `finish_reason` and the token counts; with the request parameter
+`triton_enable_empty_final_response` (tritonclient's `enable_empty_final_response=True`) those
+come on a last response of their own, without outputs, as Triton sends them. A failure is one
 `error_message` answer, as for any stream request."""
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import numpy as np
 from engine.errors import EngineError, InvalidInput
 from engine.generation.service import GenerateRequest
 from engine.types import InferResponse
+from engine.validate import scheduling
 from server.grpc_tensors import decode_request, encode_response
 from server.openai import SAMPLING_KEYS, FrontEnd, caller, generation_of
 from server.proto import grpc_service_pb2 as pb
 
 Metadata = Iterable[tuple[str, str | bytes]]
+EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
 def is_generative(engine: object, name: str) -> bool:
@@ -33,7 +37,12 @@ def is_generative(engine: object, name: str) -> bool:
 def _text(request: pb.ModelInferRequest) -> str:
     decoded = decode_request(request)
     text = decoded.inputs.get("text_input")
-    if text is None or decoded.datatypes.get("text_input") != "BYTES" or text.size != 1:
+    if (
+        text is None
+        or len(decoded.inputs) != 1
+        or decoded.datatypes.get("text_input") != "BYTES"
+        or text.size != 1
+    ):
         got = [f"{n} {decoded.datatypes[n]} {list(a.shape)}" for n, a in decoded.inputs.items()]
         raise InvalidInput(
             "a generative model takes one input 'text_input' BYTES [1]; got "
@@ -46,14 +55,26 @@ def _text(request: pb.ModelInferRequest) -> str:
         raise InvalidInput(f"text_input is not UTF-8: {exc}") from exc
 
 
+def _triton_options(options: dict[str, object]) -> bool:
+    """Take the Triton parameters tritonclient sends out of `options`: `priority` (checked; the
+    generation scheduler serves in arrival order, as Triton's schedulers other than the dynamic
+    batcher do) and `triton_enable_empty_final_response`, returned."""
+    scheduling({"priority": options.pop("priority", 0)})
+    empty_final = options.pop(EMPTY_FINAL, False)
+    if not isinstance(empty_final, bool):
+        raise InvalidInput(f"{EMPTY_FINAL} must be a bool; got {empty_final!r}")
+    return empty_final
+
+
 def _answer(
-    request: pb.ModelInferRequest, text: str, parameters: dict[str, object]
+    request: pb.ModelInferRequest, text: str | None, parameters: dict[str, object]
 ) -> pb.ModelStreamInferResponse:
+    outputs = {} if text is None else {"text_output": np.array([text.encode()], dtype=object)}
     response = InferResponse(
         model_name=request.model_name,
         model_version=request.model_version,
-        outputs={"text_output": np.array([text.encode()], dtype=object)},
-        datatypes={"text_output": "BYTES"},
+        outputs=outputs,
+        datatypes={name: "BYTES" for name in outputs},
         id=request.id or None,
         parameters=parameters,
     )
@@ -71,6 +92,7 @@ async def stream_generation(
     try:
         tenant = caller(cast(FrontEnd, engine), headers, request.model_name)
         options = {k: v for k, v in decode_request(request).parameters.items() if v is not None}
+        empty_final = _triton_options(options)
         unknown = sorted(set(options) - set(SAMPLING_KEYS))
         if unknown:
             raise InvalidInput(
@@ -96,6 +118,11 @@ async def stream_generation(
                 "prompt_tokens": tokens.prompt_tokens,
                 "completion_tokens": tokens.completion_tokens,
             }
-            yield _answer(request, chunk.text, final)
+            if not empty_final:
+                yield _answer(request, chunk.text, final)
+                continue
+            if chunk.text:  # the final flag then comes alone, on a response without outputs
+                yield _answer(request, chunk.text, {"triton_final_response": False})
+            yield _answer(request, None, final)
     finally:
         tokens.cancel()  # the client went away: free the slot at the next step

@@ -189,6 +189,49 @@ def test_grpc_stream_is_decoupled_one_response_per_token_batch(
     assert any("top_p must be from 0 to 1; got 7.0" in e for e in errors)
 
 
+def test_grpc_stream_takes_what_tritonclient_sends(
+    server: ServerProcess, repository: tuple[Path, Path]
+) -> None:
+    """tritonclient's `async_stream_infer(..., enable_empty_final_response=True, priority=1)`
+    sets these two parameters (as bool_param and uint64_param): both were refused as unknown
+    generation parameters. With the first, the final flag comes on an empty last response, as
+    Triton sends it. An input beside text_input is refused (it was ignored)."""
+    import grpc
+
+    from server.proto import grpc_service_pb2 as pb
+    from server.proto import grpc_service_pb2_grpc as pb_grpc
+
+    message = pb.ModelInferRequest(model_name="tiny", id="t1")
+    message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    message.inputs[0].contents.bytes_contents.append(b"the quick brown")
+    message.parameters["max_tokens"].int64_param = 20
+    message.parameters["temperature"].double_param = 0.0
+    message.parameters["triton_enable_empty_final_response"].bool_param = True
+    message.parameters["priority"].uint64_param = 1
+    extra = pb.ModelInferRequest()
+    extra.CopyFrom(message)
+    extra.id = "t2"
+    extra.inputs.add(name="bogus", datatype="BYTES", shape=[1]).contents.bytes_contents.append(b"x")
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        answers = list(stub.ModelStreamInfer(iter([message])))
+        refused = list(stub.ModelStreamInfer(iter([extra])))
+    assert [a.error_message for a in answers if a.error_message] == []
+    responses = [a.infer_response for a in answers]
+    *texts, last = responses
+    assert last.parameters["triton_final_response"].bool_param
+    assert len(last.outputs) == 0
+    assert len(last.raw_output_contents) == 0
+    assert not any(r.parameters["triton_final_response"].bool_param for r in texts)
+    text, count = expected_text(repository[0], "the quick brown", 20)
+    assert "".join(r.raw_output_contents[0][4:].decode() for r in texts) == text
+    assert last.parameters["completion_tokens"].int64_param == count
+    assert [a.error_message for a in refused] == [
+        "a generative model takes one input 'text_input' BYTES [1]; "
+        "got text_input BYTES [1], bogus BYTES [1]"
+    ]
+
+
 def test_api_keys_guard_every_generation_route(
     repository: tuple[Path, Path], tmp_path: Path
 ) -> None:
