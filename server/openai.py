@@ -124,10 +124,34 @@ def caller(engine: FrontEnd, headers: Headers, name: object) -> str | None:
     return tenant
 
 
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "logprobs": (None, False),
+    "top_logprobs": (None,),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "logit_bias": (None, {}),
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+}
+"""OpenAI parameters this server does not implement, with the values that ask for nothing: any
+other value is refused, never silently ignored."""
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
 def _options(body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("n", 1) != 1:
+    for key, unused in UNSUPPORTED.items():
+        value = body.get(key)
+        if not any(type(value) is type(u) and value == u for u in unused):
+            raise InvalidInput(f"{key} is not supported by this server; got {value!r:.100}")
+    if body.get("n") not in (None, 1):
         raise InvalidInput(f"n must be 1 (one choice per request); got {body['n']!r}")
-    if body.get("best_of", 1) != 1:
+    if body.get("best_of") not in (None, 1):
         raise InvalidInput(f"best_of must be 1; got {body['best_of']!r}")
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     if "max_completion_tokens" in body and "max_tokens" not in options:
@@ -157,6 +181,11 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise InvalidInput(f"messages[{index}] must be an object with a string role")
+        if message["role"] not in ROLES:
+            raise InvalidInput(
+                f"messages[{index}].role must be one of {', '.join(ROLES)}; "
+                f"got {message['role']!r:.100}"
+            )
         content = message.get("content")
         if isinstance(content, list) and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)

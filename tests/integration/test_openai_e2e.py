@@ -191,6 +191,12 @@ def test_openai_client_completion_with_seed_repeats(served: tuple[ServerProcess,
         ({"model": "tiny", "prompt": "a", "top_p": 2}, 400, "top_p must be from 0 to 1"),
         ({"model": "tiny", "prompt": "a", "max_tokens": -1}, 400, "max_tokens must be from 1"),
         ({"model": "tiny", "prompt": {"x": 1}}, 400, "prompt must be a string or a list"),
+        ({"model": "tiny", "prompt": "a", "logprobs": 5}, 400,
+         "logprobs is not supported by this server; got 5"),
+        ({"model": "tiny", "prompt": "a", "echo": True}, 400, "echo is not supported"),
+        ({"model": "tiny", "prompt": "a", "suffix": "X"}, 400, "suffix is not supported"),
+        ({"model": "tiny", "prompt": "a", "presence_penalty": 50}, 400,
+         "presence_penalty is not supported"),
     ],
 )  # fmt: skip
 def test_bad_input_is_an_openai_error_object(
@@ -280,6 +286,38 @@ def wait_for(server: ServerProcess, name: str, value: float) -> None:
     while metric(server, name) != value:
         assert time.monotonic() < deadline, f"{name} never became {value}"
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"logprobs": True}, "logprobs is not supported"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
+         "tools is not supported"),
+        ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
+        ({"messages": [{"role": "banana", "content": "hi"}]},
+         "messages[0].role must be one of system, developer, user, assistant, tool; got 'banana'"),
+    ],
+)  # fmt: skip
+def test_chat_parameters_it_cannot_honour_are_refused_not_ignored(
+    served: tuple[ServerProcess, Path], extra: dict[str, Any], message: str
+) -> None:
+    server, _ = served
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    reply = httpx.post(f"{server.url}/v1/chat/completions", json=body | extra, timeout=10)
+    assert reply.status_code == 400
+    assert message in reply.json()["error"]["message"]
+
+
+def test_values_that_ask_for_nothing_are_taken(served: tuple[ServerProcess, Path]) -> None:
+    server, _ = served
+    unused = {"n": None, "best_of": None, "presence_penalty": 0.0, "frequency_penalty": 0,
+              "logit_bias": {}, "logprobs": None, "echo": False, "tool_choice": "none"}  # fmt: skip
+    body = {"model": "tiny", "prompt": "a", "max_tokens": 2, "temperature": 0}
+    plain = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10)
+    given = httpx.post(f"{server.url}/v1/completions", json=body | unused, timeout=10)
+    assert plain.status_code == given.status_code == 200, given.text
+    assert given.json()["choices"] == plain.json()["choices"]
 
 
 @pytest.mark.parametrize("stream", [False, True])
