@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -410,7 +409,6 @@ class Batcher:
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():
                     _settle(item, exc=BatcherClosed("server shut down while this request ran"))
-                _clear_frames(item.future)
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
@@ -427,12 +425,16 @@ class Batcher:
         except Exception as exc:
             failed = BatchTimings(assembled - started, ran - assembled, 0.0)
             self._observer.batch_done(rows, len(batch), failed, ok=False)
-            if len(batch) > 1:
-                # Find the request that broke the batch: each one alone, so the others still pass.
-                for item in batch:
-                    await self._run([item])
+            if len(batch) == 1:
+                _settle(batch[0], exc=self._backend_error(exc))
                 return
-            _settle(batch[0], exc=self._backend_error(exc))
+            parts = None
+        if parts is None:
+            # Find the request that broke the batch: each one alone, so the others still pass.
+            # Outside the handler, so their errors do not chain to this one, whose traceback
+            # holds this frame and so the whole batch.
+            for item in batch:
+                await self._run([item])
             return
         finished = time.monotonic()
         timings = BatchTimings(assembled - started, ran - assembled, finished - ran)
@@ -447,24 +449,11 @@ class Batcher:
             message = f"{self.label} returned outputs that do not match its batch: {exc}"
         else:
             message = f"{self.label} failed: {type(exc).__name__}: {exc}"
-        return BatchFailed(message, exc)
-
-
-def _clear_frames(future: asyncio.Future[Tensors]) -> None:
-    """A failed request's error keeps its tracebacks (for the log) but not their frames' locals:
-    they hold the batch, so its futures, so this error (a cycle that only the collector breaks,
-    and the server runs it seldom), and its inputs (under --workers, a slot of a worker's arena,
-    which a few failures filled)."""
-    if not future.done() or future.cancelled():
-        return
-    pending, seen = [future.exception()], set()
-    while pending:
-        error = pending.pop()
-        if error is None or id(error) in seen:
-            continue
-        seen.add(id(error))
-        traceback.clear_frames(error.__traceback__)
-        pending += [getattr(error, "cause", None), error.__cause__, error.__context__]
+        # Its traceback, less _run's frame (where it was caught): that frame holds the batch, so
+        # this request's future, so this error; a cycle that only the collector breaks (and the
+        # server runs it seldom), keeping the inputs (under --workers, an arena slot) meanwhile.
+        below = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
+        return BatchFailed(message, exc.with_traceback(below))
 
 
 def _settle(
