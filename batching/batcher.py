@@ -434,7 +434,8 @@ class Batcher:
             # Outside the handler, so their errors do not chain to this one, whose traceback
             # holds this frame and so the whole batch.
             for item in batch:
-                await self._run([item])
+                if not item.future.done():  # not one whose caller left (or was answered) since
+                    await self._run([item])
             return
         finished = time.monotonic()
         timings = BatchTimings(assembled - started, ran - assembled, finished - ran)

@@ -437,6 +437,26 @@ async def test_a_failed_batch_holds_no_inputs(recorder: Recorder, company: int) 
     await batcher.close()
 
 
+async def test_a_caller_who_left_during_a_failed_batch_is_not_run_again_alone(
+    recorder: Recorder,
+) -> None:
+    """A failed batch's requests are run again one by one to find the one that broke it: not
+    those whose callers left meanwhile (their work would be done for nobody)."""
+    recorder.gate = asyncio.Event()
+    batcher = make(recorder, max_batch_size=4, max_queue_delay_s=0.05)
+    tasks = await submit_all(batcher, [rows(-1), rows(2), rows(3)])
+    await recorder.entered.get()  # the three are in one batch, inside run_batch
+    tasks[1].cancel()
+    await settle()
+    recorder.gate.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], BatchFailed)
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert results[2]["y"][0, 0] == 6  # type: ignore[index]
+    assert recorder.batches == [[-1, 2, 3], [-1], [3]]
+    await batcher.close()
+
+
 async def test_instances_run_batches_concurrently(recorder: Recorder) -> None:
     recorder.gate = asyncio.Event()
     batcher = make(recorder, max_batch_size=1, instances=2)
