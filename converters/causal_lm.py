@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from converters.errors import ConversionError, MissingDependency
+from converters.hf_encoder import refuse_remote_code
 from converters.options import ConvertOptions
 from converters.publish import check_name, config_text, publish
 from converters.quiet import quiet
@@ -86,10 +87,11 @@ def _load(folder: Path) -> tuple[Any, Any, DecoderShape]:
         )
     from tokenizers import Tokenizer
 
+    refuse_remote_code(folder)
     with quiet():
         try:
             model: Any = transformers.AutoModelForCausalLM.from_pretrained(
-                folder, local_files_only=True, attn_implementation="eager"
+                folder, local_files_only=True, attn_implementation="eager", trust_remote_code=False
             )
             model.eval()
         except Exception as exc:

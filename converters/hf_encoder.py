@@ -50,6 +50,26 @@ def is_hf_folder(text: str) -> bool:
     return (Path(text) / "config.json").is_file()
 
 
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json")
+
+
+def refuse_remote_code(folder: Path) -> None:
+    """ConversionError when the folder asks transformers to import its own Python code
+    (`auto_map`): sluice never runs code from a model folder (transformers would ask on stdin,
+    and a piped 'y' would run it). Every loader also passes trust_remote_code=False."""
+    for name in REMOTE_CODE_FILES:
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue  # absent or unreadable: the loader says so
+        if isinstance(data, dict) and "auto_map" in data:
+            raise ConversionError(
+                f"'{folder / name}' has auto_map: the folder's own Python code would define the "
+                "model, and sluice convert never runs code from a model folder; export a model "
+                "of a built-in transformers architecture"
+            )
+
+
 def _architectures(folder: Path) -> list[str]:
     try:
         found = json.loads((folder / "config.json").read_text()).get("architectures") or []
@@ -141,14 +161,17 @@ def load_encoder(folder: Path) -> EncoderSource:
             f"'{folder}' has no tokenizer.json; the served pipeline's tokenizer step needs the "
             "fast tokenizer file (save the tokenizer with transformers' save_pretrained)"
         )
+    refuse_remote_code(folder)
     if (folder / "modules.json").is_file():
         return _load_sentence_transformer(folder)
     with quiet():
         try:
             model = transformers.AutoModelForSequenceClassification.from_pretrained(
-                folder, local_files_only=True, attn_implementation="eager"
+                folder, local_files_only=True, attn_implementation="eager", trust_remote_code=False
             ).eval()
-            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            tokenizer = transformers.AutoTokenizer.from_pretrained(
+                folder, local_files_only=True, trust_remote_code=False
+            )
         except Exception as exc:
             raise ConversionError(f"transformers cannot load '{folder}': {exc}") from exc
     config = model.config
@@ -185,6 +208,7 @@ def _load_sentence_transformer(folder: Path) -> EncoderSource:
                 str(folder),
                 device="cpu",
                 local_files_only=True,
+                trust_remote_code=False,
                 model_kwargs={"attn_implementation": "eager"},
             ).eval()
         except Exception as exc:

@@ -250,6 +250,40 @@ def test_a_folder_without_tokenizer_json_is_refused(
     assert "has no tokenizer.json" in result.output
 
 
+@pytest.mark.parametrize("kind", ["classifier", "causal-lm"])
+def test_a_folder_that_brings_its_own_code_is_refused_and_its_code_never_runs(
+    cls_folder: Path, tmp_path: Path, kind: str
+) -> None:
+    """config.json's auto_map makes transformers import the folder's own Python: it asked on
+    stdin (trust_remote_code unset), so `echo y | sluice convert` ran the folder's code."""
+    from click.testing import CliRunner
+
+    from converters.cli import convert
+
+    folder = tmp_path / kind
+    if kind == "classifier":
+        folder.mkdir()
+        for item in cls_folder.iterdir():
+            (folder / item.name).write_bytes(item.read_bytes())
+    else:
+        tiny_gpt2(folder)
+    marker = tmp_path / "ran"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel",
+                          "AutoModelForCausalLM": "evil.EvilModel",
+                          "AutoModelForSequenceClassification": "evil.EvilModel"}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(
+        convert, [str(folder), "--repository", str(tmp_path / "repo")], input="y\ny\n"
+    )
+    assert result.exit_code == 1
+    assert f"'{folder / 'config.json'}' has auto_map" in result.output
+    assert "never runs code from a model folder" in result.output
+    assert not marker.exists()
+    assert not (tmp_path / "repo").exists()
+
+
 def test_a_folder_of_another_architecture_is_refused_naming_what_converts(
     tmp_path: Path, convert_cli: Convert
 ) -> None:
