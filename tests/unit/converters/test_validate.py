@@ -110,6 +110,17 @@ def test_same_size_different_rank_is_compared_but_other_sizes_fail() -> None:
     assert result.outputs[0].reasons[0] == "shape [10, 2] differs from the source's [10]"
 
 
+def test_same_size_other_shape_fails() -> None:
+    """A [batch, 6] source converted to a [batch, 2, 3] model: equal element counts passed
+    validation and the reshaped model was published."""
+    source = FunctionRunner(lambda x: [np.concatenate([x, x[:, :2]], axis=1)], ["y"])
+    reshaped = FunctionRunner(lambda x: [np.concatenate([x, x[:, :2]], axis=1).reshape(-1, 2, 3)],
+                              ["y"])  # fmt: skip
+    result = compare(source, reshaped, batches(), DEFAULT_TOLERANCES["fp32"])
+    assert not result.passed
+    assert result.outputs[0].reasons[0] == "shape [10, 2, 3] differs from the source's [10, 6]"
+
+
 def test_output_count_mismatch_fails() -> None:
     source = FunctionRunner(lambda x: [x, x], ["a", "b"])
     converted = FunctionRunner(lambda x: [x], ["a"])
