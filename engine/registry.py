@@ -18,6 +18,10 @@ from engine.settings import Settings, SettingsError
 
 log = logging.getLogger("sluice.registry")
 
+NO_VERSION = (
+    "no version folder holds the backend's model file among the versions its version_policy selects"
+)
+
 
 class ModelRegistry:
     """Model versions by name, kept in line with the repository folder."""
@@ -127,6 +131,12 @@ class ModelRegistry:
         load that fails keeps the config that was in force (its versions keep serving)."""
         self._require_control()
         check_name("model", name)
+        if config is not None and name in self._models:
+            # A config that serves nothing (its backend's file or its version_policy's versions
+            # are not in the folder) would retire the serving versions: refused before that.
+            entry = self.repository.entry(name, config)
+            if entry is None or not entry.versions:
+                raise InvalidInput(f"failed to load model '{name}': {NO_VERSION}")
         before = self._configs.pop(name, None)
         if config is not None:
             self._configs[name] = config
@@ -182,7 +192,7 @@ class ModelRegistry:
                     self._clear_failed(name)
                     await self._retire(list(self._models.pop(name, {}).values()))
                     if entry is not None:
-                        self._failed[(name, "")] = "no version folder with a model file"
+                        self._failed[(name, "")] = NO_VERSION
                     return
                 await self._load_entry(entry)
             finally:

@@ -344,7 +344,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML file's top-level mapping, or SettingsError saying why it is not one."""
     try:
         data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise SettingsError(f"cannot read {path}: {exc}") from exc
     if not isinstance(data, dict):
         raise SettingsError(

@@ -160,6 +160,35 @@ async def test_a_config_that_fails_to_load_keeps_the_serving_one(explicit: Engin
     assert served(explicit).max_batch_size == 4
 
 
+@pytest.mark.parametrize(
+    "config", ['{"version_policy": {"specific": [9]}}', '{"backend": "tensorrt"}']
+)
+async def test_a_config_that_serves_no_version_keeps_the_serving_one(
+    explicit: Engine, config: str
+) -> None:
+    """A load whose config selects no version in the folder (a version that is not there, a
+    backend whose file is not there) answered 400 and took the serving model down."""
+    with pytest.raises(InvalidInput, match="failed to load model 'demo'") as refused:
+        await explicit.load_model("demo", {"config": config})
+    assert explicit.model_ready("demo") is True
+    assert "no version folder holds the backend's model file" in refused.value.message
+    assert (await explicit.infer(request())).outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_config_yaml_that_is_not_utf8_fails_its_model_alone(
+    start: StartEngine, repo: Path
+) -> None:
+    """It was a UnicodeDecodeError out of the registry's start: the server did not start."""
+    shutil.rmtree(repo / "broken")
+    shutil.copytree(repo / "demo", repo / "garbled")
+    (repo / "garbled" / "config.yaml").write_bytes(b"\xff\xfemax_batch_size: 8\n")
+    engine = await start(strict_readiness=False)
+    assert engine.model_ready("demo") is True
+    assert engine.model_ready("garbled") is False
+    with pytest.raises(ModelNotReady, match=r"cannot read .*garbled/config.yaml"):
+        await engine.infer(request("garbled"))
+
+
 async def test_a_config_that_does_not_validate_is_refused_before_loading(explicit: Engine) -> None:
     with pytest.raises(InvalidInput, match=r"load parameter 'config'.*\n  instances: "):
         await explicit.load_model("demo", {"config": '{"instances": 0}'})
