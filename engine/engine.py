@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from batching.errors import BatchingError
+from batching.errors import BatchingError, DeadlinePassed, QueueFull
 from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import (
     CachedResult,
@@ -62,6 +62,9 @@ EXTENSIONS = [
     "binary_tensor_data", "model_configuration", "model_repository",
     "model_repository(unload_dependents)", "statistics", "schedule_policy",
 ]  # fmt: skip
+
+NEVER_RAN = (QueueFull, DeadlinePassed)
+"""What the batcher refuses before running a request: its admission charge is refunded."""
 
 
 class Engine:
@@ -192,8 +195,13 @@ class Engine:
         admit = self.limiter.admit(tenant, model.name, rows)
         if self.tracing is not None:
             admit = self.tracing.stage("admission", admit)
-        with await admit:  # released on the way out; a coroutine pair less than async with
-            return await self._admitted(model, request, rows, priority, started, use_cache)
+        with await admit as admission:  # released on the way out (a coroutine pair less)
+            try:
+                return await self._admitted(model, request, rows, priority, started, use_cache)
+            except EngineError as exc:
+                if isinstance(exc.__cause__, NEVER_RAN):  # refused by the queue: nothing used
+                    await admission.refund(admission.charged)
+                raise
 
     def _priority(
         self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int

@@ -12,7 +12,7 @@ import pytest
 
 from engine.demo import write_demo_repository
 from engine.engine import Engine
-from engine.errors import DeadlineExceeded, InvalidInput
+from engine.errors import DeadlineExceeded, InvalidInput, Overloaded
 from engine.settings import load_settings
 from engine.types import InferRequest
 
@@ -96,3 +96,34 @@ async def test_a_timeout_counts_from_when_the_front_end_took_the_request(engine:
         odd = request(x, timeout_s=0.5)
         odd.arrived = unbelievable
         assert (await engine.infer(odd)).outputs["probabilities"].shape == (1, 10)
+
+
+async def test_requests_the_queue_refuses_unrun_are_not_charged(tmp_path: Path) -> None:
+    """A full queue's 503 and a queued timeout's 504 run nothing: their quota is refunded (it
+    was kept, so a tenant's day quota went to requests it never got answers for)."""
+    repo = write_demo_repository(tmp_path / "models")
+    config = repo / "demo" / "config.yaml"
+    config.write_text(
+        config.read_text() + "max_batch_size: 1\ndynamic_batching: {max_queue_size: 2}\n"
+    )
+    settings = load_settings(model_repository=repo, rate_limit={"default": {"quota_per_day": 100}})
+    engine = Engine(settings)
+    await engine.start()
+    try:
+        batcher = engine.registry.resolve("demo", None).batcher
+        batcher.pause()
+        x = np.ones((1, 16), np.float32)
+        first = asyncio.create_task(engine.infer(request(x)))
+        await asyncio.sleep(0)
+        with pytest.raises(DeadlineExceeded, match="it was not run"):
+            await engine.infer(request(x, timeout_s=0.01))
+        second = asyncio.create_task(engine.infer(request(x)))
+        await asyncio.sleep(0)  # the queue's two places are taken
+        with pytest.raises(Overloaded, match="queue is full"):
+            await engine.infer(request(x))
+        batcher.resume()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        usage = await engine.limiter.usage("anonymous")
+        assert usage["day"]["used"] == 2
+    finally:
+        await engine.close()
