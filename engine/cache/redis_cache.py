@@ -30,7 +30,7 @@ from typing import Any, TypeVar, cast
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from engine.cache import codec
 from engine.cache.contract import CachedResult, CacheStats, Expected
@@ -50,6 +50,18 @@ class _Failed:
 
 
 _FAILED = _Failed()
+
+
+NOT_A_STRING = b"(not a string)"
+"""Stands for an entry whose key holds another Redis type (a hash, a list): rejected and deleted
+as a corrupt entry would be, not taken for Redis being down (which turned the cache off for
+everyone while the key stayed)."""
+
+
+def _entry_error(exc: ResponseError) -> bytes:
+    if str(exc).startswith("WRONGTYPE"):
+        return NOT_A_STRING
+    raise exc
 
 
 class RedisCache:
@@ -192,6 +204,8 @@ class RedisCache:
         raw, ttl_ms = reply[0], reply[1]
         decode = functools.partial(codec.decode, raw, signer=self._signer, key=key)
         try:
+            if raw is NOT_A_STRING:
+                raise codec.CorruptEntry("the key holds a Redis value that is not a string")
             offload = len(raw) > self._offload_bytes
             result = await asyncio.to_thread(decode) if offload else decode()
             if result.nbytes > self.max_entry_bytes:
@@ -213,14 +227,22 @@ class RedisCache:
         return result, (ttl_ms / 1000 if ttl_ms is not None and ttl_ms > 0 else None)
 
     async def _get(self, key: bytes) -> tuple[bytes | None, int | None]:
-        raw = await self._client.get(key)
+        try:
+            raw = await self._client.get(key)
+        except ResponseError as exc:
+            return _entry_error(exc), None
         return cast("bytes | None", raw), None  # decode_responses is off: always bytes
 
     async def _get_and_pttl(self, key: bytes) -> tuple[bytes | None, int | None]:
         async with self._client.pipeline(transaction=False) as pipe:
             pipe.get(key)
             pipe.pttl(key)
-            raw, ttl_ms = await pipe.execute()
+            raw, ttl_ms = await pipe.execute(raise_on_error=False)
+        if isinstance(raw, ResponseError):
+            return _entry_error(raw), None
+        for reply in (raw, ttl_ms):
+            if isinstance(reply, Exception):
+                raise reply
         return raw, ttl_ms
 
     async def _write(self, key: bytes, value: bytes, ttl_ms: int) -> None:

@@ -116,6 +116,23 @@ async def test_corrupt_entry_is_a_miss_and_deleted(
     assert (cache.stats.misses, cache.stats.errors, cache.stats.hits) == (1, 1, 0)
 
 
+@pytest.mark.parametrize("with_ttl", [False, True])
+async def test_a_key_of_another_type_is_a_rejected_entry_not_an_outage(
+    cache: RedisCache, prefix: bytes, raw: Redis, with_ttl: bool
+) -> None:
+    """A hash planted under a cache key answered WRONGTYPE, taken for Redis being down: every
+    request was a miss for retry_interval_s, again and again, and the key was never deleted."""
+    await raw.hset(prefix + b"planted", mapping={"a": "b"})
+    get = cache.get_with_ttl if with_ttl else cache.get
+    assert await get(prefix + b"planted") is None
+    await cache.flush()
+    assert await raw.exists(prefix + b"planted") == 0
+    assert (cache.stats.rejected, cache.stats.misses) == (1, 1)
+    await cache.put(prefix + b"good", result([1.0]), ttl_s=60)
+    await cache.flush()
+    assert await cache.get(prefix + b"good") is not None  # the cache is not off
+
+
 async def test_oversized_result_is_not_stored(redis_url: str, prefix: bytes, raw: Redis) -> None:
     cache = RedisCache(redis_url, timeout_s=2.0, max_entry_bytes=16)
     await cache.put(prefix + b"k", result([1.0] * 8), ttl_s=60)  # 32 + 3 bytes
