@@ -265,7 +265,7 @@ class Engine:
 
         try:
             if use_cache:
-                result, hit = await self._cached(model, request, rows, compute, deadline)
+                result, hit = await self._cached(model, request, rows, compute, deadline, priority)
                 parameters["cache_hit"] = hit
             else:
                 result = await compute()
@@ -289,6 +289,7 @@ class Engine:
         rows: int,
         compute: Callable[[float | None], Awaitable[CachedResult]],
         deadline: float | None,
+        priority: int,
     ) -> tuple[CachedResult, bool]:
         """The cached result, or one computed once for every identical request in flight. The
         shared computation has no deadline of its own: each caller waits up to its own, and the
@@ -319,11 +320,14 @@ class Engine:
             await cache.put(key, result, model.config.cache.ttl_s)
             return result
 
+        # Callers join a computation queued at their own priority level: one queued at a lower
+        # level would make a higher-priority caller wait behind that level's backlog.
+        flight = key + b"|%d" % priority
         if deadline is None:
-            return await self._coalescer.run(key, compute_and_store), False
+            return await self._coalescer.run(flight, compute_and_store), False
         try:
             async with asyncio.timeout(deadline - time.monotonic()):
-                return await self._coalescer.run(key, compute_and_store), False
+                return await self._coalescer.run(flight, compute_and_store), False
         except TimeoutError:
             raise DeadlineExceeded(
                 f"request to {model.label} was not answered within its timeout"

@@ -127,3 +127,38 @@ async def test_requests_the_queue_refuses_unrun_are_not_charged(tmp_path: Path) 
         assert usage["day"]["used"] == 2
     finally:
         await engine.close()
+
+
+async def test_a_repeat_at_a_higher_priority_is_not_held_at_the_lower_level(
+    tmp_path: Path,
+) -> None:
+    """A priority-1 request identical to a queued priority-2 one joined that computation and
+    was served after the whole priority-2 backlog."""
+    repo = write_demo_repository(tmp_path / "models")
+    config = repo / "demo" / "config.yaml"
+    config.write_text(
+        "max_batch_size: 1\ncache: {enabled: true, ttl_s: 60}\n"
+        "dynamic_batching: {priority_levels: 2, default_priority_level: 2}\n"
+    )
+    engine = Engine(load_settings(model_repository=repo))
+    await engine.start()
+    try:
+        batcher = engine.registry.resolve("demo", None).batcher
+        batcher.pause()
+        done: list[str] = []
+
+        async def ask(name: str, value: float, priority: int) -> None:
+            x = np.full((1, 16), value, np.float32)
+            await engine.infer(InferRequest("demo", {"x": x}, {"x": "FP32"}, priority=priority))
+            done.append(name)
+
+        tasks = [asyncio.create_task(ask(f"low{i}", i, 2)) for i in range(3)]
+        tasks.append(asyncio.create_task(ask("X low", 9, 2)))
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(ask("X high", 9, 1)))
+        await asyncio.sleep(0)
+        batcher.resume()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert done.index("X high") < done.index("low1")
+    finally:
+        await engine.close()
