@@ -105,7 +105,12 @@ def _load_torch_archive(path: Path, trust_pickle: bool) -> Source:
         raise ConversionError(f"'{path}' is not a PyTorch archive (zip): {exc}") from exc
     if any(name.endswith("/constants.pkl") for name in names):
         with quiet():
-            module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+            try:
+                module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+            except Exception as exc:  # a zip that only looks like TorchScript
+                raise ConversionError(
+                    f"'{path}' is not a TorchScript archive torch can load: {exc}"
+                ) from exc
         return Source("torchscript", str(path), module)
     if any(name.endswith("/archive_format") for name in names):
         from converters.archive import load_exported_program
@@ -137,14 +142,25 @@ def _build_module(module_name: str, attr: str, weights: Path | None) -> Any:
         factory = getattr(factory, part)
     if not callable(factory):
         raise ConversionError(f"'{module_name}:{attr}' is a {type(factory).__name__}, not callable")
-    module = factory()
+    try:
+        module = factory()
+    except Exception as exc:
+        raise ConversionError(
+            f"'{module_name}:{attr}()' failed: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(module, torch.nn.Module):
         raise ConversionError(
             f"'{module_name}:{attr}()' returned a {type(module).__name__}; "
             "expected a torch.nn.Module"
         )
     if weights is not None:
-        state = torch.load(str(weights), map_location="cpu", weights_only=True)
+        try:  # weights_only: tensors and plain containers, never code
+            state = torch.load(str(weights), map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ConversionError(
+                f"weights '{weights}' are not a state dict of tensors torch loads without running "
+                f"code: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            ) from exc
         if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
             state = state["state_dict"]
         try:

@@ -111,3 +111,21 @@ def test_torch_archives_are_told_apart(tmp_path: Path) -> None:
     (tmp_path / "plain.pt").write_text("not a zip")
     with pytest.raises(ConversionError, match=r"is not a PyTorch archive"):
         load_source(str(tmp_path / "plain.pt"))
+
+
+def test_broken_torch_sources_are_conversion_errors_not_tracebacks(tmp_path: Path) -> None:
+    """Each was an uncaught exception out of `sluice convert` (a traceback, exit 1)."""
+    import zipfile
+
+    with zipfile.ZipFile(tmp_path / "fake.ts", "w") as archive:
+        archive.writestr("x/constants.pkl", b"not a pickle")
+    with pytest.raises(ConversionError, match=r"fake.ts' is not a TorchScript archive"):
+        load_source(str(tmp_path / "fake.ts"))
+    (tmp_path / "factory.py").write_text("def build():\n    raise RuntimeError('no net')\n")
+    with pytest.raises(ConversionError, match=r"build\(\)' failed: RuntimeError: no net"):
+        load_source(f"{tmp_path / 'factory.py'}:build")
+    torch.save({"path": Path("x")}, tmp_path / "objects.pt")  # not tensors: refused unpickled
+    (tmp_path / "junk.pt").write_bytes(b"junk")
+    for weights in ("objects.pt", "junk.pt"):
+        with pytest.raises(ConversionError, match=rf"weights '.*{weights}' are not a state dict"):
+            load_source(f"{NETS}:build_cnn", weights=tmp_path / weights)
