@@ -104,6 +104,9 @@ class ModelRegistry:
         model = versions.get(version)
         if model is None:
             check_name("version", version)
+            reason = self._failed.get((name, version))
+            if reason is not None:  # its folder is there; it failed to load
+                raise ModelNotReady(name, version, f"failed to load: {reason}")
             raise ModelNotFound(name, version, available=sorted(versions, key=int))
         return model
 

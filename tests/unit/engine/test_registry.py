@@ -105,6 +105,8 @@ async def test_a_broken_new_version_keeps_the_old_one_serving(explicit: Engine, 
     assert (await explicit.infer(request())).model_version == "1"
     states = {(row["version"], row["state"]) for row in explicit.repository_index()}
     assert states == {("1", "READY"), ("2", "UNAVAILABLE")}
+    with pytest.raises(ModelNotReady, match=r"'demo'.*2.*failed to load: "):  # not "unknown"
+        explicit.registry.resolve("demo", "2")
 
 
 async def test_a_broken_config_on_reload_keeps_the_old_config_serving(
