@@ -112,7 +112,18 @@ def copy_models(repository: Path, destination: Path) -> list[str]:
             f"model repository {repository}: no servable version in "
             f"{', '.join(empty) or 'any model folder'}; expected <name>/<version>/model.onnx"
         )
-    shutil.copytree(repository, destination, symlinks=False)
+    try:
+        shutil.copytree(repository, destination, symlinks=False)
+    except shutil.Error as exc:  # every file that failed: (source, destination, why)
+        failures = exc.args[0] if exc.args and isinstance(exc.args[0], list) else [exc]
+        first = failures[0]
+        why = f"{first[0]}: {first[2]}" if isinstance(first, tuple) and len(first) == 3 else first
+        raise BundleError(
+            f"model repository {repository}: {len(failures)} file(s) could not be copied; "
+            f"the first: {why}"
+        ) from exc
+    except OSError as exc:
+        raise BundleError(f"model repository {repository}: {exc}") from exc
     return sorted(found)
 
 

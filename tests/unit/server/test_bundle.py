@@ -112,6 +112,16 @@ def test_models_are_checked_before_they_are_copied(tmp_path: Path) -> None:
         copy_models(repo, tmp_path / "copy3")
 
 
+def test_a_dangling_link_in_the_repository_is_a_bundle_error(tmp_path: Path) -> None:
+    """shutil.copytree's Error came out of `sluice bundle` as a traceback."""
+    repo = write_demo_repository(tmp_path / "repo")
+    (repo / "demo" / "notes.txt").symlink_to(tmp_path / "gone.txt")
+    with pytest.raises(
+        BundleError, match=r"1 file\(s\) could not be copied; the first: .*notes.txt"
+    ):
+        copy_models(repo, tmp_path / "copy")
+
+
 def test_the_config_is_checked_but_its_repository_path_need_not_exist(tmp_path: Path) -> None:
     config = tmp_path / "server.yaml"
     config.write_text("model_repository: /srv/elsewhere\ndrain_timeout_s: 12\n")
