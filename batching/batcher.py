@@ -153,23 +153,37 @@ class Batcher:
         tenant: str = "",
         deadline: float | None = None,
         arrived: float | None = None,
+        on_run: Callable[[], None] | None = None,
+        on_leave: Callable[[], None] | None = None,
     ) -> Tensors:
         """Queue one request and wait for its outputs. `priority` is a level from 1 (highest) to
         `policy.priority_levels`; `deadline` and `arrived` (when the server took the request,
-        where a latency target counts from; default now) are on time.monotonic()."""
-        if self._closing:
-            raise BatcherClosed()
-        loop = asyncio.get_running_loop()
+        where a latency target counts from; default now) are on time.monotonic(). `on_run` is
+        called when its batch starts; `on_leave` once the batcher is done with it: refused,
+        answered, withdrawn unrun, or its batch over, which for a caller who left while it ran
+        is after this returns (what the caller holds for the request, such as a concurrency
+        slot, is held until then)."""
         now = time.monotonic()
         start = now if arrived is None else arrived
         limit = "timeout"
-        if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
-            deadline, limit = start + self.policy.latency_target_s, "latency target"
-        if deadline is not None and deadline <= now:
-            raise DeadlinePassed(f"request reached {self.label} past its {limit}; it was not run")
-        group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
-        item = Pending(inputs, rows, priority, tenant, group, now, loop.create_future(), deadline)
-        self.queue.put(item)
+        try:
+            if self._closing:
+                raise BatcherClosed()
+            if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
+                deadline, limit = start + self.policy.latency_target_s, "latency target"
+            if deadline is not None and deadline <= now:
+                raise DeadlinePassed(
+                    f"request reached {self.label} past its {limit}; it was not run"
+                )
+            group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
+            item = Pending(inputs, rows, priority, tenant, group, now,
+                           asyncio.get_running_loop().create_future(), deadline,
+                           on_run=on_run, on_leave=on_leave)  # fmt: skip
+            self.queue.put(item)
+        except BaseException:
+            if on_leave is not None:
+                on_leave()
+            raise
         self._last_put = now
         self._wakeup.set()
         try:
@@ -182,14 +196,18 @@ class Batcher:
                 if item.state == RUNNING:
                     return await asyncio.shield(item.future)
                 self.queue.cancel(item)
+                _leave(item)
                 raise DeadlinePassed(
                     f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
                     f"past its {limit} of {deadline - start:.3f} s; it was not run"
                 ) from None
         except asyncio.CancelledError:
-            # The client left: a queued request is withdrawn and never computed.
+            # The client left: a queued request is withdrawn and never computed (a running one
+            # leaves the batcher with its batch).
             self.queue.cancel(item)
             item.future.cancel()
+            if item.state != RUNNING:
+                _leave(item)
             raise
         finally:
             # An error raised from the future keeps this frame in its traceback: not the item,
@@ -401,6 +419,9 @@ class Batcher:
             now = time.monotonic()
             for item in batch:
                 self._observer.request_dequeued(now - item.enqueued)
+                started, item.on_run = item.on_run, None
+                if started is not None:
+                    started()
             await self._run(batch)
         finally:
             self._slots.release()
@@ -409,6 +430,7 @@ class Batcher:
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():
                     _settle(item, exc=BatcherClosed("server shut down while this request ran"))
+                _leave(item)  # one whose caller left while it ran, or skipped by the reruns
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
@@ -457,9 +479,16 @@ class Batcher:
         return BatchFailed(message, exc.with_traceback(below))
 
 
+def _leave(item: Pending) -> None:
+    left, item.on_leave = item.on_leave, None
+    if left is not None:
+        left()
+
+
 def _settle(
     item: Pending, result: dict[str, np.ndarray] | None = None, exc: Exception | None = None
 ) -> None:
+    _leave(item)
     if item.future.done():  # the caller already left
         return
     if exc is not None:

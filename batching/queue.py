@@ -31,6 +31,10 @@ class Pending:
     deadline: float | None = None
     """time.monotonic() by which it must be answered (its timeout or the latency target)."""
     state: str = field(default=QUEUED)
+    on_run: Callable[[], None] | None = None
+    """Called when its batch starts running."""
+    on_leave: Callable[[], None] | None = None
+    """Called once the batcher is done with it (see Batcher.submit)."""
 
 
 class RequestQueue:

@@ -37,6 +37,7 @@ from engine.errors import (
     from_batching,
 )
 from engine.limits import Limiter, build_limiter
+from engine.limits.limiter import Admission
 from engine.metrics import Metrics
 from engine.model import LoadedModel
 from engine.registry import ModelRegistry
@@ -85,6 +86,7 @@ class Engine:
         self.authenticator = Authenticator(settings.auth)
         self.limiter: Limiter = build_limiter(settings.rate_limit)
         self._coalescer: Coalescer[CachedResult] = Coalescer(clone=copy_result)
+        self._running_flights: dict[bytes, asyncio.Event] = {}  # set once its batch runs
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -197,7 +199,9 @@ class Engine:
             admit = self.tracing.stage("admission", admit)
         with await admit as admission:  # released on the way out (a coroutine pair less)
             try:
-                return await self._admitted(model, request, rows, priority, started, use_cache)
+                return await self._admitted(
+                    model, request, rows, priority, started, use_cache, admission
+                )
             except EngineError as exc:
                 if isinstance(exc.__cause__, NEVER_RAN):  # refused by the queue: nothing used
                     await admission.refund(admission.charged)
@@ -236,6 +240,7 @@ class Engine:
         priority: int,
         started: float,
         use_cache: bool,
+        admission: Admission,
     ) -> InferResponse:
         batching = model.config.dynamic_batching
         timeout_s = request.timeout_s or batching.default_timeout_s
@@ -247,9 +252,15 @@ class Engine:
         types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
         parameters: dict[str, Any] = {}
 
-        async def compute(deadline: float | None = deadline) -> CachedResult:
+        async def compute(
+            deadline: float | None = deadline, on_run: Callable[[], None] | None = None
+        ) -> CachedResult:
             tenant = request.tenant or ANONYMOUS_TENANT
-            submit = model.batcher.submit(request.inputs, rows, priority, tenant, deadline, arrived)
+            # The admission's slots are held while the batcher holds the request: a caller who
+            # leaves while it runs does not free a place for another run of the tenant's.
+            submit = model.batcher.submit(
+                request.inputs, rows, priority, tenant, deadline, arrived, on_run, admission.hold()
+            )
             if self.tracing is not None:
                 submit = self.tracing.batched(submit, model.last_run)
             try:
@@ -287,13 +298,14 @@ class Engine:
         model: LoadedModel,
         request: InferRequest,
         rows: int,
-        compute: Callable[[float | None], Awaitable[CachedResult]],
+        compute: Callable[[float | None, Callable[[], None] | None], Awaitable[CachedResult]],
         deadline: float | None,
         priority: int,
     ) -> tuple[CachedResult, bool]:
         """The cached result, or one computed once for every identical request in flight. The
-        shared computation has no deadline of its own: each caller waits up to its own, and the
-        computation is withdrawn when the last caller leaves."""
+        shared computation has no deadline of its own: each caller's timeout counts while it is
+        queued (it is withdrawn when the last caller leaves); once it runs, a caller waits for
+        it, as for a request without the cache."""
         assert self.cache is not None
         cache = self.cache
         parameters = request.parameters
@@ -315,23 +327,38 @@ class Engine:
             return hit, True
         model.stats.cache_miss.add(time.monotonic() - looked_up)
 
-        async def compute_and_store() -> CachedResult:
-            result = await compute(None)
-            await cache.put(key, result, model.config.cache.ttl_s)
-            return result
-
         # Callers join a computation queued at their own priority level: one queued at a lower
         # level would make a higher-priority caller wait behind that level's backlog.
         flight = key + b"|%d" % priority
+        running = self._running_flights.get(flight)
+        if running is None and not self._coalescer.waiters(flight):  # this caller starts it
+            running = self._running_flights[flight] = asyncio.Event()
+
+        async def compute_and_store() -> CachedResult:
+            try:
+                result = await compute(None, running.set if running is not None else None)
+            finally:
+                if self._running_flights.get(flight) is running:
+                    del self._running_flights[flight]
+            await cache.put(key, result, model.config.cache.ttl_s)
+            return result
+
         if deadline is None:
             return await self._coalescer.run(flight, compute_and_store), False
+        joined = asyncio.ensure_future(self._coalescer.run(flight, compute_and_store))
         try:
             async with asyncio.timeout(deadline - time.monotonic()):
-                return await self._coalescer.run(flight, compute_and_store), False
+                return await asyncio.shield(joined), False
         except TimeoutError:
+            if running is not None and running.is_set():
+                return await joined, False
+            joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
             raise DeadlineExceeded(
-                f"request to {model.label} was not answered within its timeout"
+                f"request to {model.label} waited past its timeout in the queue; it was not run"
             ) from None
+        except BaseException:
+            joined.cancel()
+            raise
 
     # -- metadata --------------------------------------------------------------------------------
 

@@ -93,10 +93,14 @@ class PipelineBatcher(Batcher):
         tenant: str = "",
         deadline: float | None = None,
         arrived: float | None = None,
+        on_run: Callable[[], None] | None = None,
+        on_leave: Callable[[], None] | None = None,
     ) -> dict[str, np.ndarray]:
         request = PipelineRequest(inputs)
         request.priority, request.tenant, request.deadline = priority, tenant, deadline
-        return await super().submit(request, rows, priority, tenant, deadline, arrived)
+        return await super().submit(
+            request, rows, priority, tenant, deadline, arrived, on_run, on_leave
+        )
 
 
 def _label(name: str, index: int, step: PipelineStep) -> str:

@@ -60,7 +60,7 @@ class Admission:
     """A granted request. Holds its concurrency slots until `release()` (or the end of a
     `with`/`async with` block); releasing twice is harmless."""
 
-    __slots__ = ("_refund", "_release", "charged", "headers", "priority")
+    __slots__ = ("_holds", "_left", "_refund", "_release", "charged", "headers", "priority")
 
     def __init__(
         self,
@@ -69,6 +69,8 @@ class Admission:
         priority: int = 0,
     ) -> None:
         self._release = release
+        self._holds = 0
+        self._left = False  # the `with` block is over
         self._refund: Callable[[int], Awaitable[None]] | None = None
         self.charged = 0
         """Units charged to the tenant's buckets and quotas (0 when none applies)."""
@@ -83,6 +85,21 @@ class Admission:
         if release is not None:
             release()
 
+    def hold(self) -> Callable[[], None]:
+        """Keep the concurrency slots past the end of the `with` block until the function
+        returned is called: the batcher calls it when it is done with the request, which for a
+        request whose caller left (or timed out) while it ran is once its batch is over."""
+        if self._release is None:
+            return _nothing
+        self._holds += 1
+
+        def let_go() -> None:
+            self._holds -= 1
+            if self._left and not self._holds:
+                self.release()
+
+        return let_go
+
     async def refund(self, units: int) -> None:
         """Give back `units` of the `charged` ones, once (later calls do nothing): for a request
         charged up front for more than it used, such as a generation that stopped before
@@ -96,7 +113,9 @@ class Admission:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self._left = True
+        if not self._holds:
+            self.release()
 
     async def __aenter__(self) -> Admission:
         return self
@@ -104,7 +123,11 @@ class Admission:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.release()
+        self.__exit__()
+
+
+def _nothing() -> None:
+    pass
 
 
 class Limiter:

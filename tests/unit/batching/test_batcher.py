@@ -457,6 +457,35 @@ async def test_a_caller_who_left_during_a_failed_batch_is_not_run_again_alone(
     await batcher.close()
 
 
+async def test_on_leave_is_called_once_when_the_batcher_is_done_with_a_request(
+    recorder: Recorder,
+) -> None:
+    """Answered, refused, withdrawn while queued: at once. Left while running: when its batch
+    is over, not when its caller leaves (what it holds, a concurrency slot, is still used)."""
+    left: list[str] = []
+    recorder.gate = asyncio.Event()
+    batcher = make(recorder, max_batch_size=1, max_queue_size=2, max_queue_delay_s=0.0)
+
+    def submit(name: str, tag: int) -> asyncio.Task[Tensors]:
+        return asyncio.create_task(batcher.submit(rows(tag), 1, on_leave=lambda: left.append(name)))
+
+    running = submit("running", 1)
+    await recorder.entered.get()
+    queued, answered = submit("queued", 2), submit("answered", 3)
+    await settle()
+    with pytest.raises(QueueFull):
+        await batcher.submit(rows(4), 1, on_leave=lambda: left.append("refused"))
+    queued.cancel()
+    running.cancel()
+    await settle()
+    assert left == ["refused", "queued"]  # the running one's batch is not over
+    recorder.gate.set()
+    assert (await answered)["y"][0, 0] == 6
+    await settle()
+    assert sorted(left) == ["answered", "queued", "refused", "running"]
+    await batcher.close()
+
+
 async def test_instances_run_batches_concurrently(recorder: Recorder) -> None:
     recorder.gate = asyncio.Event()
     batcher = make(recorder, max_batch_size=1, instances=2)

@@ -12,7 +12,7 @@ import pytest
 
 from engine.demo import write_demo_repository
 from engine.engine import Engine
-from engine.errors import DeadlineExceeded, InvalidInput, Overloaded
+from engine.errors import DeadlineExceeded, InvalidInput, Overloaded, RateLimited
 from engine.settings import load_settings
 from engine.types import InferRequest
 
@@ -89,7 +89,7 @@ async def test_a_timeout_counts_from_when_the_front_end_took_the_request(engine:
     late = request(x, timeout_s=0.5)
     late.arrived = time.monotonic() - 1.0
     ran = stats.execution_count
-    with pytest.raises(DeadlineExceeded, match="within its timeout"):
+    with pytest.raises(DeadlineExceeded, match=r"past its timeout.*it was not run"):
         await engine.infer(late)
     assert stats.execution_count == ran  # refused before it ran
     for unbelievable in (time.monotonic() + 60.0, time.monotonic() - 7200.0):
@@ -160,5 +160,67 @@ async def test_a_repeat_at_a_higher_priority_is_not_held_at_the_lower_level(
         batcher.resume()
         await asyncio.wait_for(asyncio.gather(*tasks), 10)
         assert done.index("X high") < done.index("low1")
+    finally:
+        await engine.close()
+
+
+class HeldRuns:
+    """The demo model's batches wait inside their run until `gate` is set."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.batcher = engine.registry.resolve("demo", None).batcher
+        self.gate, self.entered = asyncio.Event(), asyncio.Event()
+        self.runs = 0
+        run = self.batcher._run_batch
+
+        async def held(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.runs += 1
+            self.entered.set()
+            await self.gate.wait()
+            return await run(inputs)
+
+        self.batcher._run_batch = held  # type: ignore[method-assign]
+
+
+async def test_a_cached_request_whose_timeout_passes_while_it_runs_gets_its_answer(
+    engine: Engine,
+) -> None:
+    """As without the cache: a timeout counts while the request is queued. With the cache the
+    caller was answered 504 while its computation ran (and the result was thrown away)."""
+    held = HeldRuns(engine)
+    asked = asyncio.create_task(engine.infer(request(np.ones((1, 16), np.float32), 0.05)))
+    await asyncio.wait_for(held.entered.wait(), 5)
+    await asyncio.sleep(0.1)  # the timeout passes while the batch runs
+    held.gate.set()
+    answer = await asyncio.wait_for(asked, 5)
+    assert answer.outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_concurrency_slot_is_held_until_a_left_request_s_batch_is_over(
+    tmp_path: Path,
+) -> None:
+    """max_concurrent 1: a caller who leaves while its request runs gave its slot back at
+    once, so the tenant's next request ran beside the one still running."""
+    repo = write_demo_repository(tmp_path / "models")
+    settings = load_settings(model_repository=repo, rate_limit={"default": {"max_concurrent": 1}})
+    engine = Engine(settings)
+    await engine.start()
+    try:
+        held = HeldRuns(engine)
+        x = np.ones((1, 16), np.float32)
+        left = asyncio.create_task(engine.infer(request(x)))
+        await asyncio.wait_for(held.entered.wait(), 5)
+        left.cancel()  # its client went away; the batch runs on
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        with pytest.raises(RateLimited):  # (it was admitted, and waited behind the held batch)
+            await asyncio.wait_for(engine.infer(request(x)), 2)
+        held.gate.set()
+        deadline = time.monotonic() + 5  # the batch finishes in its own task (and thread)
+        while (await engine.limiter.usage("anonymous"))["concurrency"]["in_flight"]:
+            assert time.monotonic() < deadline, "the slot was never given back"
+            await asyncio.sleep(0.005)
+        assert (await engine.infer(request(x))).outputs["probabilities"].shape == (1, 10)
+        assert held.runs == 2
     finally:
         await engine.close()
