@@ -73,6 +73,24 @@ class Observer(Protocol):
     def step_finished(self, step: StepResult) -> None: ...
 
 
+def check_grpc_target(config: LoadTestConfig) -> None:
+    """LoadTestError unless the gRPC target accepts a connection (HTTP/2 handshake included)
+    within the request timeout: every call would fail, and a run of failures is not a
+    measurement."""
+    if config.grpc_target is None:
+        return
+    import grpc
+
+    with grpc.insecure_channel(config.grpc_target) as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=config.timeout_s)
+        except grpc.FutureTimeoutError:
+            raise LoadTestError(
+                f"cannot reach the gRPC server at {config.grpc_target} "
+                f"(no connection within {config.timeout_s:g} s); is --grpc-url right?"
+            ) from None
+
+
 def fetch_metadata(config: LoadTestConfig) -> dict[str, Any]:
     """GET /v2/models/{name}[/versions/{v}]; LoadTestError says what went wrong."""
     path = f"/v2/models/{config.model}"
@@ -116,6 +134,7 @@ def run_load_test(config: LoadTestConfig, observer: Observer | None = None) -> L
     Raises LoadTestError when the model cannot be described or locust cannot run. Ctrl-C during
     a later step ends the ramp and returns the finished steps (`interrupted` set).
     """
+    check_grpc_target(config)
     metadata = fetch_metadata(config)
     options = UserOptions(
         model=config.model,
