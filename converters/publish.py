@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from converters.errors import ConversionError
-from converters.spec import InputSpec, PadRequest
+from converters.spec import PadRequest
 from engine.model_config import load_model_config
 from engine.repository import NAME_PATTERN
 from engine.settings import SettingsError
@@ -81,11 +81,12 @@ def config_text(config: dict[str, Any], header: list[str]) -> str:
 
 
 def describe_tensors(
-    inputs: list[InputSpec], outputs: list[tuple[str, str, list[Any]]]
+    inputs: list[dict[str, Any]], outputs: list[tuple[str, str, list[Any]]]
 ) -> list[str]:
-    """Comment lines listing the model's tensors (the server reads them from the model file)."""
+    """Comment lines listing the model's tensors (the server reads them from the model file);
+    `inputs` as the report lists them (name, datatype, shape)."""
     lines = ["Inputs and outputs come from the model file:"]
-    lines += [f"  input  {s.name}: {s.datatype} {s.dims()}" for s in inputs]
+    lines += [f"  input  {i['name']}: {i['datatype']} {i['shape']}" for i in inputs]
     lines += [f"  output {name}: {datatype} {dims}" for name, datatype, dims in outputs]
     return lines
 

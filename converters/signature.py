@@ -82,12 +82,16 @@ def default_name(source: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", base).lstrip(".-") or "model"
 
 
-def tensor_info(model: Any) -> list[tuple[str, str, list[Any]]]:
-    """(name, datatype, dims) of each graph output."""
+def tensor_info(model: Any, inputs: bool = False) -> list[tuple[str, str, list[Any]]]:
+    """(name, datatype, dims) of each graph output (or input: initializers aside)."""
     from onnx import helper
 
     info = []
-    for value in model.graph.output:
+    weights = {init.name for init in model.graph.initializer}
+    values = (
+        [v for v in model.graph.input if v.name not in weights] if inputs else model.graph.output
+    )
+    for value in values:
         tensor = value.type.tensor_type
         dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.elem_type))
         dims = [

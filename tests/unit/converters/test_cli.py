@@ -11,6 +11,7 @@ from pathlib import Path
 import joblib
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from click.testing import Result
@@ -102,6 +103,20 @@ def test_onnx_model_to_fp16(encoder_onnx: Path, tmp_path: Path, convert_cli: Con
     assert [s["name"] for s in data["steps"]][-4:] == [
         "optimize (ONNX Runtime)", "convert to fp16", "validate", "publish",
     ]  # fmt: skip
+
+
+def test_fp16_io_publishes_the_inputs_the_model_takes(tmp_path: Path, convert_cli: Convert) -> None:
+    """--fp16-io makes FP32 inputs FLOAT16: the report and config.yaml's header said FP32."""
+    result = convert_cli(
+        f"{NETS}:build_cnn", "--input", "image:FP32:-1,3,16,16", "--repository", tmp_path,
+        "--name", "cnn16", "--precision", "fp16", "--fp16-io", "--measure-iterations", "0",
+        "--json", tmp_path / "report.json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert report(tmp_path / "report.json")["inputs"][0]["datatype"] == "FP16"
+    assert "input  image: FP16" in (tmp_path / "cnn16" / "config.yaml").read_text()
+    session = ort.InferenceSession(str(tmp_path / "cnn16" / "1" / "model.onnx"))
+    assert session.get_inputs()[0].type == "tensor(float16)"
 
 
 def test_onnx_model_to_static_int8_with_calibration(
