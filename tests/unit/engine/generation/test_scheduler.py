@@ -297,44 +297,26 @@ async def test_a_full_cache_queues_then_admits(tiny: tuple[Path, Path]) -> None:
         await loaded.close()
 
 
+@pytest.mark.parametrize("waiting", [0, 1])
 async def test_sequences_submitted_together_take_a_free_place_before_counting_as_waiting(
-    tiny: tuple[Path, Path],
+    tiny: tuple[Path, Path], waiting: int
 ) -> None:
-    """Two sequences submitted back to back before the scheduler's next step (as when two
-    workers' GENERATE frames are read together): one takes the free running place and one
-    waits, and only a third is refused. The first used to count as waiting until that step,
-    so the second got a 503 from an idle model."""
-    loaded = await load(tiny[1], max_running_sequences=1, max_waiting_sequences=1)
+    """Sequences submitted back to back before the scheduler's next step (as when two workers'
+    GENERATE frames are read together): one takes the free running place, `waiting` wait, and
+    only the next is refused. The first used to count as waiting until that step, so the
+    second got a 503 from an idle model (and with max_waiting_sequences 0, the first did)."""
+    loaded = await load(tiny[1], max_running_sequences=1, max_waiting_sequences=waiting)
     try:
         generator = loaded.generator
         assert generator is not None
         params = sampling_params(8, temperature=0)
-        first = generator.start([1, 2, 3], params)
-        second = generator.start([4, 5, 6], params)  # no await in between: no step has run
-        with pytest.raises(Overloaded, match="max_waiting_sequences 1"):
+        # No await in between: no step has run.
+        started = [generator.start([1 + i, 2, 3], params) for i in range(waiting + 1)]
+        with pytest.raises(Overloaded, match=f"max_waiting_sequences {waiting}"):
             generator.start([7, 8, 9], params)
-        for sequence in (first, second):
+        for sequence in started:
             chunks = await asyncio.wait_for(collect(sequence), 10)
             assert chunks[-1].finish_reason in ("stop", "length")
-    finally:
-        await loaded.close()
-
-
-async def test_with_no_waiting_allowed_a_sequence_that_can_start_is_served(
-    tiny: tuple[Path, Path],
-) -> None:
-    """max_waiting_sequences 0: a sequence the next step starts is not waiting, so it is served;
-    only one that would have to wait for a running place is refused."""
-    loaded = await load(tiny[1], max_running_sequences=1, max_waiting_sequences=0)
-    try:
-        generator = loaded.generator
-        assert generator is not None
-        params = sampling_params(8, temperature=0)
-        first = generator.start([1, 2, 3], params)
-        with pytest.raises(Overloaded, match="max_waiting_sequences 0"):
-            generator.start([4, 5, 6], params)
-        chunks = await asyncio.wait_for(collect(first), 10)
-        assert chunks[-1].finish_reason in ("stop", "length")
     finally:
         await loaded.close()
 
