@@ -22,6 +22,10 @@ from engine.generation.config import GenerativeOptions
 from engine.settings import BatchingDefaults, SettingsError, describe, read_yaml
 from engine.step_config import PipelineOptions, PythonOptions, TokenizerOptions
 
+MAX_INT32 = 2**31 - 1
+"""Triton's model configuration holds batch sizes as int32 (its gRPC ModelConfig cannot carry
+more)."""
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -79,7 +83,7 @@ class DynamicBatching(Section):
     latency_target_s: float | None = Field(None, gt=0, le=60)
     """With `max_queue_delay_s: auto`: the deadline, from arrival, of requests that set no
     timeout (the latency the batcher plans for and sheds past)."""
-    preferred_batch_sizes: list[int] = Field(default_factory=list)
+    preferred_batch_sizes: list[Annotated[int, Field(le=MAX_INT32)]] = Field(default_factory=list)
     """Row counts at which a batch is sent at once without waiting for the delay."""
     max_queue_size: int | None = Field(None, gt=0)
     """Rows the queue holds before new requests are rejected with 503."""
@@ -272,7 +276,7 @@ class ModelConfig(Section):
     backend: Literal["onnxruntime", "tensorrt", "tokenizer", "python", "pipeline"] = "onnxruntime"
     """Runtime that executes the model: `model.onnx`, `model.plan`, `tokenizer.json`, `model.py`
     (needs allow_python_models), or the `pipeline` steps (implied by a `pipeline:` section)."""
-    max_batch_size: int | None = Field(None, ge=0)
+    max_batch_size: int | None = Field(None, ge=0, le=MAX_INT32)
     """Largest batch in rows; 0 runs the model unbatched. Default: derived from the model."""
     version_policy: VersionPolicy = Field(default_factory=VersionPolicy)
     """Which versions are served."""

@@ -94,9 +94,15 @@ def split_request(
     else:
         if not (raw_length.isascii() and raw_length.isdigit()):  # int() takes " +1_0" too
             raise InvalidInput(
-                f"{HEADER_LENGTH} is {raw_length!r}; expected a whole number of bytes"
+                f"{HEADER_LENGTH} is {raw_length!r:.40}; expected a whole number of bytes"
             )
-        json_size = int(raw_length)
+        # No header is longer than the body's own length in digits (int() refuses past 4300).
+        if len(raw_length.lstrip("0")) > len(str(len(body))):
+            raise InvalidInput(
+                f"{HEADER_LENGTH} is {raw_length[:40]}{'...' if len(raw_length) > 40 else ''} "
+                f"but the body has {len(body)} bytes"
+            )
+        json_size = int(raw_length.lstrip("0") or "0")
         if not 0 <= json_size <= len(body):
             raise InvalidInput(f"{HEADER_LENGTH} is {json_size} but the body has {len(body)} bytes")
     try:
@@ -233,9 +239,22 @@ def _chosen_encoding(accept_encoding: str | None) -> str | None:
     # mostly float data compresses poorly, so "*" does not opt in.
     for token in (accept_encoding or "").split(","):
         coding, _, params = token.strip().partition(";")
-        if coding.strip().lower() in _ENCODINGS and params.replace(" ", "") not in {"q=0", "q=0.0"}:
-            return coding.strip().lower()
+        coding = coding.strip().lower()
+        if coding in _ENCODINGS and not _refused(params):
+            return coding
     return None
+
+
+def _refused(params: str) -> bool:
+    """Whether an Accept-Encoding entry's parameters say q=0 (in any of its spellings: q=0.000,
+    Q=0; RFC 9110 qvalues have at most three decimals)."""
+    name, _, value = params.replace(" ", "").partition("=")
+    if name.lower() != "q":
+        return False
+    try:
+        return float(value) == 0.0
+    except ValueError:
+        return False
 
 
 @overload

@@ -76,6 +76,9 @@ def test_unknown_nested_key_names_dotted_path(tmp_path: Path) -> None:
     [
         ("max_batch_size: -1\n", "max_batch_size", "-1"),
         ("max_batch_size: many\n", "max_batch_size", "'many'"),
+        ("max_batch_size: 3000000000\n", "max_batch_size", "3000000000"),  # Triton's is int32
+        ("dynamic_batching:\n  preferred_batch_sizes: [4, 3000000000]\n",
+         "dynamic_batching.preferred_batch_sizes.1", "3000000000"),
         ("instances: 0\n", "instances", "0"),
         ("instances: 65\n", "instances", "65"),
         ("backend: tensorflow\n", "backend", "'tensorflow'"),

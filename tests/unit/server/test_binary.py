@@ -170,6 +170,7 @@ def _one(datatype: str, shape: list[int], size: int, **extra: Any) -> dict[str, 
     [
         ((b"{}", {binary.HEADER_LENGTH: "abc"}), "Inference-Header-Content-Length is 'abc'"),
         ((b"{}", {binary.HEADER_LENGTH: "9"}), "is 9 but the body has 2 bytes"),
+        ((b"{}", {binary.HEADER_LENGTH: "9" * 4301}), f"is {'9' * 40}... but the body has 2 "),
         ((b"{]", {binary.HEADER_LENGTH: "2"}), "inference header is not valid JSON"),
         ((b"[1]", {binary.HEADER_LENGTH: "3"}), "must be a JSON object; got list"),
         (
@@ -303,9 +304,15 @@ def test_inflation_runs_in_bounded_steps(monkeypatch: pytest.MonkeyPatch, plain_
 
 def test_no_compression_unless_asked() -> None:
     response = InferResponse("m", "1", {"y": np.zeros(3, np.float32)}, {"y": "FP32"})
-    for accept in (None, "*", "br", "gzip;q=0"):
+    for accept in (None, "*", "br", "gzip;q=0", "gzip;q=0.000", "gzip; Q=0", "deflate;q=0.00"):
         _, headers = binary.encode_response(response, set(), json_data, accept_encoding=accept)
         assert "Content-Encoding" not in headers, accept
+
+
+def test_a_header_length_of_many_digits_is_read_without_int_s_digit_limit() -> None:
+    """int() refuses strings of over 4300 digits: it was a 500."""
+    split = binary.split_request(b"{}", {binary.HEADER_LENGTH: "0" * 5000 + "2"})
+    assert split.header == {}
 
 
 @pytest.mark.parametrize("length", [" 2", "2 ", "+2", "1_0", "\u0662", "0x2", "-0", ""])
