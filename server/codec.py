@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import functools
 import itertools
+import json
 import math
 import struct
 from typing import Any
@@ -346,4 +347,8 @@ def json_data(array: np.ndarray, datatype: str) -> Any:
             v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in array.ravel()
         ]
     data = np.ascontiguousarray(array).ravel()
+    if data.dtype.kind == "f" and not np.isfinite(data).all():
+        # JSON has no NaN or infinities (orjson writes null, losing them and their signs):
+        # written as Triton writes them, the tokens tritonclient's json.loads reads back.
+        return orjson.Fragment(json.dumps(data.tolist(), allow_nan=True))
     return data.astype(np.float32) if data.dtype == np.float16 else data

@@ -765,3 +765,15 @@ def test_both_readers_of_the_values_agree_with_the_walk(
     # the walk refuses, and the walk names the problem.
     monkeypatch.setattr(codec, "STRUCT_VALUES", struct_values)
     assert_agree(datatype, [len(data)], data)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_non_finite_outputs_are_written_as_triton_writes_them(dtype: type) -> None:
+    """orjson writes NaN and the infinities as null: an answer lost them (and their signs)."""
+    import json
+
+    array = np.array([np.nan, np.inf, -np.inf, 1.5], dtype=dtype)
+    body = orjson.dumps({"data": json_data(array, "FP32")}, option=orjson.OPT_SERIALIZE_NUMPY)
+    assert body == b'{"data":[NaN, Infinity, -Infinity, 1.5]}'
+    read = np.array(json.loads(body)["data"])
+    np.testing.assert_array_equal(read, array.astype(np.float64))
