@@ -64,10 +64,10 @@ def _load(tls: TlsSettings) -> _Material:
     if client_ca is not None:
         try:
             context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))
-        except ssl.SSLError as exc:
+        except (ssl.SSLError, ValueError) as exc:  # ValueError: an empty file
+            reason = getattr(exc, "reason", None) or exc
             raise SettingsError(
-                f"tls.client_ca_file {tls.client_ca_file} holds no PEM CA certificate: "
-                f"{exc.reason or exc}"
+                f"tls.client_ca_file {tls.client_ca_file} holds no PEM CA certificate: {reason}"
             ) from exc
         # Without require_client_cert a certificate is checked when a client sends one.
         context.verify_mode = ssl.CERT_REQUIRED if tls.require_client_cert else ssl.CERT_OPTIONAL

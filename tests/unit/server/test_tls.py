@@ -93,8 +93,11 @@ def test_a_key_of_another_certificate_is_refused(tmp_path: Path, ca: TestCA) -> 
         ServerTls(settings)
 
 
-def test_a_client_ca_file_without_certificates_is_refused(tmp_path: Path, ca: TestCA) -> None:
-    (tmp_path / "ca.pem").write_text("not a certificate")
+@pytest.mark.parametrize("text", ["not a certificate", ""])  # empty: a ValueError, uncaught
+def test_a_client_ca_file_without_certificates_is_refused(
+    tmp_path: Path, ca: TestCA, text: str
+) -> None:
+    (tmp_path / "ca.pem").write_text(text)
     settings = settings_for(tmp_path, ca.issue("server-a"), client_ca_file=tmp_path / "ca.pem")
     with pytest.raises(SettingsError, match=r"tls\.client_ca_file .*ca\.pem holds no PEM CA"):
         ServerTls(settings)
