@@ -108,6 +108,10 @@ class Supervisor:
     def run(self) -> int:
         settings = self.settings
         ensure_safe_bind(settings.host, settings.auth, settings.allow_unauthenticated)
+        if settings.tls.enabled:  # each worker loads them; unusable ones fail the start here,
+            from server.tls import ServerTls  # not each worker, again and again
+
+            ServerTls(settings.tls)
         http = self._listen_http()
         grpc_reserve = self._reserve_grpc() if settings.grpc_enabled else None
         update = {

@@ -275,8 +275,9 @@ def serve_fails(*args: str, env: dict[str, str] | None = None) -> str:
     return done.stderr
 
 
-def test_unusable_tls_files_fail_the_start(tmp_path: Path, ca: TestCA) -> None:
-    args = tls_args(tmp_path, ca.issue("server-a"))
+@pytest.mark.parametrize("workers", ["1", "2"])  # 2: each worker failed, restarted for good
+def test_unusable_tls_files_fail_the_start(tmp_path: Path, ca: TestCA, workers: str) -> None:
+    args = [*tls_args(tmp_path, ca.issue("server-a")), "--workers", workers]
     (tmp_path / "server.crt").unlink()
     assert re.search(r"cannot read tls\.cert_file \S*server\.crt: No such file", serve_fails(*args))
     other = ca.issue("server-b")
