@@ -30,6 +30,7 @@ from server.openai import mount_openai
 from server.triton import triton_router
 
 log = logging.getLogger("sluice.http")
+READ = ["GET", "HEAD"]
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -73,7 +74,9 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
-        return json_response({"error": str(exc.detail)}, exc.status_code)
+        # Its headers too: a 405's Allow (RFC 9110 requires it).
+        headers = dict(exc.headers) if exc.headers else None
+        return json_response({"error": str(exc.detail)}, exc.status_code, headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> Response:
@@ -85,11 +88,12 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
     async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
         return json_response({"error": str(exc.errors())}, 400)
 
-    @app.get("/v2/health/live")
+    # Health and metadata answer HEAD too (load balancers' health checks use it).
+    @app.api_route("/v2/health/live", methods=READ)
     async def live() -> Response:
         return json_response({"live": plane.live}, 200 if plane.live else 503)
 
-    @app.get("/v2/health/ready")
+    @app.api_route("/v2/health/ready", methods=READ)
     async def ready() -> Response:
         return json_response({"ready": plane.ready}, 200 if plane.ready else 503)
 
@@ -105,14 +109,14 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
     async def usage(request: Request) -> Response:
         return json_response(await plane.usage(request.headers))
 
-    @app.get("/v2/models/{name}")
-    @app.get("/v2/models/{name}/versions/{version}")
+    @app.api_route("/v2/models/{name}", methods=READ)
+    @app.api_route("/v2/models/{name}/versions/{version}", methods=READ)
     async def model_metadata(request: Request, name: str) -> Response:
         version = request.path_params.get("version")
         return json_response(metadata_json(plane.model_metadata(request.headers, name, version)))
 
-    @app.get("/v2/models/{name}/ready")
-    @app.get("/v2/models/{name}/versions/{version}/ready")
+    @app.api_route("/v2/models/{name}/ready", methods=READ)
+    @app.api_route("/v2/models/{name}/versions/{version}/ready", methods=READ)
     async def model_ready(request: Request, name: str) -> Response:
         version = request.path_params.get("version")
         is_ready = plane.model_ready(request.headers, name, version, unknown_is_error=True)

@@ -344,8 +344,23 @@ def test_path_traversal_names_never_reach_a_file(server: ServerProcess, path: st
 
 
 def test_wrong_method_is_json(server: ServerProcess) -> None:
-    assert error_of(httpx.get(f"{server.url}/v2/models/demo/infer"), 405) == "Method Not Allowed"
+    wrong = httpx.get(f"{server.url}/v2/models/demo/infer")
+    assert error_of(wrong, 405) == "Method Not Allowed"
+    assert wrong.headers["allow"] == "POST"
+    assert wrong.headers["x-request-id"]
     assert error_of(httpx.get(f"{server.url}/v2/nothing/here"), 404) == "Not Found"
+    posted = httpx.post(f"{server.url}/v2/health/ready")  # RFC 9110: a 405 says what is allowed
+    assert error_of(posted, 405) == "Method Not Allowed"
+    assert set(posted.headers["allow"].split(", ")) == {"GET", "HEAD"}
+
+
+@pytest.mark.parametrize(
+    "path", ["/v2/health/live", "/v2/health/ready", "/v2/models/demo", "/v2/models/demo/ready"]
+)
+def test_health_and_metadata_answer_head(server: ServerProcess, path: str) -> None:
+    head = httpx.head(server.url + path)
+    assert head.status_code == 200
+    assert head.content == b""
 
 
 # -- the server survives it all ---------------------------------------------------------------
