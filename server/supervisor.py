@@ -18,7 +18,8 @@ other worker idle.) Each socket wakes only its own worker.
 - The engine dying ends the server: the workers are stopped and the supervisor exits 1, so that
   systemd or Kubernetes restarts it.
 - SIGTERM or SIGINT drains in order: the workers stop listening and finish their requests
-  (Server's shutdown order), then the engine drains its queues and exits; exit 0. A second
+  (Server's shutdown order) while the engine drains its queues within the same
+  `drain_timeout_s` (what is left then is answered 503), then the engine exits; exit 0. A second
   signal kills everything at once (exit 1). SIGHUP is passed to the workers (TLS, keys file).
 """
 
@@ -255,9 +256,10 @@ class Supervisor:
         self._workers[index] = _Child(pid, orders_w)
         log.info("worker %d started (pid %d)", index, pid)
 
-    def _order_stop(self, child: _Child) -> None:
+    def _order_stop(self, child: _Child, order: bytes = b"S") -> None:
+        """S: stop (drained). D, to the engine: start draining now, while the workers finish."""
         with contextlib.suppress(OSError):
-            os.write(child.orders, b"S")
+            os.write(child.orders, order)
 
     @staticmethod
     def _reap(pid: int) -> int:
@@ -291,6 +293,8 @@ class Supervisor:
                     sock.close()
                 for child in self._workers.values():
                     self._order_stop(child)
+                if self._engine is not None:  # its drain bound starts now, as the workers' do:
+                    self._order_stop(self._engine, b"D")  # left work is answered 503 in time
             code = self._collect()
             if code is not None:
                 return code

@@ -32,8 +32,8 @@ from engine.shm import Arena
 log = logging.getLogger("sluice.workers")
 
 
-def _orders(fd: int, stop: Callable[[], None]) -> None:
-    """Call `stop` when the supervisor writes to `fd` or goes away."""
+def _orders(fd: int, stop: Callable[[], None], drain: Callable[[], None] | None = None) -> None:
+    """Call `stop` when the supervisor writes S to `fd` or goes away, `drain` when it writes D."""
     loop = asyncio.get_running_loop()
 
     def readable() -> None:
@@ -41,6 +41,11 @@ def _orders(fd: int, stop: Callable[[], None]) -> None:
             data = os.read(fd, 64)
         except BlockingIOError:
             return
+        if drain is not None and b"D" in data:
+            drain()
+            data = data.replace(b"D", b"")
+            if not data:
+                return  # the stop comes later
         loop.remove_reader(fd)
         if not data:
             log.warning("the supervisor is gone: stopping")
@@ -104,14 +109,22 @@ async def _engine(
         tune_gc()
         os.write(ready_fd, b"R")
         os.close(ready_fd)
-        _orders(orders_fd, stop.set)
+        draining: list[asyncio.Task[None]] = []
+
+        def drain() -> None:
+            if not draining:
+                log.info("engine process: draining (at most %.1f s)", settings.drain_timeout_s)
+                draining.append(asyncio.create_task(engine.drain()))
+
+        # D comes with the workers' own stop order (SIGTERM), so the engine answers what it
+        # cannot finish within drain_timeout_s while they still wait; S once they have exited.
+        _orders(orders_fd, stop.set, drain)
         await stop.wait()
-        # Ordered after the workers exited, none is left; if the supervisor died, the workers
-        # are finishing their requests now: let them, within the drain bound.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(host.no_workers.wait(), settings.drain_timeout_s)
-        log.info("engine process: draining (at most %.1f s)", settings.drain_timeout_s)
-        await engine.drain()
+        if not draining:  # the supervisor died: the workers are finishing, within the bound
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(host.no_workers.wait(), settings.drain_timeout_s)
+            drain()
+        await draining[0]
     finally:
         await host.close()
         if metrics is not None:

@@ -113,10 +113,10 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def serve(repo: Path, start_server: StartServer) -> Callable[[float], ServerProcess]:
-    def start(drain_timeout_s: float) -> ServerProcess:
+def serve(repo: Path, start_server: StartServer) -> Callable[..., ServerProcess]:
+    def start(drain_timeout_s: float, *extra: str) -> ServerProcess:
         return start_server(
-            "--model-repository", str(repo), "--drain-timeout-s", str(drain_timeout_s),
+            "--model-repository", str(repo), "--drain-timeout-s", str(drain_timeout_s), *extra,
             env=NO_GRPC,
         )  # fmt: skip
 
@@ -230,11 +230,14 @@ async def send_backlog(
     return sent
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
 async def test_tiny_drain_timeout_answers_the_rest_503(
-    serve: Callable[[float], ServerProcess],
+    serve: Callable[..., ServerProcess], workers: str
 ) -> None:
+    """With --workers 2 too: the engine process began its drain only once the workers had
+    exited, so they gave up first and what was left got uvicorn's plain-text 500."""
     drain_timeout_s = 0.2
-    server = serve(drain_timeout_s)
+    server = serve(drain_timeout_s, "--workers", workers)
     async with fresh_connections() as client:
         sent = await send_backlog(client, server, batches=12)
         signal_at = time.monotonic()
