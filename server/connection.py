@@ -22,7 +22,9 @@ uvicorn's httptools protocol with these additions:
 - Lingering close. An answer sent before the request's body has all arrived (503 at the door
   while draining, an early error) is followed by reading and dropping the rest of the body before
   the connection closes: closing a socket with unread data makes the kernel reset the
-  connection, and the reset can destroy the answer before the client reads it.
+  connection, and the reset can destroy the answer before the client reads it. A request that
+  asked for `Expect: 100-continue` and was answered before any 100 Continue has no body coming:
+  its connection closes after the answer.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class HttpProtocol(HttpToolsProtocol):
         self._drain_timer: asyncio.TimerHandle | None = None
         self._in_message = False  # a request's bytes have begun and its last byte is not in
         self._reading_body = False  # its head is in, its body is not
+        self._body_seen = False  # a byte of its body has arrived
         self._close_after_body = False  # answered; close once the body has been read
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -113,6 +116,7 @@ class HttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._reading_body = True
+        self._body_seen = False
         self._arm_read(self.policy.body_timeout_s)
         if self.cycle is not None and self.cycle.scope is self.scope:  # this request's cycle
             transport = _CycleTransport(self)
@@ -121,6 +125,10 @@ class HttpProtocol(HttpToolsProtocol):
             extensions[WHEN_GONE] = transport.when_gone
             if self.policy.draining:
                 self.cycle.keep_alive = False  # the answer says Connection: close
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen = True
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -184,7 +192,11 @@ class HttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._close_after_body:
+        if self._reading_body and self.expect_100_continue and not self._body_seen:
+            # Answered before "100 Continue" was sent: the client sends no body, and would write
+            # its next request where this one's body was awaited. Closed now (RFC 9110 10.1.1).
+            self._close_with(b"")
+        elif self._close_after_body:
             self._unset_keepalive_if_required()
         elif self.policy.draining and not self.transport.is_closing():
             self._unset_keepalive_if_required()  # the drain's idle bound replaces keep-alive's

@@ -7,6 +7,7 @@ import http.client
 import json
 import math
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -398,6 +399,18 @@ def test_body_over_the_limit_is_413(start_server: Any) -> None:
     assert "exceeds the limit of 2048 bytes" in error_of(streamed, 413)
     fits = httpx.post(url, content=orjson.dumps({"inputs": [x_input()]}), timeout=10)
     assert fits.status_code == 200
+    # Expect: 100-continue, answered 413 before any 100: the client sends no body, so the
+    # connection closes after the answer. It waited for the body (the client's next request
+    # read as one) until the body timeout, 60 s.
+    with socket.create_connection(("127.0.0.1", small.http_port), timeout=10) as client:
+        client.sendall(
+            b"POST /v2/models/demo/infer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 94371840\r\n\r\n"
+        )
+        answer = b""
+        while chunk := client.recv(65536):  # until the server closes
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:100]
 
 
 def serve_command(*args: str) -> list[str]:
