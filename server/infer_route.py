@@ -16,7 +16,7 @@ from typing import TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.errors import EngineError, InvalidInput, PayloadTooLarge
+from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
@@ -81,6 +81,14 @@ class InferRoute:
             status, body, extra = http_status(exc), _error_body(exc.message), error_headers(exc)
         except ClientGone:
             return  # nobody is left to answer
+        except asyncio.CancelledError:
+            if not self.plane.draining:
+                raise
+            # The drain's bound passed with this request unanswered (its body still arriving,
+            # say): uvicorn cancels it. Answered 503, not uvicorn's plain-text 500.
+            late = ShuttingDown("server shut down before this request was answered")
+            status, body = http_status(late), _error_body(late.message)
+            extra = {**error_headers(late), "connection": "close"}
         finally:
             request_id.reset(token)
         response_headers = [

@@ -278,3 +278,31 @@ async def test_second_signal_exits_at_once(serve: Callable[[float], ServerProces
     assert exited_at - second_at < 1.5
     unanswered = [o for o in outcomes if o.kind != "answered"]
     assert unanswered, "every queued request finished: the second signal did not cut the drain"
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_request_whose_body_is_still_arriving_when_the_drain_ends_gets_a_503(
+    serve: Callable[..., ServerProcess], workers: str
+) -> None:
+    """uvicorn cancels what is left at the drain's bound: it answered such a request with its
+    plain-text 500 (and a traceback in the log)."""
+    import json
+    import socket
+
+    server = serve(0.5, "--workers", workers)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as client:
+        client.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert client.recv(65536).startswith(b"HTTP/1.1 200 ")  # served: its reader is running
+        client.sendall(
+            b"POST /v2/models/cnn/infer HTTP/1.1\r\nHost: x\r\n"
+            b'Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"inputs"'
+        )  # ... and the rest never comes
+        server.terminate()
+        answer = b""
+        while chunk := client.recv(65536):  # until the server closes
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 "), answer[:200]
+    assert b"connection: close" in head.lower()
+    assert "shut" in json.loads(body)["error"]  # shut down (or shutting down, if it came late)
+    assert server.wait(10) == 0
