@@ -143,6 +143,10 @@ class Supervisor:
         try:
             if not self._start_engine():
                 return 1
+            # Only now: while the engine loads its models, a connection is refused (as by one
+            # process) rather than queued on a socket that nothing would accept for minutes.
+            for sock in self.http:
+                sock.listen(2048)
             log.info(
                 "sluice serving HTTP on %s:%s%s with %d worker processes",
                 settings.host, update["http_port"],
@@ -169,7 +173,7 @@ class Supervisor:
                 os.rmdir(self._dir)
 
     def _listen_http(self) -> list[socket.socket]:
-        """One listening socket per worker slot on the HTTP port (port 0: the one the probe got).
+        """One socket per worker slot bound to the HTTP port (port 0: the one the probe got).
         The port is first bound without SO_REUSEPORT, so that a port another program (or another
         sluice) listens on fails the start here rather than being shared with it."""
         from server.server import _bind
@@ -180,9 +184,8 @@ class Supervisor:
         probe.close()
         sockets: list[socket.socket] = []
         try:
-            for _ in range(self.count):
+            for _ in range(self.count):  # listening once the engine serves (run)
                 sockets.append(_bind(host, port, reuse_port=True))
-                sockets[-1].listen(2048)
         except BaseException:
             for sock in sockets:
                 sock.close()

@@ -325,3 +325,59 @@ async def test_a_model_loaded_through_one_worker_serves_on_every_worker(
             assert time.monotonic() < deadline, "a worker still served the unloaded model"
     finally:
         server.stop()
+
+
+SLOW_LOAD_PY = """
+import time
+
+
+class SlowLoad:
+    def load(self, config):
+        time.sleep(3.0)
+
+    def infer(self, inputs):
+        return {"y": inputs["x"]}
+"""
+SLOW_LOAD_CONFIG = """backend: python
+python:
+  inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+  outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
+"""
+
+
+async def test_connections_are_refused_not_held_while_the_engine_loads(tmp_path: Path) -> None:
+    """The supervisor listened on the HTTP port before the engine had loaded its models: a
+    connection was taken by the kernel and held unanswered until a worker started (minutes,
+    for a model that builds an engine), where one process refuses it."""
+    import socket
+
+    models = tmp_path / "models"
+    (models / "slow" / "1").mkdir(parents=True)
+    (models / "slow" / "1" / "model.py").write_text(SLOW_LOAD_PY)
+    (models / "slow" / "config.yaml").write_text(SLOW_LOAD_CONFIG)
+    server = ServerProcess(
+        "--workers", "2", "--model-repository", str(models), "--allow-python-models",
+        log_path=tmp_path / "server.log",
+    )  # fmt: skip
+
+    def probe() -> str:
+        try:
+            with socket.create_connection(("127.0.0.1", server.http_port), 0.5) as client:
+                client.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+                return "answered" if client.recv(100).startswith(b"HTTP/1.1") else "odd"
+        except ConnectionRefusedError:
+            return "refused"  # nothing listens: the client tries elsewhere, or again
+        except TimeoutError:
+            return "held"
+
+    starting = asyncio.create_task(asyncio.to_thread(server.start, 60.0))
+    outcomes = []
+    try:
+        while not starting.done():
+            outcomes.append(probe())
+            await asyncio.sleep(0.05)  # pacing, not synchronization
+        await starting
+        assert outcomes.count("held") == 0, outcomes
+        assert probe() == "answered"  # the same probe, once the workers serve
+    finally:
+        server.stop()
