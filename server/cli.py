@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -190,7 +192,11 @@ def serve(config_file: Path | None, **flags: Any) -> None:
         runner = asyncio.Runner()
     try:
         with runner:
-            runner.run(Server(settings).serve())
+            server = Server(settings)
+            runner.run(server.serve())
+            if server.stopped_loading:  # a model's load still runs in a thread: not waited for
+                logging.shutdown()
+                os._exit(0)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from exc
     sys.exit(0)

@@ -131,6 +131,8 @@ class Server:
             else None
         )
         self._reloads: set[asyncio.Task[None]] = set()
+        self.stopped_loading = False
+        """Stopped by a signal before the models had loaded (serve() returned at once)."""
 
     def stop(self) -> None:
         """Begin a graceful shutdown; a second call exits the process at once."""
@@ -139,6 +141,26 @@ class Server:
             log.warning("second signal: exiting without draining")
             os._exit(1)
         self._stop.set()
+
+    async def _started(self) -> bool:
+        """Start the engine (load the models); False when a signal stops the server first: a
+        model load can take minutes (a TensorRT build), longer than an orchestrator waits after
+        its SIGTERM, and nothing is served yet, so nothing is left to drain."""
+        starting = asyncio.ensure_future(self.engine.start())
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if starting.done():
+            starting.result()  # a failed start raises here
+            return True
+        log.info("stopped while the models were loading: exiting without serving")
+        self.stopped_loading = True  # the CLI exits without waiting for the loading threads
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await starting
+        return False
 
     def reload(self) -> None:
         """SIGHUP: re-read the TLS certificates and `auth.keys_file` (off the event loop)."""
@@ -171,7 +193,8 @@ class Server:
             else None
         )
         try:
-            await self.engine.start()
+            if not await self._started():
+                return
             tune_gc()
             await self._serve()
         finally:

@@ -141,8 +141,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
         try:
-            if not self._start_engine():
-                return 1
+            if not self._start_engine(wake_r):
+                return 0 if self._stopping else 1
             # Only now: while the engine loads its models, a connection is refused (as by one
             # process) rather than queued on a socket that nothing would accept for minutes.
             for sock in self.http:
@@ -214,8 +214,10 @@ class Supervisor:
     def _arena_fds(self) -> set[int]:
         return {arena.fd for pair in self.arenas for arena in pair}
 
-    def _start_engine(self) -> bool:
-        """Fork the engine process and wait until it serves; False if it failed to start."""
+    def _start_engine(self, wake: int) -> bool:
+        """Fork the engine process and wait until it serves; False if it failed to start or a
+        signal stopped the server first (`_stopping`: the engine, which serves nothing yet, is
+        killed rather than left to finish loading its models)."""
         from server.workers import engine_main
 
         ready_r, ready_w = os.pipe()
@@ -229,13 +231,26 @@ class Supervisor:
         os.close(orders_r)
         self._engine = _Child(pid, orders_w)
         ready = b""
-        while True:
-            try:
+        selector = selectors.DefaultSelector()
+        selector.register(ready_r, selectors.EVENT_READ)
+        selector.register(wake, selectors.EVENT_READ)
+        while not self._stopping:
+            keys = [key.fd for key, _ in selector.select()]
+            if wake in keys:
+                with contextlib.suppress(OSError):
+                    os.read(wake, 512)
+            if ready_r in keys:
                 ready = os.read(ready_r, 1)
                 break
-            except InterruptedError:
-                continue
+        selector.close()
         os.close(ready_r)
+        if self._stopping and ready != b"R":
+            log.info("stopped while the engine was loading its models: exiting without serving")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            self._reap(pid)
+            self._engine = None
+            return False
         if ready != b"R":
             code = self._reap(pid)
             log.error("the engine process failed to start (exit status %s)", code)

@@ -47,9 +47,15 @@ class ServerProcess:
     def grpc_url(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def start(self, timeout_s: float = 60.0, ready: bool = True) -> ServerProcess:
+    def launch(self) -> ServerProcess:
+        """Start the process without waiting for it to serve."""
         self._log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(self.args, env=self.env, stdout=self._log, stderr=self._log)
+        return self
+
+    def start(self, timeout_s: float = 60.0, ready: bool = True) -> ServerProcess:
+        self.launch()
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -253,7 +253,10 @@ async def test_tiny_drain_timeout_answers_the_rest_503(
     assert set(statuses) <= {200, 503}, [(o.status, o.error) for o in outcomes]
     left = [o for o in outcomes if o.status == 503]
     assert left, "the whole backlog finished within a 0.2 s drain: the test shows nothing"
-    assert all(o.error != DOOR and "shut down" in o.error for o in left), left
+    # Queued when the bound passed: "shut down ..."; one the server read after the signal (a
+    # loaded host may still be reading the backlog then) is refused at the door.
+    assert all("shut down" in o.error or o.error == DOOR for o in left), left
+    assert any(o.error != DOOR for o in left), left
     assert all(o.retry_after for o in left)
 
 

@@ -381,3 +381,31 @@ async def test_connections_are_refused_not_held_while_the_engine_loads(tmp_path:
         assert probe() == "answered"  # the same probe, once the workers serve
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_signal_while_the_models_load_stops_the_server_at_once(
+    tmp_path: Path, workers: str
+) -> None:
+    """SIGTERM waited for the load to end (the supervisor for the engine's ready, one process
+    for engine.start), then served and drained: a load of minutes outlived the orchestrator's
+    grace period. Nothing is served yet, so nothing is lost by stopping at once."""
+    marker = tmp_path / "loading"
+    models = tmp_path / "models"
+    (models / "slow" / "1").mkdir(parents=True)
+    (models / "slow" / "1" / "model.py").write_text(
+        SLOW_LOAD_PY.replace("time.sleep(3.0)", f"open({str(marker)!r}, 'w').close()\n"
+                             "        time.sleep(30.0)")
+    )  # fmt: skip
+    (models / "slow" / "config.yaml").write_text(SLOW_LOAD_CONFIG)
+    server = ServerProcess(
+        "--workers", workers, "--model-repository", str(models), "--allow-python-models",
+        log_path=tmp_path / "server.log",
+    )  # fmt: skip
+    server.launch()  # never ready: the load takes 30 s
+    try:
+        wait_for(marker.exists, "the model's load to begin")
+        server.terminate()
+        assert server.wait(5) == 0, server.logs()
+    finally:
+        server.stop()
