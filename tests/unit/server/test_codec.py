@@ -186,6 +186,9 @@ def test_out_of_range_integers_name_value_and_range(datatype: str, value: int, s
 @pytest.mark.parametrize(("datatype", "value"), [("UINT64", 2**64), ("INT64", -(2**63) - 1)])
 def test_integers_beyond_64_bits_are_rejected(datatype: str, value: int) -> None:
     data_rejected(datatype, [1], [value])
+    # As JSON sends them: the parser reads them as doubles, which were called "a fraction".
+    message = data_rejected(datatype, [1], orjson.loads(f"[{value}]"))
+    assert f"is out of range for {datatype} (" in message, message
 
 
 @pytest.mark.parametrize(("datatype", "value"), [("FP16", 1e6), ("FP32", 1e300)])
