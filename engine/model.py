@@ -186,16 +186,17 @@ class BatchRunner:
 
     async def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         started = time.monotonic()
-        if self._inline and self._typical_s is not None and self._typical_s < self.INLINE_BELOW_S:
-            outputs, seconds = self._timed(inputs)
-            ended = time.monotonic()
-        else:
-            loop = asyncio.get_running_loop()
-            outputs, seconds = await loop.run_in_executor(self._executor, self._timed, inputs)
-            ended = time.monotonic()
+        try:
+            inline = self._typical_s is not None and self._typical_s < self.INLINE_BELOW_S
+            if self._inline and inline:
+                outputs, seconds = self._timed(inputs)
+            else:
+                loop = asyncio.get_running_loop()
+                outputs, seconds = await loop.run_in_executor(self._executor, self._timed, inputs)
+        finally:
+            self.last_run = (started, time.monotonic())  # a failed run is a run too (its span)
         typical = self._typical_s
         self._typical_s = seconds if typical is None else 0.9 * typical + 0.1 * seconds
-        self.last_run = (started, ended)
         return outputs
 
     def _timed(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], float]:

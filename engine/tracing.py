@@ -122,11 +122,17 @@ class Tracing:
         with self._tracer.start_as_current_span(name, attributes=self._attributes()):
             return await work
 
-    def record(self, name: str, started: float, ended: float) -> None:
-        """A finished stage measured on time.monotonic(), as a child of the current span."""
+    def record(
+        self, name: str, started: float, ended: float, error: BaseException | None = None
+    ) -> None:
+        """A finished stage measured on time.monotonic(), as a child of the current span; with
+        `error`, failed and recording it."""
         span = self._tracer.start_span(
             name, start_time=self._epoch_ns(started), attributes=self._attributes()
         )
+        if error is not None:
+            span.record_exception(error)
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(error)))
         span.end(end_time=self._epoch_ns(ended))
 
     async def batched(self, work: Awaitable[T], last_run: Callable[[], tuple[float, float]]) -> T:
@@ -137,16 +143,23 @@ class Tracing:
         run lies inside this submission it is the one that computed this request; otherwise
         (rejected, expired, cancelled) the whole submission is queue time."""
         submitted = time.monotonic()
+        failure: BaseException | None = None
         try:
             return await work
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             returned = time.monotonic()
             started, ended = last_run()
             if submitted <= started <= ended <= returned:
                 self.record("queue", submitted, started)
-                self.record("execute", started, ended)
+                # A failed batch's error carries what the backend raised.
+                cause = getattr(failure, "cause", failure)
+                self.record("execute", started, ended, cause)
             else:
                 self.record("queue", submitted, returned)
+            del failure  # the frame keeps no error (and its traceback's frames) alive
 
     def close(self) -> None:
         """Export what is buffered (bounded by the export timeout) and stop."""

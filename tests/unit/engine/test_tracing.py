@@ -22,8 +22,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from engine.demo import DEMO_CONFIG, write_demo_repository
 from engine.engine import Engine
+from engine.errors import BackendError
 from engine.settings import Settings, TracingSettings
 from engine.tracing import REQUEST_ID, Tracing, build_tracing, request_id
+from engine.types import InferRequest
 from server.app import create_app
 from server.grpc_service import INFER_SPAN as GRPC_SPAN
 from server.grpc_service import build_grpc_server
@@ -200,6 +202,7 @@ OFF_SCRIPT = """
 import asyncio, sys
 import httpx
 from engine.engine import Engine
+from engine.errors import BackendError
 from engine.settings import Settings
 from server.app import create_app
 
@@ -294,3 +297,28 @@ async def test_a_span_continues_in_another_tracing() -> None:
     assert stage.context is not None
     assert stage.context.trace_id == request.context.trace_id
     assert engine.traceparent() is None  # the task's context, not the caller's
+
+
+async def test_a_failed_run_has_its_execute_span_with_the_exception(
+    traced: tuple[Engine, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed batch left no execute span (its run time counted as queue time) and no span
+    recorded the exception."""
+    engine, exporter = traced
+    backend = engine.registry.resolve("demo", None).backend
+
+    def broken(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        raise RuntimeError("the kernel broke")
+
+    monkeypatch.setattr(backend, "run", broken)
+    x = np.ones((1, 16), np.float32)
+    request = InferRequest("demo", {"x": x}, {"x": "FP32"}, parameters={"cache": False})
+    span = engine.tracing.begin("ModelInfer", "grpc", "demo", carrier={})  # type: ignore[union-attr]
+    with pytest.raises(BackendError, match="the kernel broke"):
+        await engine.infer(request)
+    engine.tracing.end(span, status=500)  # type: ignore[union-attr]
+    spans = exporter.get_finished_spans()
+    [execute] = [s for s in spans if s.name == "execute"]
+    assert execute.status.status_code.name == "ERROR"
+    assert [e.name for e in execute.events] == ["exception"]
+    assert "the kernel broke" in str(execute.events[0].attributes)
