@@ -31,6 +31,7 @@ import os
 import selectors
 import signal
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -38,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.auth import ensure_safe_bind
-from engine.settings import Settings
+from engine.settings import Settings, SettingsError
 from engine.shm import Arena
 
 log = logging.getLogger("sluice.supervisor")
@@ -79,6 +80,9 @@ def _fork(target: Callable[[], int], keep: set[int]) -> int:
         code = target()
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
+    except SettingsError as exc:  # a setting the child found unusable: said as the CLI says it
+        print(f"Error: {exc}", file=sys.stderr, flush=True)
+        code = 1
     except BaseException:
         traceback.print_exc()
         code = 1
@@ -195,7 +199,6 @@ class Supervisor:
     def _reserve_grpc(self) -> socket.socket:
         """Bind (not listen) the gRPC port with SO_REUSEPORT: port 0 picks one for every worker,
         and a port taken by another program fails the start here, once."""
-        from engine.settings import SettingsError
 
         host = self.settings.host
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)

@@ -155,19 +155,22 @@ def test_sighup_rereads_the_keys_file(tmp_path: Path, start_server: StartServer)
     wait_for_status(server, key, 200, within_s=5)
 
 
-def test_a_missing_keys_file_fails_the_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", ["1", "2"])  # 2: the engine process's traceback was shown
+def test_a_missing_keys_file_fails_the_start(tmp_path: Path, workers: str) -> None:
     config = write_settings(
         tmp_path / "server.yaml", {"auth": {"keys_file": str(tmp_path / "absent.yaml")}}
     )
     done = subprocess.run(
-        [sys.executable, "-m", "server", "serve", "--config", str(config), "--http-port", "0"],
+        [sys.executable, "-m", "server", "serve", "--config", str(config), "--http-port", "0",
+         "--workers", workers],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-    )
+    )  # fmt: skip
     assert done.returncode != 0
     assert f"cannot read auth.keys_file {tmp_path / 'absent.yaml'}" in done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 # -- audit log of admin actions -------------------------------------------------------------------
