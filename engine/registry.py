@@ -44,13 +44,16 @@ class ModelRegistry:
     async def start(self) -> None:
         """Load what the model control mode says; in `poll` mode, start watching the folder."""
         mode = self.settings.model_control_mode
+        # Before the loads: a folder added or changed meanwhile is then seen by the first poll
+        # (taken once the poll task first ran, a folder added before it was never loaded).
+        seen = await asyncio.to_thread(self._fingerprints) if mode == "poll" else {}
         names = self.repository.names()
         if mode == "explicit" and "*" not in self.settings.load_models:
             names = [check_name("model", n) for n in self.settings.load_models]
         for name in sorted(names, key=self.repository.is_pipeline):  # steps before pipelines
             await self._load(name)
         if mode == "poll":
-            self._poller = asyncio.create_task(self._poll(), name="repository-poll")
+            self._poller = asyncio.create_task(self._poll(seen), name="repository-poll")
 
     def stop_polling(self) -> None:
         if self._poller is not None:
@@ -258,19 +261,23 @@ class ModelRegistry:
                         await model.generator.drain()
             await model.close()
 
-    async def _poll(self) -> None:
-        seen = await asyncio.to_thread(self._fingerprints)
+    async def _poll(self, seen: dict[str, tuple[tuple[str, float], ...]]) -> None:
         while True:
             await asyncio.sleep(self.settings.poll_interval_s)
             try:
                 now = await asyncio.to_thread(self._fingerprints)
-                for name in sorted(set(seen) | set(now)):
-                    if seen.get(name) != now.get(name):
-                        log.info("model '%s' changed on disk; reloading", name)
-                        await self._load(name)
-                seen = now
             except Exception:  # a file vanished mid-scan, say: keep polling
                 log.exception("repository poll failed; trying again next interval")
+                continue
+            for name in sorted(set(seen) | set(now)):
+                if seen.get(name) != now.get(name):
+                    log.info("model '%s' changed on disk; reloading", name)
+                    try:
+                        await self._load(name)
+                    except Exception as exc:  # one model's failure leaves the others' reloads
+                        log.exception("model '%s' could not be reloaded", name)
+                        self._failed[(name, "")] = f"{type(exc).__name__}: {exc}"
+            seen = now
 
     def _fingerprints(self) -> dict[str, tuple[tuple[str, float], ...]]:
         prints = {}

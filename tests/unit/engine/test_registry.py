@@ -3,6 +3,7 @@ model fails at start, and failed reloads that keep the serving version (and read
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Callable
@@ -211,3 +212,29 @@ async def test_the_triton_config_carries_the_sluice_config_and_its_source(
     parameters = explicit.model_config("demo", None)["parameters"]
     assert parameters["sluice_config_source"] == {"string_value": "load"}
     assert json.loads(parameters["sluice_config"]["string_value"]) == inline
+
+
+async def test_one_model_s_failed_reload_does_not_stop_the_poll_of_the_others(
+    start: StartEngine, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload that raised something unexpected aborted the whole scan, every interval: a
+    model added after it in the scan's order was never loaded. (And a folder added before the
+    poll task first ran was never seen: its first fingerprints are now taken before the loads.)"""
+    shutil.rmtree(repo / "broken")
+    engine = await start(model_control_mode="poll", poll_interval_s=0.02)
+    load = engine.registry._load
+
+    async def failing(name: str) -> None:
+        if name == "a-first":
+            raise RuntimeError("unexpected")
+        await load(name)
+
+    monkeypatch.setattr(engine.registry, "_load", failing)
+    shutil.copytree(repo / "demo", repo / "a-first")
+    shutil.copytree(repo / "demo", repo / "z-last")
+    for _ in range(500):  # the poll runs every 20 ms
+        if engine.model_ready("z-last"):
+            break
+        await asyncio.sleep(0.01)
+    assert engine.model_ready("z-last") is True, engine.repository_index()
+    assert any("unexpected" in row["reason"] for row in engine.repository_index())
