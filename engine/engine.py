@@ -330,13 +330,12 @@ class Engine:
         # Callers join a computation queued at their own priority level: one queued at a lower
         # level would make a higher-priority caller wait behind that level's backlog.
         flight = key + b"|%d" % priority
-        running = self._running_flights.get(flight)
-        if running is None and not self._coalescer.waiters(flight):  # this caller starts it
-            running = self._running_flights[flight] = asyncio.Event()
 
         async def compute_and_store() -> CachedResult:
+            # Registered by the computation itself: one cancelled before it ran leaves nothing.
+            running = self._running_flights[flight] = asyncio.Event()
             try:
-                result = await compute(None, running.set if running is not None else None)
+                result = await compute(None, running.set)
             finally:
                 if self._running_flights.get(flight) is running:
                     del self._running_flights[flight]
@@ -350,6 +349,7 @@ class Engine:
             async with asyncio.timeout(deadline - time.monotonic()):
                 return await asyncio.shield(joined), False
         except TimeoutError:
+            running = self._running_flights.get(flight)
             if running is not None and running.is_set():
                 return await joined, False
             joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
