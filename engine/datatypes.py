@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import numpy as np
 
 from engine.errors import InvalidInput
@@ -43,6 +45,26 @@ _ONNX_TO_V2 = {
 _NUMPY_TO_V2 = {dtype: name for name, dtype in NUMPY_DTYPES.items()}
 
 ALLOWED = ", ".join(NUMPY_DTYPES)
+
+UINT64_MAX = 2**64 - 1
+"""The largest value of an integer parameter (timeout, priority, binary_data_size): Triton's
+uint64, as gRPC's uint64_param holds them."""
+
+
+def past_64_bits(value: object) -> TypeGuard[float]:
+    """Whether `value` is an integer past 64 bits as a JSON parser hands one over: orjson and
+    simdjson read it as the nearest double (one just past rounds to -2^63 or 2^64 themselves).
+    A check that wants an integer calls it out of range, never a fraction or a wrong kind."""
+    return type(value) is float and not -(2**63) < value < 2**64
+
+
+def shown(value: object) -> str:
+    """A number for a message. An integer past 64 bits is named by the side it passed: its
+    digits are lost, and the double's would misstate it (1.84467e+19 reads as less than
+    UINT64_MAX; -9.22337e+18 as inside INT64)."""
+    if past_64_bits(value):
+        return "2^64 or more" if value > 0 else "below -2^63"
+    return str(value)
 
 
 def numpy_dtype(datatype: str) -> np.dtype[np.generic]:

@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from engine.datatypes import UINT64_MAX, past_64_bits, shown
 from engine.errors import InvalidInput
 from engine.model_config import ModelConfig, parse_model_config
 from engine.settings import SettingsError
@@ -123,9 +124,14 @@ def check_parameters(parameters: Mapping[str, Any], where: str) -> None:
 
 
 def _non_negative(parameters: Mapping[str, Any], key: str) -> int | None:
+    """An integer parameter from 0 to UINT64_MAX (Triton's uint64), or None when absent."""
     value = parameters.get(key)
     if value is None:
         return None
+    if past_64_bits(value) or (type(value) is int and value > UINT64_MAX):
+        raise InvalidInput(
+            f"parameter '{key}' is out of range (0 to {UINT64_MAX}), got {shown(value)}"
+        )
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise InvalidInput(f"parameter '{key}' must be a non-negative integer, got {value!r:.60}")
     return value

@@ -23,7 +23,7 @@ from typing import Any, overload
 import numpy as np
 import orjson
 
-from engine.datatypes import check_shape
+from engine.datatypes import UINT64_MAX, check_shape, past_64_bits, shown
 from engine.errors import InvalidInput, PayloadTooLarge
 from engine.types import InferResponse
 from server import json_header
@@ -135,6 +135,11 @@ def _binary_inputs(
         if "shared_memory_region" in params:
             raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
         size = params["binary_data_size"]
+        if past_64_bits(size):
+            raise InvalidInput(
+                f"input '{name}': binary_data_size is out of range (0 to {UINT64_MAX}), "
+                f"got {shown(size)}"
+            )
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise InvalidInput(
                 f"input '{name}' has binary_data_size {size!r}; expected an integer >= 0"

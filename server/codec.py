@@ -241,12 +241,10 @@ def _numbers(where: str, datatype: str, flat: list[Any]) -> np.ndarray:
     allowed = _TYPES[target.kind]
     if not set(map(type, flat)) <= allowed:
         bad = next(v for v in flat if type(v) not in allowed)
-        if target.kind in "iu" and type(bad) is float and not -(2**63) < bad < 2**64:
-            # An integer past 64 bits, which the JSON parser reads as a double: out of range,
-            # not a fraction.
+        if target.kind in "iu" and datatypes.past_64_bits(bad):  # out of range, not a fraction
             info = np.iinfo(target.str)
             raise InvalidInput(
-                f"{where}: value {bad:.6g} is out of range for {datatype} "
+                f"{where}: value {datatypes.shown(bad)} is out of range for {datatype} "
                 f"({info.min} to {info.max})"
             )
         raise InvalidInput(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from engine.datatypes import past_64_bits, shown
 from engine.errors import InvalidInput
 
 MAX_STOP_STRINGS = 4
@@ -32,6 +33,8 @@ class SamplingParams:
 
 
 def _number(name: str, value: object, low: float, high: float, integer: bool = False) -> None:
+    if integer and past_64_bits(value):  # as JSON hands one over: out of range, not a fraction
+        raise InvalidInput(f"{name} must be from {low} to {high}; got {shown(value)}")
     kind = "an integer" if integer else "a number"
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 
@@ -284,6 +285,60 @@ def test_shared_memory_input_with_data_is_400(server: ServerProcess) -> None:
     params = {"shared_memory_region": "r", "shared_memory_byte_size": 64}
     message = demo_error(server, {"inputs": [x_input(parameters=params)]})
     assert message == "input 'x': shared memory is not supported by this server"
+
+
+UINT64_MAX = 2**64 - 1
+PAST_64_BITS = [
+    ({"parameters": {"timeout": 2**64}}, "parameter 'timeout'", "2^64 or more"),
+    ({"parameters": {"priority": 2**70}}, "parameter 'priority'", "2^64 or more"),
+    ({"parameters": {"timeout": -(2**64)}}, "parameter 'timeout'", "below -2^63"),
+    ({"binary_data_size": 2**70}, "input 'x': binary_data_size", "2^64 or more"),
+]
+
+
+def request_with(extra: dict[str, Any], binary_extension: bool) -> tuple[bytes, dict[str, str]]:
+    """A demo request carrying `extra`: request parameters, or the input's binary_data_size;
+    as JSON, or in the binary extension's header (x sent as binary data)."""
+    x = np.full((1, 16), 0.5, np.float32)
+    tensor: dict[str, Any] = {"name": "x", "datatype": "FP32", "shape": [1, 16]}
+    size = extra.get("binary_data_size", x.nbytes if binary_extension else None)
+    if size is not None:
+        tensor["parameters"] = {"binary_data_size": size}
+    if not binary_extension:
+        tensor["data"] = ROW
+    payload = {"inputs": [tensor], "parameters": extra.get("parameters", {})}
+    # The standard library encoder, as a client writes them: orjson refuses ints past 64 bits.
+    header = json.dumps(payload).encode()
+    if not binary_extension:
+        return header, {"content-type": "application/json"}
+    return header + x.tobytes(), {binary.HEADER_LENGTH: str(len(header))}
+
+
+@pytest.mark.parametrize("binary_extension", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize(("extra", "what", "shown"), PAST_64_BITS)
+def test_integer_parameters_past_64_bits_are_out_of_range(
+    server: ServerProcess, binary_extension: bool, extra: dict[str, Any], what: str, shown: str
+) -> None:
+    """The parser reads an integer past 64 bits as a double: the message showed its digits
+    (1.8446744073709552e+19, which reads as less than the largest uint64) as a wrong kind."""
+    content, headers = request_with(extra, binary_extension)
+    response = httpx.post(f"{server.url}/v2/models/demo/infer", content=content, headers=headers)
+    message = error_of(response, 400)
+    assert message == f"{what} is out of range (0 to {UINT64_MAX}), got {shown}"
+
+
+@pytest.mark.parametrize("binary_extension", [False, True], ids=["json", "binary"])
+def test_integer_parameters_at_the_uint64_bound(
+    server: ServerProcess, binary_extension: bool
+) -> None:
+    """The largest uint64 fits the parameters' type (Triton's, gRPC's uint64_param): a timeout
+    of it serves, a priority of it is named exactly against the model's levels."""
+    url = f"{server.url}/v2/models/demo/infer"
+    content, headers = request_with({"parameters": {"timeout": UINT64_MAX}}, binary_extension)
+    assert httpx.post(url, content=content, headers=headers).status_code == 200
+    content, headers = request_with({"parameters": {"priority": UINT64_MAX}}, binary_extension)
+    message = error_of(httpx.post(url, content=content, headers=headers), 400)
+    assert message.startswith(f"priority {UINT64_MAX} is out of range for {DEMO}")
 
 
 def test_two_api_key_headers_are_400(server: ServerProcess) -> None:

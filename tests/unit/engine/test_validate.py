@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import orjson
 import pytest
 
 from engine.errors import InvalidInput
@@ -121,3 +122,40 @@ def test_scheduling_reads_priority_and_timeout_as_triton_does(
     parameters: dict[str, int], expected: tuple[int | None, float | None]
 ) -> None:
     assert scheduling(parameters) == expected
+
+
+UINT64_MAX = 2**64 - 1
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("18446744073709551616", "2^64 or more"),  # 2**64
+        ("1180591620717411303424", "2^64 or more"),  # 2**70
+        ("-9223372036854775809", "below -2^63"),  # -(2**63) - 1: rounds to -2**63 as a double
+    ],
+)
+def test_scheduling_parameters_past_64_bits_are_out_of_range(
+    key: str, text: str, shown: str
+) -> None:
+    # As JSON sends them: the parser reads an integer past 64 bits as a double, whose digits
+    # (1.8446744073709552e+19) misstate it.
+    with pytest.raises(InvalidInput) as caught:
+        scheduling(orjson.loads(f'{{"{key}": {text}}}'))
+    assert caught.value.message == (
+        f"parameter '{key}' is out of range (0 to {UINT64_MAX}), got {shown}"
+    )
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_scheduling_parameters_are_bounded_by_uint64(key: str) -> None:
+    # The largest gRPC's uint64_param holds is taken; a caller's Python int past it is named.
+    assert scheduling({key: UINT64_MAX}) == (
+        (UINT64_MAX, None) if key == "priority" else (None, UINT64_MAX / 1e6)
+    )
+    with pytest.raises(InvalidInput) as caught:
+        scheduling({key: UINT64_MAX + 1})
+    assert caught.value.message == (
+        f"parameter '{key}' is out of range (0 to {UINT64_MAX}), got {UINT64_MAX + 1}"
+    )

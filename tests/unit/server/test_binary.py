@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import zlib
 from typing import Any
 
@@ -199,6 +200,22 @@ def test_malformed_bodies_are_invalid_input(
     with pytest.raises(InvalidInput) as info:
         binary.split_request(*body_headers)
     assert message in info.value.message
+
+
+@pytest.mark.parametrize("length", [True, False])  # the binary extension's header, or plain JSON
+@pytest.mark.parametrize(
+    ("size", "shown"), [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
+)
+def test_binary_data_size_past_64_bits_is_out_of_range(length: bool, size: int, shown: str) -> None:
+    # json, not orjson: orjson cannot write an integer past 64 bits (nor can tritonclient's).
+    header = json.dumps(_one("FP32", [1], size)).encode()
+    headers = {binary.HEADER_LENGTH: str(len(header))} if length else {}
+    with pytest.raises(InvalidInput) as info:
+        binary.split_request(header + (bytes(4) if length else b""), headers)
+    # The parser reads it as a double, whose digits (1.1805916207174113e+21) misstate it.
+    assert info.value.message == (
+        f"input 'x': binary_data_size is out of range (0 to {2**64 - 1}), got {shown}"
+    )
 
 
 def _flags(header: dict[str, Any]) -> binary.BinaryRequest:

@@ -188,7 +188,12 @@ def test_integers_beyond_64_bits_are_rejected(datatype: str, value: int) -> None
     data_rejected(datatype, [1], [value])
     # As JSON sends them: the parser reads them as doubles, which were called "a fraction".
     message = data_rejected(datatype, [1], orjson.loads(f"[{value}]"))
-    assert f"is out of range for {datatype} (" in message, message
+    info = np.iinfo(datatype.lower())
+    # Not the double's digits: 1.84467e+19 reads as less than UINT64's maximum.
+    shown = "2^64 or more" if value > 0 else "below -2^63"
+    assert message == (
+        f"input 'x': value {shown} is out of range for {datatype} ({info.min} to {info.max})"
+    )
 
 
 @pytest.mark.parametrize(("datatype", "value"), [("FP16", 1e6), ("FP32", 1e300)])
@@ -291,6 +296,14 @@ def test_timeout_parameter_is_microseconds() -> None:
 def test_bad_timeout_and_priority(key: str, value: Any) -> None:
     message = rejected(body(parameters={key: value}))
     assert message.startswith(f"parameter '{key}' must be a non-negative integer")
+
+
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_timeout_and_priority_past_64_bits_are_out_of_range(key: str) -> None:
+    # The body as a client sends it: the parser reads 2**64 as the double 1.8446744073709552e+19.
+    payload = orjson.loads(json.dumps(body(parameters={key: 2**64})))
+    message = f"parameter '{key}' is out of range (0 to {2**64 - 1}), got 2^64 or more"
+    assert rejected(payload) == message
 
 
 @pytest.mark.parametrize(

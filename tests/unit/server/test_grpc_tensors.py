@@ -53,3 +53,21 @@ def test_typed_contents_out_of_the_datatypes_range_are_invalid_input() -> None:
     with pytest.raises(InvalidInput) as caught:
         grpc_tensors.decode_request(message)
     assert caught.value.message == "input 'x': value 300 is out of range for INT8 (-128 to 127)"
+
+
+def test_timeout_and_priority_are_bounded_by_their_protobuf_types() -> None:
+    """uint64_param holds at most 2^64 - 1 (protobuf refuses more when the client builds the
+    message), which is taken; a double_param past 64 bits is out of range, as JSON's is."""
+    with pytest.raises(ValueError, match="out of range"):
+        pb.InferParameter().uint64_param = 2**64
+    message = request([1, 4], raw=bytes(16))
+    message.parameters["timeout"].uint64_param = 2**64 - 1
+    message.parameters["priority"].uint64_param = 2**64 - 1
+    decoded = grpc_tensors.decode_request(message)
+    assert (decoded.priority, decoded.timeout_s) == (2**64 - 1, (2**64 - 1) / 1e6)
+    message.parameters["timeout"].double_param = 1e30
+    with pytest.raises(InvalidInput) as caught:
+        grpc_tensors.decode_request(message)
+    assert caught.value.message == (
+        f"parameter 'timeout' is out of range (0 to {2**64 - 1}), got 2^64 or more"
+    )

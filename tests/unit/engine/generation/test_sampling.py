@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import orjson
+import pytest
 
+from engine.errors import InvalidInput
 from engine.generation.sampling import Sampler, sampling_params
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03]))
@@ -40,3 +43,22 @@ def test_a_tiny_temperature_is_all_but_greedy() -> None:
 def test_a_seed_repeats_its_draws() -> None:
     first, second = Sampler(sampling_params(1, seed=9)), Sampler(sampling_params(1, seed=9))
     assert [first(LOGITS) for _ in range(50)] == [second(LOGITS) for _ in range(50)]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "bounds", "shown"),
+    [
+        ("max_tokens", 2**64, f"1 to {2**31 - 1}", "2^64 or more"),
+        ("top_k", 2**70, f"0 to {2**31 - 1}", "2^64 or more"),
+        ("seed", 2**64, f"0 to {2**63 - 1}", "2^64 or more"),
+        ("seed", -(2**64), f"0 to {2**63 - 1}", "below -2^63"),
+    ],
+)
+def test_integers_past_64_bits_are_out_of_range(
+    key: str, value: int, bounds: str, shown: str
+) -> None:
+    # As JSON sends them: the parser reads them as doubles (they were "must be an integer").
+    options = {"max_tokens": 1, key: orjson.loads(str(value))}
+    with pytest.raises(InvalidInput) as caught:
+        sampling_params(**options)
+    assert caught.value.message == f"{key} must be from {bounds}; got {shown}"
