@@ -123,6 +123,10 @@ class Engine:
             return False
         return self.registry.serving_all() if self.settings.strict_readiness else True
 
+    async def ready_now(self) -> bool:
+        """`ready`: the engine is in this process, so it is current."""
+        return self.ready
+
     @property
     def draining(self) -> bool:
         return self._draining

@@ -45,6 +45,10 @@ class EngineFacade(Protocol):
     def draining(self) -> bool:
         """A drain has begun: new requests are refused with ShuttingDown."""
 
+    async def ready_now(self) -> bool:
+        """`ready` as the engine holds it at this moment: what readiness probes answer (a
+        worker's `ready` is the copy the engine process last pushed, which lags a change)."""
+
     async def start(self) -> None:
         """Scan the repository and load what the model control mode says."""
 

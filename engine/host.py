@@ -379,6 +379,8 @@ class EngineHost:
                 "max_batch_size": model.max_batch_size,
                 "label": model.label,
             }
+        if method == "ready":
+            return engine.ready
         if method == "model_ready":
             return engine.model_ready(*args)
         if method == "model_config":

@@ -6,8 +6,9 @@ descriptors, and answers with arrays viewing the out-arena in place; the out-slo
 last of those arrays is gone (after the response is encoded). Authentication runs here (each worker
 holds the keys); admission, the cache and the batchers are the engine process's.
 
-Readiness, draining and which models are loaded are a copy the engine pushes when they change
-(within STATE_INTERVAL_S); declared-shape checks are cached per model generation. Metadata,
+Draining and which models are loaded are a copy the engine pushes when they change (within
+STATE_INTERVAL_S); declared-shape checks are cached per model generation. Readiness probes ask
+the engine (`ready_now`), so every worker answers what one process would at that moment. Metadata,
 configuration, statistics and the repository index are asked of the engine (a short blocking call
 on a separate socket: they are not on the inference path). Front-end request counts are sent to
 the engine in batches, so `/metrics` from any worker shows every worker's requests.
@@ -173,7 +174,22 @@ class RemoteEngine:
 
     @property
     def ready(self) -> bool:
+        """Readiness as the engine last pushed it (`ready_now` asks)."""
         return bool(self._state.get("ready")) and not self.draining
+
+    async def ready_now(self) -> bool:
+        """Asked of the engine, on this worker's connection (the event loop is not blocked): the
+        pushed copy lags a change by up to STATE_INTERVAL_S, longer while a load keeps the
+        engine busy, where one process answers at once. Not ready without an answer within
+        CALL_TIMEOUT_S. A probe affords the round trip; inference never asks."""
+        if self.draining:
+            return False
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                ready = await self._request(Kind.CALL, {"method": "ready", "args": []})
+        except (errors.EngineError, TimeoutError):
+            return False
+        return bool(ready) and not self.draining
 
     @property
     def draining(self) -> bool:

@@ -95,7 +95,8 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
 
     @app.api_route("/v2/health/ready", methods=READ)
     async def ready() -> Response:
-        return json_response({"ready": plane.ready}, 200 if plane.ready else 503)
+        is_ready = await plane.ready_now()
+        return json_response({"ready": is_ready}, 200 if is_ready else 503)
 
     # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
     app.include_router(triton_router(plane))

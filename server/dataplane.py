@@ -135,10 +135,11 @@ class DataPlane:
         """Liveness: the process serves (no key needed)."""
         return self.engine.live
 
-    @property
-    def ready(self) -> bool:
-        """Readiness: started and not draining (no key needed)."""
-        return self.engine.ready
+    async def ready_now(self) -> bool:
+        """Readiness: started, not draining and (strict readiness) every model asked for serves,
+        as the engine holds it now, so every worker answers as one process does (no key
+        needed)."""
+        return await self.engine.ready_now()
 
     @property
     def draining(self) -> bool:

@@ -242,7 +242,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: Context, caller: Metadata
     ) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._plane.ready)
+        return pb.ServerReadyResponse(ready=await self._plane.ready_now())
 
     @_guarded
     async def ModelReady(

@@ -409,3 +409,71 @@ def test_a_signal_while_the_models_load_stops_the_server_at_once(
         assert server.wait(5) == 0, server.logs()
     finally:
         server.stop()
+
+
+HELD_LOAD_PY = """
+import pathlib
+import time
+
+
+class HeldLoad:
+    def load(self, config):
+        pathlib.Path({loading!r}).touch()
+        deadline = time.monotonic() + 30.0  # bounded: a failed test never hangs its server
+        while not pathlib.Path({release!r}).exists() and time.monotonic() < deadline:
+            time.sleep(0.005)  # the test's hold: released when the file appears
+
+    def infer(self, inputs):
+        return {{"y": inputs["x"]}}
+"""
+
+
+async def fresh_gets(url: str, count: int = 8) -> set[int]:
+    """The statuses of `count` GETs, one per new connection (they land on both workers)."""
+    async with httpx.AsyncClient(
+        timeout=30, limits=httpx.Limits(max_keepalive_connections=0)
+    ) as client:
+        return {
+            r.status_code for r in await asyncio.gather(*(client.get(url) for _ in range(count)))
+        }
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+async def test_readiness_turns_503_as_an_explicit_load_begins_on_every_worker(
+    tmp_path: Path, workers: str
+) -> None:
+    """With strict readiness a server is unready while a model it was asked for loads. One
+    process answered 503 from the load's first moment; a worker answered from the engine's last
+    state push (every 100 ms, later while the load kept the engine busy), so 200 for a while."""
+    loading, release = tmp_path / "loading", tmp_path / "release"
+    models = tmp_path / "models"
+    (models / "held" / "1").mkdir(parents=True)
+    (models / "held" / "1" / "model.py").write_text(
+        HELD_LOAD_PY.format(loading=str(loading), release=str(release))
+    )
+    (models / "held" / "config.yaml").write_text(SLOW_LOAD_CONFIG)
+    server = ServerProcess(
+        "--workers", workers, "--model-repository", str(models), "--allow-python-models",
+        "--model-control-mode", "explicit", log_path=tmp_path / "server.log",
+    )  # fmt: skip
+    server.start()
+    try:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            for _ in range(3):  # a worker's stale copy was caught by most rounds, not every one
+                loading.unlink(missing_ok=True)
+                release.unlink(missing_ok=True)
+                load = asyncio.create_task(client.post("/v2/repository/models/held/load"))
+                while not loading.exists():  # the load has begun: the model's load() holds it
+                    assert not load.done(), (await load).text
+                    await asyncio.sleep(0.001)  # polling a condition
+                assert await fresh_gets(f"{server.url}/v2/health/ready") == {503}
+                assert await fresh_gets(f"{server.url}/v2/models/held/ready") == {503}
+                release.touch()
+                assert (await load).status_code == 200, (await load).text
+                assert await fresh_gets(f"{server.url}/v2/health/ready") == {200}
+                assert await fresh_gets(f"{server.url}/v2/models/held/ready") == {200}
+                unloaded = await client.post("/v2/repository/models/held/unload")
+                assert unloaded.status_code == 200, unloaded.text
+    finally:
+        release.touch()
+        server.stop()

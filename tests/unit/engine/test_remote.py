@@ -271,6 +271,17 @@ async def test_a_call_that_timed_out_does_not_answer_the_next_one(
         await rig.close()
 
 
+async def test_readiness_is_asked_of_the_engine_not_read_from_its_last_push(rig: Rig) -> None:
+    """A worker answered readiness from the state the engine pushes every STATE_INTERVAL_S (later
+    while a load keeps it busy): 200 after the engine had turned unready, where one process
+    answers 503 at once."""
+    remote = await rig.remote()
+    assert await remote.ready_now() is True
+    rig.engine.stop_accepting()  # unready from now on, as a load of a model asked for makes it
+    assert remote.ready is True  # the pushed copy has not heard yet
+    assert await remote.ready_now() is False
+
+
 async def test_a_cancelled_call_is_withdrawn_from_the_engine_s_batcher(rig: Rig) -> None:
     remote = await rig.remote()
     model = rig.engine.registry.resolve("demo", None)

@@ -95,6 +95,9 @@ class FakeEngine:
         self.tracing = None
         self.metrics = Metrics(lambda: {"models": [], "index": [], "in_flight": 0})
 
+    async def ready_now(self) -> bool:
+        return self.ready
+
     async def usage(self, tenant: str) -> dict[str, Any]:
         return {"tenant": tenant}
 
