@@ -143,7 +143,10 @@ class RateLimitSettings(Section):
     redis_timeout_s: float = Field(0.05, gt=0, le=10)
     """Bound on every Redis call."""
     fail_open: bool = True
-    """Redis unreachable: true falls back to the local limiter; false answers 503."""
+    """Redis unreachable or slower than `redis_timeout_s`: true falls back to the local limiter
+    (Redis still counts the request when it catches up); false answers 503 and the refused
+    request is not charged (Redis running its admission late charges nothing, and a charge whose
+    reply came late is given back)."""
     redis_retry_interval_s: float = Field(1.0, gt=0, le=300)
     """After a Redis failure, how long to skip Redis (using the fallback, or answering 503)
     before trying it again, so an outage does not add `redis_timeout_s` to every request."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -63,6 +64,17 @@ class RedisProcess:
                 raise RuntimeError(f"redis-server exited with {self.process.returncode}")
             time.sleep(0.02)
         raise RuntimeError("redis-server did not answer PING within 10 s")
+
+    def pause(self) -> None:
+        """Stall the server (SIGSTOP), as a fork, swap or paused VM does: connections stay
+        open and what clients send waits in the socket buffers until `resume()`."""
+        assert self.process is not None, "start() the server first"
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server run again (SIGCONT): it executes what was sent meanwhile."""
+        assert self.process is not None, "start() the server first"
+        self.process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -7,10 +7,13 @@
 --          "2": refund ARGV[2] units an earlier admission charged (a bucket gains them up to its
 --          burst; a quota counter loses them, never below 0, only if it still counts the window
 --          that was charged)
--- ARGV[3i+1], ARGV[3i+2], ARGV[3i+3] describe KEYS[i]:
+-- ARGV[4]  with ARGV[3] "1": the deadline in microseconds of this clock, or "" for none. The
+--          caller stops waiting then and refuses the request, so a call that runs after it (it
+--          waited in a stalled Redis) charges nothing and answers allowed 2: late
+-- ARGV[3i+2], ARGV[3i+3], ARGV[3i+4] describe KEYS[i]:
 --          "bucket", rate_per_s, burst   or   "day" | "month", limit, 0 (refund: the charge's
 --          Unix time in seconds, naming the window it charged)
--- Returns {allowed (0|1), now_us, then for each KEYS[i]: level, window_end_s, garbage (0|1)}.
+-- Returns {allowed (0|1|2), now_us, then for each KEYS[i]: level, window_end_s, garbage (0|1)}.
 -- Numbers travel as %.17g strings because Redis truncates Lua numbers in replies to integers. A
 -- bucket's level is its tokens before this request; a quota's level is the units used before it.
 --
@@ -104,14 +107,15 @@ end
 local now_s = now_us / 1000000
 local units = tonumber(ARGV[2])
 local refund = ARGV[3] == "2"
+local late = ARGV[3] == "1" and ARGV[4] ~= "" and now_us > tonumber(ARGV[4])
 local allowed = 1
 local reply = {0, fmt(now_us)}
 local writes = {}
 
 for i, key in ipairs(KEYS) do
-  local kind = ARGV[3 * i + 1]
-  local a = tonumber(ARGV[3 * i + 2])
-  local b = tonumber(ARGV[3 * i + 3])
+  local kind = ARGV[3 * i + 2]
+  local a = tonumber(ARGV[3 * i + 3])
+  local b = tonumber(ARGV[3 * i + 4])
   local garbage
   if kind == "bucket" then
     local level, ts, exists
@@ -167,6 +171,9 @@ end
 
 if refund then
   allowed = 1 -- a refund always applies (it may only give units back)
+end
+if late then
+  allowed = 2 -- evaluated, not charged: the caller has given up on this call
 end
 reply[1] = allowed
 if allowed == 1 and (ARGV[3] == "1" or refund) then

@@ -322,5 +322,6 @@ def build_limiter(settings: RateLimitSettings) -> Limiter:
         namespace=settings.namespace,
         timeout_s=settings.redis_timeout_s,
         retry_interval_s=settings.redis_retry_interval_s,
+        charge_late=settings.fail_open,
     )
     return Limiter(settings, backend)

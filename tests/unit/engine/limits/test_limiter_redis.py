@@ -6,15 +6,21 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from typing import Any
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, TypeVar
 
 import pytest
+from redis.asyncio import Redis
 
 from engine.errors import Overloaded, RateLimited
 from engine.limits import Admission, Limiter, build_limiter
 from engine.limits.redis_backend import RedisBackend
 from engine.settings import RateLimitSettings
 from tests.redis_process import RedisProcess
+from tests.redis_proxy import HoldingProxy
+
+T = TypeVar("T")
 
 
 def settings(url: str, **extra: Any) -> RateLimitSettings:
@@ -161,3 +167,83 @@ async def test_slow_redis_fail_open_answers_within_the_timeout(redis_url: str, p
     assert admission.headers["X-RateLimit-Remaining"] == "0"
     assert limiter.counters.fallback_admissions == 1
     await limiter.aclose()
+
+
+def stall_settings(url: str, *, fail_open: bool) -> RateLimitSettings:
+    # A timeout generous enough for a loaded machine: only the stalled call may run into it.
+    tenants = {"acme": {"rate_per_s": 0.001, "burst": 5, "quota_per_day": 10}}
+    return settings(url, tenants=tenants, fail_open=fail_open, redis_timeout_s=0.5)
+
+
+async def stored(client: Redis, config: RateLimitSettings) -> tuple[int, int]:
+    """acme's bucket tokens (rounded: they refill 0.001 per second) and day count in Redis."""
+    prefix = f"{config.namespace}:rl:{{acme}}:*:"
+    tokens = await client.hget(prefix + "bucket", "tokens")
+    used = await client.hget(prefix + "day", "used")
+    return round(float(tokens or 0)), int(used or 0)
+
+
+async def evalsha_calls(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def eventually(read: Callable[[], Awaitable[T]], want: T, bound_s: float = 5.0) -> T:
+    """`read()`'s value once it is `want`, or its last one after `bound_s` (a bound, not a
+    synchronisation: the caller asserts on what comes back)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        value = await read()
+        if value == want or time.monotonic() >= deadline:
+            return value
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(("fail_open", "charged"), [(False, 1), (True, 2)])
+async def test_a_request_refused_in_a_redis_stall_is_not_charged_when_redis_resumes(
+    redis_process: RedisProcess, fail_open: bool, charged: int
+) -> None:
+    """The admission sent into a stall waits in Redis's socket buffer and its script runs when
+    Redis resumes. fail_open false: the request was refused (503), so that late run must charge
+    nothing. fail_open true: the local limiter admitted the request and it ran, so Redis counting
+    it when it catches up is right (a stall must not make requests free)."""
+    config = stall_settings(redis_process.url, fail_open=fail_open)
+    async with (
+        aclosing(build_limiter(config)) as limiter,
+        Redis.from_url(redis_process.url) as client,
+    ):
+        (await limiter.admit("acme", "m")).release()
+        assert await stored(client, config) == (4, 1)
+        sent = await evalsha_calls(client)
+        redis_process.pause()
+        try:
+            if fail_open:
+                (await limiter.admit("acme", "m")).release()
+                assert limiter.counters.fallback_admissions == 1
+            else:
+                with pytest.raises(Overloaded):
+                    await limiter.admit("acme", "m")
+                assert limiter.counters.rejections[("acme", "unavailable")] == 1
+        finally:
+            redis_process.resume()
+        # The stalled script has run once Redis counts one more EVALSHA.
+        assert await eventually(lambda: evalsha_calls(client), sent + 1) == sent + 1
+        assert await stored(client, config) == (5 - charged, charged)
+
+
+async def test_a_refused_request_whose_late_reply_says_charged_is_refunded(
+    redis_url: str, proxy: HoldingProxy
+) -> None:
+    """The script ran in time but its reply came after the timeout (a network hiccup, a busy
+    event loop): the request was refused (503), so the charge the reply reports is given back."""
+    config = stall_settings(proxy.url, fail_open=False)
+    async with aclosing(build_limiter(config)) as limiter, Redis.from_url(redis_url) as client:
+        (await limiter.admit("acme", "m")).release()
+        proxy.hold()
+        refused = asyncio.create_task(limiter.admit("acme", "m"))
+        await proxy.reply_held.wait()  # Redis ran the script, so it charged; its reply is held
+        assert await stored(client, config) == (3, 2)
+        with pytest.raises(Overloaded):
+            await refused
+        proxy.release()
+        assert await eventually(lambda: stored(client, config), (4, 1)) == (4, 1)

@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from engine.limits.local import MemoryBackend
 from engine.limits.plan import BackendUnavailable, Check, Outcome
 from engine.limits.quota import day_window, month_window
-from engine.limits.redis_backend import SCRIPT_SHA, RedisBackend, redacted
+from engine.limits.redis_backend import SCRIPT, SCRIPT_SHA, RedisBackend, redacted
 
 BUCKET = Check("bucket", None, rate_per_s=2.0, burst=3.0)
 MODEL_BUCKET = Check("bucket", "resnet", rate_per_s=0.5, burst=2.0)
@@ -165,3 +165,30 @@ async def test_slow_redis_times_out(make_backend, proxy) -> None:
     with pytest.raises(BackendUnavailable, match=r"did not answer within 0\.05 s"):
         await redis.apply("acme", [BUCKET], 1, commit=True)
     assert loop.time() - started < 1.0
+
+
+async def test_an_admission_is_one_round_trip_and_a_stale_idea_of_redis_time_costs_one_more(
+    make_backend, redis_url: str
+) -> None:
+    """Fail closed, an admission's script gets a deadline on Redis's clock, which the backend
+    learns from each reply. Where it was behind (the first call; Redis's clock stepped forward),
+    the script charges nothing and answers late, and the call is sent once more: one charge."""
+    clock = Clock(START)
+    redis = make_backend(now_us=clock.micros, timeout_s=2.0)
+    client = Redis.from_url(redis_url)
+    await client.script_load(SCRIPT)
+
+    async def charge() -> tuple[float, int]:
+        """The day's count before this charge, and the EVALSHAs it took."""
+        stats = await client.info("commandstats")
+        before = stats["cmdstat_evalsha"]["calls"]
+        outcome = await redis.apply("acme", [DAY], 1, commit=True)
+        stats = await client.info("commandstats")
+        return outcome.levels[0].level, stats["cmdstat_evalsha"]["calls"] - before
+
+    assert await charge() == (0.0, 2)
+    assert await charge() == (1.0, 1)
+    clock.now += 3600
+    assert await charge() == (2.0, 2)
+    assert await charge() == (3.0, 1)
+    await client.aclose()
