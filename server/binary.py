@@ -82,11 +82,13 @@ def split_request(
     body: bytes,
     headers: Mapping[str, str],
     check_header: Callable[[dict[str, Any]], None] | None = None,
+    parsed: dict[str, Any] | None = None,
 ) -> BinaryRequest:
     """Split a (decompressed) request body into the JSON header and the binary inputs, and read
     which outputs the client wants as binary (bad output parameters fail here, before any
     inference is run). `check_header` sees the parsed header before any tensor is decoded; in
-    a large JSON body, inputs' `data` values are still json_header.RawData then."""
+    a large JSON body, inputs' `data` values are still json_header.RawData then. `parsed`: the
+    body parsed already, when it is all JSON (it is not parsed again)."""
     raw_length = _header(headers, HEADER_LENGTH)
     view = memoryview(body)
     if raw_length is None:
@@ -106,7 +108,11 @@ def split_request(
         if not 0 <= json_size <= len(body):
             raise InvalidInput(f"{HEADER_LENGTH} is {json_size} but the body has {len(body)} bytes")
     try:
-        header = json_header.loads(body if raw_length is None else view[:json_size])
+        header = (
+            parsed
+            if parsed is not None and raw_length is None
+            else json_header.loads(body if raw_length is None else view[:json_size])
+        )
     except orjson.JSONDecodeError as exc:
         what = "inference header" if raw_length is not None else "request body"
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None

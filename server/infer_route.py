@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,7 +20,7 @@ from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDo
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
-from server import binary, codec, raw_tensors
+from server import binary, codec, json_header, raw_tensors
 from server.connection import WHEN_GONE
 from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
@@ -138,6 +138,12 @@ class HttpCall:
         if not body:
             raise InvalidInput("request body is empty; expected a JSON inference request")
         headers, limit = self._mapped, self._limit
+        parsed = _small_json(body, headers)
+        if parsed is not None:
+            simple = codec.simple_request(parsed, self.model, self.version, check)
+            if simple is not None:
+                self._split = binary.BinaryRequest(parsed, {}, False, {})
+                return simple
         # The decompressed size decides where decoding runs: here, only a bounded prefix of a
         # compressed body is inflated; a body that holds more is inflated in a worker thread.
         encoding = headers.get("content-encoding")
@@ -147,7 +153,7 @@ class HttpCall:
             full = binary.decompress(body, encoding, limit) if plain is None else plain
             checked: list[codec.TensorHeader] = []  # read once: by the check, for the decode
             split = binary.split_request(
-                full, headers, lambda h: checked.extend(codec.check_header(h, check))
+                full, headers, lambda h: checked.extend(codec.check_header(h, check)), parsed
             )
             request = codec.decode_request(
                 split.header, self.model, self.version, split.arrays, checked
@@ -189,6 +195,22 @@ class HttpCall:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _small_json(body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+    """A small body that is all JSON (no binary data, no Content-Encoding), parsed: the JSON
+    object, or None (not such a body, not an object, not JSON: the general path says which)."""
+    if (
+        len(body) >= json_header.LAZY_BYTES
+        or "content-encoding" in headers
+        or binary.HEADER_LENGTH.lower() in headers
+    ):
+        return None
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return parsed if type(parsed) is dict else None
 
 
 def _check_single(raw_headers: list[tuple[bytes, bytes]]) -> None:

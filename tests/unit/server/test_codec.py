@@ -5,6 +5,7 @@ vectorized decoder and the reference element walk agree on every input."""
 from __future__ import annotations
 
 import json
+import math
 import tracemalloc
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
-from engine.types import InferResponse
+from engine.types import InferRequest, InferResponse
 from server import binary, codec, json_header
 from server.codec import (
     decode_data,
@@ -24,6 +25,7 @@ from server.codec import (
     json_data,
     parse_json,
     raw_numbers,
+    simple_request,
     vectorized_data,
     walk_data,
 )
@@ -793,3 +795,154 @@ def test_non_finite_outputs_are_written_as_triton_writes_them(dtype: type) -> No
     assert body == b'{"data":[NaN, Infinity, -Infinity, 1.5]}'
     read = np.array(json.loads(body)["data"])
     np.testing.assert_array_equal(read, array.astype(np.float64))
+
+
+# -- simple_request: the common shape's own decoder --------------------------------------------
+
+
+def _refuse_y(shapes: Any, types: Any) -> None:
+    """A model's check: it takes any input but 'y'."""
+    if "y" in shapes:
+        raise InvalidInput("unexpected input 'y'")
+
+
+def _general(payload: dict[str, Any]) -> InferRequest | str:
+    """What the general path makes of `payload`: its request, or its error's message."""
+    try:
+        headers = codec.check_header(payload, _refuse_y)
+        return decode_request(payload, "m", "1", None, headers)
+    except InvalidInput as exc:
+        return exc.message
+
+
+def _simple(payload: dict[str, Any]) -> InferRequest | str | None:
+    try:
+        return simple_request(payload, "m", "1", _refuse_y)
+    except InvalidInput as exc:
+        return exc.message
+
+
+def _same(simple: InferRequest, general: InferRequest) -> None:
+    assert simple.inputs.keys() == general.inputs.keys()
+    for name, array in general.inputs.items():
+        assert simple.inputs[name].dtype == array.dtype
+        assert simple.inputs[name].shape == array.shape
+        np.testing.assert_array_equal(simple.inputs[name], array)
+    rest = ("model_name", "model_version", "datatypes", "id", "outputs", "parameters")
+    assert [getattr(simple, f) for f in rest] == [getattr(general, f) for f in rest]
+    assert (simple.priority, simple.timeout_s) == (general.priority, general.timeout_s)
+
+
+@pytest.mark.parametrize("datatype", [d for d in NUMERIC_DATATYPES if d != "BOOL"])
+def test_the_common_shape_is_decoded_as_the_general_path_decodes_it(datatype: str) -> None:
+    data = to_json(sample(datatype, [2, 3]), datatype)
+    payload = {"id": "r1", "inputs": [{"name": "x", "datatype": datatype, "shape": [2, 3],
+                                      "data": data}]}  # fmt: skip
+    simple = _simple(payload)
+    assert isinstance(simple, InferRequest)
+    general = _general(payload)
+    assert isinstance(general, InferRequest)
+    _same(simple, general)
+
+
+def test_the_models_check_refuses_the_common_shape_as_the_general_path() -> None:
+    payload = {"inputs": [{"name": "y", "datatype": "FP32", "shape": [1], "data": [1.0]}]}
+    assert _simple(payload) == _general(payload) == "unexpected input 'y'"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        body(parameters={"timeout": 5}),
+        body(outputs=[{"name": "y"}]),
+        body(id=7),
+        {"inputs": []},
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]},
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1, True]}]},
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1e39]}]},
+        {"inputs": [{"name": "x", "datatype": "FP16", "shape": [1], "data": [65536]}]},
+        {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [128]}]},
+        {"inputs": [{"name": "x", "datatype": "INT16", "shape": [1], "data": [-32769]}]},
+        {"inputs": [{"name": "x", "datatype": "UINT8", "shape": [1], "data": [-1]}]},
+        {"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [1.5]}]},
+        {
+            "inputs": [
+                {"name": "x", "datatype": "UINT64", "shape": [1], "data": [1.8446744073709552e19]}
+            ]
+        },
+        {"inputs": [{"name": "x", "datatype": "BOOL", "shape": [1], "data": [True]}]},
+        {"inputs": [{"name": "x", "datatype": "BYTES", "shape": [1], "data": ["a"]}]},
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [0], "data": []}]},
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [1.0]}]},
+        {"inputs": [{"name": "x", "datatype": "FP32", "shape": [True], "data": [1.0]}]},
+        {
+            "inputs": [
+                {"name": "x", "datatype": "FP32", "shape": [1], "data": [1.0], "parameters": {}}
+            ]
+        },
+        {"inputs": [tensor()["inputs"][0], tensor()["inputs"][0]]},
+    ],
+)
+def test_anything_else_is_left_to_the_general_path(payload: dict[str, Any]) -> None:
+    assert simple_request(payload, "m", None, _refuse_y) is None
+
+
+_ODD_VALUES = st.sampled_from(
+    [True, None, "1", [1], 1.5, -1, 256, 65536, 1e39, 2**63, 2**64 - 1, 1.8446744073709552e19]
+)
+
+
+def _values(datatype: str) -> st.SearchStrategy[Any]:
+    """Values a client could send for `datatype` that fit it."""
+    dtype = np.dtype(NUMPY_TYPES[datatype])
+    if dtype.kind == "f":
+        big = float(np.finfo(dtype).max)
+        whole = int(min(big, 2**63))
+        within = st.floats(-big, big) | st.integers(-whole, whole)
+        return within | st.integers(2**24 - 2, 2**24 + 2) | st.integers(2**53 - 2, 2**53 + 2)
+    info = np.iinfo(dtype)
+    return st.integers(int(info.min), int(info.max))
+
+
+@st.composite
+def _payloads(draw: st.DrawFn) -> dict[str, Any]:
+    """Request bodies in the common shape, some with one thing a step outside it."""
+    inputs = []
+    for name in draw(
+        st.lists(st.sampled_from(["x", "z", "y"]), min_size=1, max_size=2, unique=True)
+    ):
+        datatype = draw(st.sampled_from([d for d in NUMERIC_DATATYPES if d != "BOOL"]))
+        shape = draw(st.lists(st.integers(1, 3), max_size=3))
+        data = draw(
+            st.lists(_values(datatype), min_size=math.prod(shape), max_size=math.prod(shape))
+        )
+        inputs.append({"name": name, "datatype": datatype, "shape": shape, "data": data})
+    payload: dict[str, Any] = {"inputs": inputs, **draw(st.sampled_from([{}, {"id": "r"}]))}
+    item = draw(st.sampled_from(inputs))
+    match draw(st.integers(0, 9)):  # 5 to 9: none
+        case 0:
+            item["data"][draw(st.integers(0, len(item["data"]) - 1))] = draw(_ODD_VALUES)
+        case 1:
+            item["datatype"] = draw(st.sampled_from(["BOOL", "BYTES", "FP8", 1]))
+        case 2:
+            item["shape"] = draw(
+                st.sampled_from([[], [0], [-1], [True], [1.0], [len(item["data"]) + 1]])
+            )
+        case 3:
+            item[draw(st.sampled_from(["parameters", "extra"]))] = {}
+        case 4:
+            payload[draw(st.sampled_from(["id", "outputs", "parameters"]))] = draw(_ODD_VALUES)
+    return payload
+
+
+@settings(max_examples=400)
+@given(_payloads())
+def test_the_common_shapes_decoder_agrees_with_the_general_path(payload: dict[str, Any]) -> None:
+    simple = _simple(payload)
+    if simple is None:
+        return  # left to the general path
+    general = _general(payload)
+    if isinstance(simple, str) or isinstance(general, str):
+        assert simple == general
+    else:
+        _same(simple, general)
