@@ -22,7 +22,8 @@ one whose reply was merely late ran already. Unless the caller admits such reque
 Whatever is stored at these keys is untrusted (anyone who can write to Redis can plant it): the
 script treats a wrong type, a missing field or a value that is not a finite number in range as a
 fresh bucket or counter, deletes the key and flags the check (`Outcome.repaired`); the reply is
-checked again here, and one that is not what the script returns is a failed call.
+checked again here, and one that is not what the script returns (a number out of range, or an
+`allowed` that the levels it reports contradict) is a failed call.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from engine.limits import bucket, quota
 from engine.limits.plan import BackendUnavailable, Check, Level, Outcome
 
 SCRIPT = resources.files("engine.limits").joinpath("admit.lua").read_text()
@@ -248,7 +250,10 @@ class RedisBackend:
         nothing). Every reply tells Redis's clock and that Redis is up."""
         keys = [self.key(tenant, check) for check in checks]
         reply = await self._run(keys, args)
-        outcome = _outcome(checks, reply, late_ok=args[3] != "")  # ARGV[4], the deadline
+        # ARGV[2] units, ARGV[3] mode, ARGV[4] the deadline
+        outcome = _outcome(
+            checks, reply, units=int(args[1]), mode=int(args[2]), late_ok=args[3] != ""
+        )
         self._learned = (outcome.now_unix_s, self._clock())
         self._down_until = 0.0
         return outcome, reply[0] == LATE
@@ -276,17 +281,20 @@ class RedisBackend:
 MAX_COUNT = 2**53
 
 
-def _outcome(checks: Sequence[Check], reply: Any, *, late_ok: bool = False) -> Outcome:
-    """The script's reply, checked: it comes over a socket, so a reply that is not exactly what
-    `admit.lua` returns (finite numbers in range) is a failed call, never a crash later on.
-    `late_ok`: the call had a deadline, so `allowed` may be 2 (late: refused, nothing charged)."""
+def _outcome(
+    checks: Sequence[Check], reply: Any, *, units: int, mode: int, late_ok: bool = False
+) -> Outcome:
+    """The script's reply to a call of `units` in `mode`, checked: it comes over a socket, so a
+    reply that is not exactly what `admit.lua` returns (finite numbers in range, and `allowed`
+    as its levels say) is a failed call, never a crash later on. `late_ok`: the call had a
+    deadline, so `allowed` may be 2 (late: refused, nothing charged)."""
     try:
-        return _parse(checks, reply, late_ok)
+        return _parse(checks, reply, units, mode, late_ok)
     except (TypeError, ValueError, IndexError, OverflowError) as exc:
         raise BackendUnavailable(f"redis answered a malformed admission reply: {exc}") from exc
 
 
-def _parse(checks: Sequence[Check], reply: Any, late_ok: bool) -> Outcome:
+def _parse(checks: Sequence[Check], reply: Any, units: int, mode: int, late_ok: bool) -> Outcome:
     if not isinstance(reply, list) or len(reply) != 2 + 3 * len(checks):
         raise ValueError(f"expected {2 + 3 * len(checks)} values, got {reply!r:.200}")
     if reply[0] not in ((0, 1, LATE) if late_ok else (0, 1)):
@@ -307,7 +315,23 @@ def _parse(checks: Sequence[Check], reply: Any, late_ok: bool) -> Outcome:
             raise ValueError(f"garbage flag is {garbage!r}")
         if garbage in (b"1", "1"):
             repaired.append(check)
+    if mode != REFUND and reply[0] != LATE:  # a refund always applies; a late call was refused
+        failing = [level.check.slot for level in levels if not _passes(level, units)]
+        if (reply[0] == 1) == bool(failing):
+            # Refused with every check passing would leave no reason to tell the client (and
+            # admitted over a failing check would overspend it): the script says neither.
+            raise ValueError(
+                f"allowed is {reply[0]} for {units} units, but "
+                + (f"{', '.join(failing)} fails" if failing else "every check passes")
+            )
     return Outcome(reply[0] == 1, tuple(levels), now_us / 1_000_000, tuple(repaired))
+
+
+def _passes(level: Level, units: int) -> bool:
+    """Whether `level` passes a request of `units`, as the script and `verdict.report` judge."""
+    if level.check.kind == "bucket":
+        return bucket.passes(level.level, units)
+    return quota.passes(round(level.level), units, level.check.limit)
 
 
 def _number(raw: Any, name: str, low: float, high: float) -> float:

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from engine.errors import QuotaExceeded, RateLimited
 from engine.limits import Limiter
 from engine.limits.plan import BackendUnavailable, Check, Level, Outcome
-from engine.limits.redis_backend import RedisBackend, _outcome
+from engine.limits.redis_backend import CHARGE, READ, REFUND, RedisBackend, _outcome
 from engine.settings import RateLimitSettings
 
 BUCKET = Check("bucket", None, rate_per_s=0.01, burst=2.0)
@@ -216,12 +216,38 @@ REPLY_OK = [1, "1742040000000000", "2", "0", "0", "0", "1742083200", "0"]
      (5, "nan"), (5, "-2"), (5, "0.5"), (5, "1e300"), (6, "1e999"), (7, None)],
 )  # fmt: skip
 def test_a_malformed_script_reply_is_a_backend_failure(index: int, value: object) -> None:
-    assert _outcome([BUCKET, DAY], REPLY_OK) == Outcome(
+    assert _outcome([BUCKET, DAY], REPLY_OK, units=1, mode=CHARGE) == Outcome(
         True, (Level(BUCKET, 2.0), Level(DAY, 0.0, 1742083200.0)), 1742040000.0
     )
     reply = list(REPLY_OK)
     reply[index] = value
     with pytest.raises(BackendUnavailable, match="malformed"):
-        _outcome([BUCKET, DAY], reply)
+        _outcome([BUCKET, DAY], reply, units=1, mode=CHARGE)
     with pytest.raises(BackendUnavailable, match="malformed"):
-        _outcome([BUCKET, DAY], REPLY_OK[:-1])
+        _outcome([BUCKET, DAY], REPLY_OK[:-1], units=1, mode=CHARGE)
+
+
+# (allowed, tokens, used, units, mode): an `allowed` the reported levels contradict.
+CONTRADICTIONS = {
+    "refused, every check passes": (0, "2", "0", 1, CHARGE),
+    "refused, a read with room": (0, "0", "3", 0, READ),
+    "admitted over an empty bucket": (1, "0.5", "0", 1, CHARGE),
+    "admitted over a used quota": (1, "2", "3", 1, CHARGE),
+}
+
+
+@pytest.mark.parametrize(
+    ("allowed", "tokens", "used", "units", "mode"),
+    CONTRADICTIONS.values(),
+    ids=CONTRADICTIONS.keys(),
+)
+def test_a_reply_whose_allowed_contradicts_its_levels_is_a_backend_failure(
+    allowed: int, tokens: str, used: str, units: int, mode: int
+) -> None:
+    reply = [allowed, REPLY_OK[1], tokens, "0", "0", used, REPLY_OK[6], "0"]
+    with pytest.raises(BackendUnavailable, match=f"malformed.*allowed is {allowed} for {units}"):
+        _outcome([BUCKET, DAY], reply, units=units, mode=mode)
+    reply[0] = 1 - allowed  # what the script answers for these levels
+    assert _outcome([BUCKET, DAY], reply, units=units, mode=mode).allowed is (allowed == 0)
+    reply[0] = 1  # a refund always applies, whatever the levels
+    assert _outcome([BUCKET, DAY], reply, units=units, mode=REFUND).allowed is True
