@@ -108,6 +108,14 @@ def check_shape(name: str, shape: tuple[int, ...] | list[int]) -> tuple[int, ...
     """A tensor shape a client sent, checked: non-negative whole numbers, at most MAX_DIMS of
     them, and non-zero dimensions multiplying to at most MAX_ELEMENTS, so that numpy can
     represent it for every datatype (a 0 in the shape does not lift the bound)."""
+    for index, dim in enumerate(shape):
+        # As JSON hands one over: out of range, never a wrong kind showing the double's digits
+        # (checked first: the wrong-kind message echoes the whole shape).
+        if past_64_bits(dim):
+            raise InvalidInput(
+                f"input '{name}': shape[{index}] is out of range (0 to {MAX_ELEMENTS}), "
+                f"got {shown(dim)}"
+            )
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise InvalidInput(
             f"input '{name}': shape must be a list of non-negative integers, got {shape!r:.80}"

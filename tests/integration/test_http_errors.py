@@ -252,7 +252,7 @@ def test_shapes_no_array_can_have(server: ServerProcess, shape: list[int]) -> No
     # The standard library encoder: orjson refuses ints beyond 64 bits.
     payload = json.dumps({"inputs": [x_input(shape=shape, data=data)]}).encode()
     message = demo_error(server, payload)
-    assert message.startswith("input 'x': shape ")
+    assert message.startswith("input 'x': shape")
 
 
 def binary_post(
@@ -325,6 +325,25 @@ def test_integer_parameters_past_64_bits_are_out_of_range(
     response = httpx.post(f"{server.url}/v2/models/demo/infer", content=content, headers=headers)
     message = error_of(response, 400)
     assert message == f"{what} is out of range (0 to {UINT64_MAX}), got {shown}"
+
+
+@pytest.mark.parametrize("binary_extension", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize(("dim", "shown"), [(2**70, "2^64 or more"), (-(2**64), "below -2^63")])
+def test_a_shape_dimension_past_64_bits_is_out_of_range(
+    server: ServerProcess, binary_extension: bool, dim: int, shown: str
+) -> None:
+    """It was 'shape must be a list of non-negative integers, got [0, 1.1805916207174113e+21]'."""
+    tensor: dict[str, Any] = {"name": "x", "datatype": "FP32", "shape": [0, dim]}
+    if binary_extension:
+        tensor["parameters"] = {"binary_data_size": 0}
+    else:
+        tensor["data"] = []
+    header = json.dumps({"inputs": [tensor]}).encode()  # orjson cannot write it
+    headers = {binary.HEADER_LENGTH: str(len(header))} if binary_extension else {}
+    response = httpx.post(f"{server.url}/v2/models/demo/infer", content=header,
+                          headers={"content-type": "application/json", **headers})  # fmt: skip
+    message = error_of(response, 400)
+    assert message == f"input 'x': shape[1] is out of range (0 to {2**60 - 1}), got {shown}"
 
 
 @pytest.mark.parametrize("binary_extension", [False, True], ids=["json", "binary"])

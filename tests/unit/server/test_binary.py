@@ -218,6 +218,16 @@ def test_binary_data_size_past_64_bits_is_out_of_range(length: bool, size: int, 
     )
 
 
+def test_a_shape_dimension_past_64_bits_is_out_of_range() -> None:
+    header = json.dumps(_one("FP32", [0, 2**70], 0)).encode()
+    with pytest.raises(InvalidInput) as info:
+        binary.split_request(header, {binary.HEADER_LENGTH: str(len(header))})
+    # Not "shape must be a list of non-negative integers, got [0, 1.1805916207174113e+21]".
+    assert info.value.message == (
+        f"input 'x': shape[1] is out of range (0 to {2**60 - 1}), got 2^64 or more"
+    )
+
+
 def _flags(header: dict[str, Any]) -> binary.BinaryRequest:
     return binary.split_request(orjson.dumps({"inputs": [], **header}), {})
 

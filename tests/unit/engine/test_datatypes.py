@@ -1,0 +1,38 @@
+"""Datatype and shape checks shared by every front-end."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from engine.datatypes import MAX_ELEMENTS, check_shape
+from engine.errors import InvalidInput
+
+
+def rejected(shape: list[object]) -> str:
+    with pytest.raises(InvalidInput) as caught:
+        check_shape("x", shape)  # type: ignore[arg-type]
+    return caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")],
+)
+def test_a_dimension_past_64_bits_is_out_of_range(value: int, shown: str) -> None:
+    # As JSON sends it: the parser reads it as a double, whose digits (1.1805916207174113e+21)
+    # misstate it, and which was called a wrong kind ("must be a list of non-negative integers").
+    shape = orjson.loads(f"[0, {value}]")
+    assert (
+        rejected(shape) == f"input 'x': shape[1] is out of range (0 to {MAX_ELEMENTS}), got {shown}"
+    )
+
+
+def test_a_dimension_past_64_bits_is_named_before_other_faults() -> None:
+    # The whole shape is echoed for a wrong kind: it would show the double's digits again.
+    shape = orjson.loads(f'[-1, "1", {2**70}]')
+    assert rejected(shape).startswith("input 'x': shape[2] is out of range (0 to ")
+    assert (
+        rejected([-1, "1"])
+        == "input 'x': shape must be a list of non-negative integers, got [-1, '1']"
+    )
