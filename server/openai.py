@@ -24,6 +24,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.auth import Authenticator, authenticate_headers
+from engine.datatypes import past_64_bits, shown
 from engine.errors import EngineError, InvalidInput, ShuttingDown
 from engine.generation.scheduler import Chunk
 from engine.generation.service import (
@@ -148,15 +149,20 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     for key, unused in UNSUPPORTED.items():
         value = body.get(key)
         if not any(type(value) is type(u) and value == u for u in unused):
-            raise InvalidInput(f"{key} is not supported by this server; got {value!r:.100}")
+            raise InvalidInput(f"{key} is not supported by this server; got {_got(value):.100}")
     if body.get("n") not in (None, 1):
-        raise InvalidInput(f"n must be 1 (one choice per request); got {body['n']!r}")
+        raise InvalidInput(f"n must be 1 (one choice per request); got {_got(body['n'])}")
     if body.get("best_of") not in (None, 1):
-        raise InvalidInput(f"best_of must be 1; got {body['best_of']!r}")
+        raise InvalidInput(f"best_of must be 1; got {_got(body['best_of'])}")
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     if "max_completion_tokens" in body and "max_tokens" not in options:
         options["max_tokens"] = body["max_completion_tokens"]
     return options
+
+
+def _got(value: object) -> str:
+    """A value as a message shows it; an integer past 64 bits by the side it passed."""
+    return shown(value) if past_64_bits(value) else repr(value)
 
 
 def _prompt(body: dict[str, Any]) -> Any:
@@ -164,9 +170,11 @@ def _prompt(body: dict[str, Any]) -> Any:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) or (
-        isinstance(prompt, list) and all(type(t) is int for t in prompt)
+        isinstance(prompt, list) and all(type(t) is int or past_64_bits(t) for t in prompt)
     ):
-        return prompt  # the ids are checked against the model's vocabulary by the service
+        # The ids are checked against the model's vocabulary by the service, one past 64 bits
+        # (a double, as JSON hands it over) too: it is an id out of range, not a wrong kind.
+        return prompt
     raise InvalidInput(
         "prompt must be a string or a list of token ids (one prompt per request); "
         f"got {type(prompt).__name__}"

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from engine.datatypes import past_64_bits, shown
 from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.generator import Generator
 from engine.generation.sampling import sampling_params
@@ -158,11 +159,14 @@ def prompt_ids(generator: Generator, prompt: object) -> list[int]:
     InvalidInput for anything else."""
     if isinstance(prompt, str):
         return generator.prompt_ids(prompt)
-    if isinstance(prompt, list) and all(type(t) is int for t in prompt):
+    # An id past 64 bits comes as a double (as JSON hands it over): out of the vocabulary.
+    if isinstance(prompt, list) and all(type(t) is int or past_64_bits(t) for t in prompt):
         vocab = generator.text.tokenizer.get_vocab_size()
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise InvalidInput(f"prompt token {bad[0]} is not in the vocabulary (0 to {vocab - 1})")
+            raise InvalidInput(
+                f"prompt token {shown(bad[0])} is not in the vocabulary (0 to {vocab - 1})"
+            )
         return list(prompt)
     raise InvalidInput(
         "prompt must be a string or a list of token ids (one prompt per request); "

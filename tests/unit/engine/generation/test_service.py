@@ -1,0 +1,55 @@
+"""The generation service's prompt checks (the service runs end to end in
+tests/integration/test_openai_e2e.py and test_generate_e2e.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+
+from engine.errors import InvalidInput
+from engine.generation.service import prompt_ids
+from engine.generation.text import ModelText
+from tests.generative import train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def generator(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """What prompt_ids reads of a Generator: its text, with the tiny GPT-2's tokenizer."""
+    folder = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(folder)
+    return SimpleNamespace(text=ModelText(folder))
+
+
+def rejected(generator: Any, prompt: object) -> str:
+    with pytest.raises(InvalidInput) as caught:
+        prompt_ids(generator, prompt)
+    return caught.value.message
+
+
+def test_token_ids_in_the_vocabulary_pass(generator: Any) -> None:
+    last = generator.text.tokenizer.get_vocab_size() - 1
+    assert prompt_ids(generator, [0, 5, last]) == [0, 5, last]
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(1_000_000, "1000000"), (-1, "-1"), (2**64, "2^64 or more"), (-(2**64), "below -2^63")],
+)
+def test_a_token_id_out_of_the_vocabulary_is_named_with_its_range(
+    generator: Any, value: int, shown: str
+) -> None:
+    # As JSON sends it: an id past 64 bits is a double, which was "prompt must be a string or a
+    # list of token ids" (the double's digits would misstate it: 1.8446744073709552e+19).
+    prompt = orjson.loads(f"[1, {value}]")
+    last = generator.text.tokenizer.get_vocab_size() - 1
+    assert rejected(generator, prompt) == (
+        f"prompt token {shown} is not in the vocabulary (0 to {last})"
+    )
+
+
+@pytest.mark.parametrize("prompt", [[1, 2.5], [1, "2"], [1, None], 7])
+def test_anything_else_is_no_prompt(generator: Any, prompt: object) -> None:
+    assert rejected(generator, prompt).startswith("prompt must be a string or a list of token ids")
