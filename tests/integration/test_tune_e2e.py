@@ -25,6 +25,9 @@ from tests.servers import ServerProcess
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 SLO_MS = "500"  # loose: two shared cores, other tests running beside
+# One step per trial: these tests need trials, not ramps (test_loadtest.py runs the ramp's steps).
+# Until it has timed a trial, tune plans 4 s for one of a single 1 s step.
+RAMP = "2:2:1"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +47,7 @@ def explicit_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def tune_command(server: ServerProcess, out: Path, budget_s: float) -> list[str]:
     return [
         sys.executable, "-m", "server", "tune", "--url", server.url, "--model", "demo",
-        "--slo-p99-ms", SLO_MS, "--budget-s", str(budget_s), "--ramp", "2:4:x2",
+        "--slo-p99-ms", SLO_MS, "--budget-s", str(budget_s), "--ramp", RAMP,
         "--trial-s", "1", "--cores", "1", "--out", str(out),
     ]  # fmt: skip
 
@@ -76,16 +79,19 @@ def test_a_short_tune_writes_the_winner_restores_and_resumes(
     explicit_server: ServerProcess, tmp_path: Path
 ) -> None:
     out = tmp_path / "tune"
-    # 20 s: the 5 s reserve, and two trials of up to 7 s each (about 5 s on two shared cores).
-    code, stderr, took = tune(explicit_server, out, budget_s=20)
+    # 14 s: the 5 s reserve, a first trial of up to 4.5 s and a second planned at 4 s or the
+    # first's length (a trial takes about 2 s on two shared cores).
+    code, stderr, took = tune(explicit_server, out, budget_s=14)
     assert code == 0, stderr
-    assert took < 20 + 5  # the budget, plus interpreter start-up and imports
+    assert took < 14 + 5  # the budget, plus interpreter start-up and imports
     assert "candidate 1 of at most" in stderr
     assert "original config restored" in stderr
     assert served_config(explicit_server) == ORIGINAL
     first = json.loads((out / "results.json").read_text())
     measured = [trial["key"] for trial in first["trials"]]
     assert len(measured) >= 2
+    ran = [t for t in first["trials"] if t["error"] is None]  # a candidate may fail to load
+    assert all([step["users"] for step in t["steps"]] == [2] for t in ran)  # RAMP's one step
     assert first["budget_exhausted"] is True
     assert first["trials"][0]["candidate"]["preferred"] == "original"  # the original goes first
     winner = yaml.safe_load((out / "config.yaml").read_text())
@@ -95,7 +101,7 @@ def test_a_short_tune_writes_the_winner_restores_and_resumes(
     assert all(f"| {i + 1}" in report for i in range(len(measured)))
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 2
 
-    code, stderr, _ = tune(explicit_server, out, budget_s=15)  # room for one more trial
+    code, stderr, _ = tune(explicit_server, out, budget_s=10)  # room for one more trial
     assert code == 0, stderr
     assert f"resuming {out}: {len(measured)} trial(s) measured before" in stderr
     assert stderr.count("(measured by the earlier run)") == len(measured)
@@ -188,7 +194,7 @@ def owned_tune_command(tmp_path: Path, out: Path, budget_s: float) -> tuple[list
     command = [
         sys.executable, "-m", "server", "tune", "--url", f"http://127.0.0.1:{http_port}",
         "--model", "demo", "--slo-p99-ms", SLO_MS, "--budget-s", str(budget_s),
-        "--ramp", "2:4:x2", "--trial-s", "1", "--cores", "1", "--out", str(out),
+        "--ramp", RAMP, "--trial-s", "1", "--cores", "1", "--out", str(out),
         "--serve-cmd", shlex.join(serve), "--workers-range", "1:2",
     ]  # fmt: skip
     return command, repo
@@ -208,7 +214,7 @@ def left_running(marker: str) -> list[str]:
 
 def test_a_tune_that_owns_the_server_searches_workers_and_stops_it(tmp_path: Path) -> None:
     out = tmp_path / "tune"
-    command, repo = owned_tune_command(tmp_path, out, budget_s=25)  # two trials and a restart
+    command, repo = owned_tune_command(tmp_path, out, budget_s=16)  # two trials, a restart between
     done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert left_running(str(repo)) == []  # the server and its workers are gone
