@@ -36,23 +36,79 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process.stop()
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize(("model", "batch"), [("demo", 1), ("demo", 4), ("cached", 1)])
+Case = tuple[str, str, int]
+"""(protocol, model, batch size)"""
+
+CASES: list[Case] = [
+    (protocol, model, batch)
+    for protocol in ("http", "grpc")
+    for model, batch in (("demo", 1), ("demo", 4), ("cached", 1))
+]
+
+
+class Runs:
+    """perf_analyzer's runs, by case. The first test of a protocol starts all of that protocol's
+    runs at once: a count window lasts a second at least (perf_analyzer sleeps a second between
+    its checks of the count), so a run is three seconds of mostly waiting, and the runs of one
+    protocol overlap evenly instead of adding up. Each reads only its own model's statistics,
+    and the server counts a batch's stages together whatever else it runs. (HTTP and gRPC runs
+    at once would not be even: one front-end's load can starve the other's windows tenfold.)"""
+
+    def __init__(self, server: ServerProcess) -> None:
+        self.server = server
+        self.processes: dict[Case, subprocess.Popen[str]] = {}
+        self.outputs: dict[Case, tuple[int, str]] = {}
+
+    def command(self, protocol: str, model: str, batch: int) -> list[str]:
+        server = self.server
+        url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
+        return [
+            str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
+            "--concurrency-range", "4", "--measurement-mode", "count_windows",
+            "--measurement-request-count", "100", "--max-trials", "10",
+            # No stability is required on a noisy shared machine: any 3 windows in a row within
+            # 11x of each other's rate and latency (a stalled window once failed 3 trials).
+            "--stability-percentage", "999",
+        ]  # fmt: skip
+
+    def result(self, case: Case) -> tuple[int, str]:
+        """(exit status, stdout and stderr) of the case's run."""
+        if case not in self.processes:
+            for other in CASES:
+                if other[0] == case[0] and other not in self.processes:
+                    self.processes[other] = subprocess.Popen(
+                        self.command(*other),
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    )  # fmt: skip
+        if case not in self.outputs:
+            process = self.processes[case]
+            output, _ = process.communicate(timeout=100)
+            self.outputs[case] = process.returncode, output
+        return self.outputs[case]
+
+    def stop(self) -> None:
+        """Kill the runs no test read (deselected, or timed out), and close their pipes."""
+        for case, process in self.processes.items():
+            if case not in self.outputs:
+                process.kill()
+                process.communicate()
+
+
+@pytest.fixture(scope="module")
+def runs(server: ServerProcess) -> Iterator[Runs]:
+    started = Runs(server)
+    yield started
+    started.stop()
+
+
+@pytest.mark.parametrize(
+    ("protocol", "model", "batch"), CASES, ids=[f"{m}-{b}-{p}" for p, m, b in CASES]
+)
 def test_perf_analyzer_completes_and_reads_the_statistics(
-    server: ServerProcess, protocol: str, model: str, batch: int
+    runs: Runs, protocol: str, model: str, batch: int
 ) -> None:
-    url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
-    command = [
-        str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
-        "--concurrency-range", "4", "--measurement-mode", "count_windows",
-        "--measurement-request-count", "100", "--max-trials", "10",
-        # No stability is required on a noisy shared machine: any 3 windows in a row within
-        # 11x of each other's rate and latency (a stalled window once failed 3 trials).
-        "--stability-percentage", "999",
-    ]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=100, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output
+    code, output = runs.result((protocol, model, batch))
+    assert code == 0, output
     assert "compute counts must be the same" not in output
     # It printed the server-side split, which it takes from the statistics endpoint.
     assert "Server: " in output
