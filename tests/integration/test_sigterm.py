@@ -141,7 +141,10 @@ async def grpc_run(server: ServerProcess) -> Tally:
                 metadata = dict(exc.trailing_metadata() or ())
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and "retry-after" in metadata:
                     tally.answers["UNAVAILABLE"] += 1  # the server's answer while draining
-                    await asyncio.sleep(float(metadata["retry-after"]))  # as it asks
+                    # As it asks, unless the process exits first: then the next call's refusal
+                    # ends the loop, as it would after the whole wait.
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(exited.wait(), float(metadata["retry-after"]))
                 elif exc.code() == grpc.StatusCode.UNAVAILABLE and exited.is_set():
                     return  # the process is gone: connects fail
                 elif exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" in exc.details():
