@@ -333,7 +333,7 @@ import time
 
 class SlowLoad:
     def load(self, config):
-        time.sleep(3.0)
+        time.sleep(1.5)  # a queued connection would be held past the probe's 0.5 s
 
     def infer(self, inputs):
         return {"y": inputs["x"]}
@@ -394,7 +394,7 @@ def test_a_signal_while_the_models_load_stops_the_server_at_once(
     models = tmp_path / "models"
     (models / "slow" / "1").mkdir(parents=True)
     (models / "slow" / "1" / "model.py").write_text(
-        SLOW_LOAD_PY.replace("time.sleep(3.0)", f"open({str(marker)!r}, 'w').close()\n"
+        SLOW_LOAD_PY.replace("time.sleep(1.5)", f"open({str(marker)!r}, 'w').close()\n"
                              "        time.sleep(30.0)")
     )  # fmt: skip
     (models / "slow" / "config.yaml").write_text(SLOW_LOAD_CONFIG)
