@@ -203,9 +203,9 @@ def test_the_quick_start_runs_as_written_from_the_repo_root(demo_server: ServerP
     report = ROOT / out
     if report.exists():
         pytest.skip(f"{report} exists; not overwriting it")
-    # Shorter steps and ramp, and the port of the module's `sluice serve` (the Quick start's
-    # serve has flags for its ports only); everything else as written.
-    swaps = {"http://127.0.0.1:18720": demo_server.url, "5": "1", "1:8:x2": "1:2:x2"}
+    # One short step, and the port of the module's `sluice serve` (the Quick start's serve has
+    # flags for its ports only); everything else as written.
+    swaps = {"http://127.0.0.1:18720": demo_server.url, "5": "1", "1:8:x2": "1:1:x2"}
     args = [swaps.get(arg, arg) for arg in command[1:]]
     assert args[:3] == ["loadtest", "--url", demo_server.url]
     sluice = Path(sys.executable).with_name("sluice")  # the installed console script
