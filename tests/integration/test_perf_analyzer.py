@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.demo import write_demo_repository
+from tests.integration.helpers_e2e import start_all, stop_all
 from tests.models import identity_model, write_model
 from tests.servers import ServerProcess
 
@@ -26,14 +27,19 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ServerProcess]]:
+    """A server per protocol, both serving the same repository (see `Runs`)."""
     root = tmp_path_factory.mktemp("perf_analyzer")
     repo = root / "repo"
     write_demo_repository(repo)
     write_model(repo, "cached", identity_model("FP32"), "cache:\n  enabled: true\n")
-    process = ServerProcess("--model-repository", str(repo), log_path=root / "server.log")
-    yield process.start()
-    process.stop()
+    processes = {
+        protocol: ServerProcess("--model-repository", str(repo), log_path=root / f"{protocol}.log")
+        for protocol in ("http", "grpc")
+    }
+    start_all(list(processes.values()))
+    yield processes
+    stop_all(list(processes.values()))
 
 
 Case = tuple[str, str, int]
@@ -47,20 +53,20 @@ CASES: list[Case] = [
 
 
 class Runs:
-    """perf_analyzer's runs, by case. The first test of a protocol starts all of that protocol's
-    runs at once: a count window lasts a second at least (perf_analyzer sleeps a second between
-    its checks of the count), so a run is three seconds of mostly waiting, and the runs of one
-    protocol overlap evenly instead of adding up. Each reads only its own model's statistics,
-    and the server counts a batch's stages together whatever else it runs. (HTTP and gRPC runs
-    at once would not be even: one front-end's load can starve the other's windows tenfold.)"""
+    """perf_analyzer's runs, by case, all started by the first test: a count window lasts a
+    second at least (perf_analyzer sleeps a second between its checks of the count), so a run
+    is three seconds of mostly waiting, and the runs overlap instead of adding up. Each reads
+    only its own model's statistics, and a server counts a batch's stages together whatever else
+    it runs. HTTP and gRPC runs go to servers of their own: on one server, one front-end's load
+    starves the other's windows tenfold, where each protocol's three share theirs evenly."""
 
-    def __init__(self, server: ServerProcess) -> None:
-        self.server = server
+    def __init__(self, servers: dict[str, ServerProcess]) -> None:
+        self.servers = servers
         self.processes: dict[Case, subprocess.Popen[str]] = {}
         self.outputs: dict[Case, tuple[int, str]] = {}
 
     def command(self, protocol: str, model: str, batch: int) -> list[str]:
-        server = self.server
+        server = self.servers[protocol]
         url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
         return [
             str(PERF_ANALYZER), "-m", model, "-u", url, "-i", protocol, "-b", str(batch),
@@ -73,13 +79,12 @@ class Runs:
 
     def result(self, case: Case) -> tuple[int, str]:
         """(exit status, stdout and stderr) of the case's run."""
-        if case not in self.processes:
+        if not self.processes:
             for other in CASES:
-                if other[0] == case[0] and other not in self.processes:
-                    self.processes[other] = subprocess.Popen(
-                        self.command(*other),
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    )  # fmt: skip
+                self.processes[other] = subprocess.Popen(
+                    self.command(*other),
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                )  # fmt: skip
         if case not in self.outputs:
             process = self.processes[case]
             output, _ = process.communicate(timeout=100)
@@ -95,8 +100,8 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(server: ServerProcess) -> Iterator[Runs]:
-    started = Runs(server)
+def runs(servers: dict[str, ServerProcess]) -> Iterator[Runs]:
+    started = Runs(servers)
     yield started
     started.stop()
 
