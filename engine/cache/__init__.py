@@ -2,6 +2,8 @@
 coalescing. The engine builds one cache with `build_cache(settings.cache)` and one `Coalescer`,
 and looks requests up after admission and validation, before the batcher."""
 
+from typing import TYPE_CHECKING
+
 from engine.cache.coalesce import Coalescer
 from engine.cache.codec import CorruptEntry, decode, encode
 from engine.cache.contract import (
@@ -22,8 +24,10 @@ from engine.cache.key import (
     request_key,
 )
 from engine.cache.memory import MemoryCache
-from engine.cache.redis_cache import RedisCache
 from engine.cache.tiered import TieredCache
+
+if TYPE_CHECKING:
+    from engine.cache.redis_cache import RedisCache
 
 __all__ = [
     "TRANSPORT_PARAMETERS",
@@ -47,3 +51,13 @@ __all__ = [
     "namespace",
     "request_key",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # RedisCache imports the redis client (and, through it, OpenTelemetry's metrics SDK): a
+    # server that uses no Redis starts without them.
+    if name == "RedisCache":
+        from engine.cache.redis_cache import RedisCache
+
+        return RedisCache
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

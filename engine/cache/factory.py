@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from engine.cache.contract import ResultCache
 from engine.cache.memory import MemoryCache
-from engine.cache.redis_cache import RedisCache
 from engine.cache.tiered import TieredCache
 from engine.settings import CacheSettings
 
@@ -19,6 +18,8 @@ def build_cache(settings: CacheSettings) -> ResultCache:
     memory = MemoryCache(settings.memory_bytes, settings.max_entry_bytes)
     if settings.backend == "memory":
         return memory
+    from engine.cache.redis_cache import RedisCache  # the redis client: only when used
+
     redis = RedisCache.from_settings(settings)
     if settings.backend == "redis":
         return redis

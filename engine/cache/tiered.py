@@ -3,9 +3,13 @@ replica are still hits here. A Redis hit fills memory for the rest of the entry'
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from engine.cache.contract import CachedResult, CacheStats, Expected, read_only_views
 from engine.cache.memory import MemoryCache
-from engine.cache.redis_cache import RedisCache
+
+if TYPE_CHECKING:
+    from engine.cache.redis_cache import RedisCache
 
 
 class TieredCache:

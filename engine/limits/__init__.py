@@ -7,10 +7,14 @@ this process (`memory`) or in Redis (`redis`, one atomic Lua script per admissio
 concurrency caps are always per process.
 """
 
+from typing import TYPE_CHECKING
+
 from engine.limits.limiter import Admission, Limiter, LimiterCounters, build_limiter
 from engine.limits.local import MemoryBackend
 from engine.limits.plan import BackendUnavailable, LimitBackend, Outcome
-from engine.limits.redis_backend import RedisBackend
+
+if TYPE_CHECKING:
+    from engine.limits.redis_backend import RedisBackend
 
 __all__ = [
     "Admission",
@@ -23,3 +27,12 @@ __all__ = [
     "RedisBackend",
     "build_limiter",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # RedisBackend imports the redis client: a server that uses no Redis starts without it.
+    if name == "RedisBackend":
+        from engine.limits.redis_backend import RedisBackend
+
+        return RedisBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

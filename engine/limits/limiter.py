@@ -33,7 +33,6 @@ from engine.limits.plan import (
     full_plan,
     tenant_limits,
 )
-from engine.limits.redis_backend import RedisBackend
 from engine.settings import RateLimitSettings, SettingsError, TenantLimits
 
 # Under "sluice." like every other logger of the server, so one filter selects them all.
@@ -317,6 +316,8 @@ def build_limiter(settings: RateLimitSettings) -> Limiter:
         return Limiter(settings)
     if not settings.redis_url:
         raise SettingsError("rate_limit.backend is 'redis' but rate_limit.redis_url is not set")
+    from engine.limits.redis_backend import RedisBackend  # the redis client: only when used
+
     backend = RedisBackend(
         settings.redis_url,
         namespace=settings.namespace,
