@@ -27,7 +27,6 @@ from engine.cache import (
     cache_requested,
     copy_result,
 )
-from engine.demo import write_demo_repository
 from engine.errors import (
     DeadlineExceeded,
     EngineError,
@@ -100,6 +99,8 @@ class Engine:
         """Scan the repository and load what the model control mode says."""
         root = self.settings.model_repository
         if root is None:
+            from engine.demo import write_demo_repository  # builds it with onnx: only here
+
             self._tempdir = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
             root = write_demo_repository(self._tempdir)
         self.cache = build_cache(self.settings.cache)
