@@ -239,7 +239,10 @@ def test_tracing_off_imports_no_tracing_code() -> None:
     """FastAPI imports the OpenTelemetry API (and redis the SDK's metrics) by themselves; with
     tracing off sluice adds neither the SDK's tracing nor an exporter. With it on, both load."""
     assert imported_after_a_request({}) == "[]"
-    on = imported_after_a_request({"tracing": {"otlp_endpoint": "http://127.0.0.1:9/v1/traces"}})
+    # Nothing listens there: a short export bound ends the close's flush at its first refusal
+    # (the default, 5 s, retried it for 3 s).
+    traced = {"otlp_endpoint": "http://127.0.0.1:9/v1/traces", "export_timeout_s": 0.5}
+    on = imported_after_a_request({"tracing": traced})
     assert "'opentelemetry.sdk.trace'" in on
     assert "'opentelemetry.exporter.otlp.proto.http.trace_exporter'" in on
 
