@@ -44,8 +44,9 @@ def test_unreachable_server_exits_3(tmp_path: Path) -> None:
 def test_an_unreachable_grpc_target_exits_3(tmp_path: Path) -> None:
     """It ran every step against nothing and exited 0 ("0.0 ok req/s")."""
     target = f"127.0.0.1:{free_port()}"
-    code, output = _run("--protocol", "grpc", "--grpc-url", target, "--users", "1",
-                        "--duration", "1", "--timeout-s", "1", "--out", str(tmp_path))  # fmt: skip
+    # Nothing listens there: the check waits out its whole bound, --timeout-s.
+    code, output = _run("--protocol", "grpc", "--grpc-url", target, "--users", "1", "--duration",
+                        "1", "--timeout-s", "0.2", "--out", str(tmp_path))  # fmt: skip
     assert code == 3
     assert f"cannot reach the gRPC server at {target}" in " ".join(output.split())
     assert not (tmp_path / "report.md").exists()
