@@ -262,15 +262,18 @@ def test_sigterm_stops_the_owned_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("program", "expected"),
+    ("program", "timeout_s", "expected"),
     [
-        ("import time; time.sleep(600)", "was not ready at http://127.0.0.1:{port}/v2/health/"
-                                         "ready within 1 s (--serve-ready-timeout-s)"),
-        ("raise SystemExit(4)", "exited with status 4 before it was ready"),
+        # A timeout waited out whole is short; one the exit must beat is long (it costs nothing).
+        ("import time; time.sleep(600)", "0.3",
+         "was not ready at http://127.0.0.1:{port}/v2/health/ready within 0.3 s "
+         "(--serve-ready-timeout-s)"),
+        ("raise SystemExit(4)", "30", "exited with status 4 before it was ready"),
     ],
+    ids=["never-ready", "exits"],
 )  # fmt: skip
 def test_a_server_that_never_gets_ready_fails_with_3_and_is_stopped(
-    tmp_path: Path, program: str, expected: str
+    tmp_path: Path, program: str, timeout_s: str, expected: str
 ) -> None:
     from tests.redis_process import free_port
 
@@ -280,7 +283,7 @@ def test_a_server_that_never_gets_ready_fails_with_3_and_is_stopped(
     command = [
         sys.executable, "-m", "server", "tune", "--url", f"http://127.0.0.1:{port}",
         "--model", "demo", "--slo-p99-ms", SLO_MS, "--out", str(tmp_path / "tune"),
-        "--serve-cmd", serve, "--serve-ready-timeout-s", "1",
+        "--serve-cmd", serve, "--serve-ready-timeout-s", timeout_s,
     ]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 3, done.stderr
