@@ -10,11 +10,20 @@ import subprocess
 import time
 from pathlib import Path
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port that is free now and that this process has not handed out before: the
+    kernel can give a port it just gave again once its socket is closed, so two calls made for
+    one server (its HTTP and gRPC ports) could name the same port."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def redis_binary() -> str:
