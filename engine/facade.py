@@ -38,16 +38,12 @@ class EngineFacade(Protocol):
         """The process is up (liveness)."""
 
     @property
-    def ready(self) -> bool:
-        """Started, not draining, and (with strict readiness) every model asked for serves."""
-
-    @property
     def draining(self) -> bool:
         """A drain has begun: new requests are refused with ShuttingDown."""
 
     async def ready_now(self) -> bool:
-        """`ready` as the engine holds it at this moment: what readiness probes answer (a
-        worker's `ready` is the copy the engine process last pushed, which lags a change)."""
+        """Started, not draining, and (with strict readiness) every model asked for serves, as
+        the engine holds it at this moment: what readiness probes answer."""
 
     async def start(self) -> None:
         """Scan the repository and load what the model control mode says."""

@@ -169,14 +169,13 @@ class EngineHost:
                 await self._server.wait_closed()
 
     def state(self) -> dict[str, Any]:
-        """What every worker keeps a copy of: readiness, and which models are loaded
+        """What every worker keeps a copy of: whether the engine drains, which models are loaded
         (`generation` changes whenever a model is loaded, reloaded or unloaded)."""
         engine = self.engine
         models = engine.registry.all() if engine.live and _started(engine) else []
         index = engine.repository_index() if _started(engine) else []
         marks = orjson.dumps([index, [[m.name, m.version, m.generation] for m in models]])
         return {
-            "ready": engine.ready,
             "draining": engine.draining,
             "models": sorted({m.name for m in models}),
             "generative": sorted({m.name for m in models if m.generator is not None}),

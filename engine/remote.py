@@ -122,7 +122,7 @@ class RemoteEngine:
         self._idle = asyncio.Event()
         self._idle.set()
         self._draining = False
-        self._state: dict[str, Any] = {"ready": False, "draining": False, "models": []}
+        self._state: dict[str, Any] = {"draining": False, "models": []}
         self._checks: dict[tuple[str, str | None], InputCheck] = {}
         self._checks_generation: object = None
         self._transport: asyncio.Transport | None = None
@@ -171,11 +171,6 @@ class RemoteEngine:
     @property
     def live(self) -> bool:
         return not self.engine_gone.is_set()
-
-    @property
-    def ready(self) -> bool:
-        """Readiness as the engine last pushed it (`ready_now` asks)."""
-        return bool(self._state.get("ready")) and not self.draining
 
     async def ready_now(self) -> bool:
         """Asked of the engine, on this worker's connection (the event loop is not blocked): the

@@ -39,7 +39,7 @@ class Kind(enum.IntEnum):
     ERROR = 13  # {"id", "error": class name, "message", "retry_after_s", "headers"}
     FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
     REPLY = 15  # {"id", "result"}
-    STATE = 16  # {"ready", "draining", "generation", "generative": [model...]}
+    STATE = 16  # {"draining", "models", "generative": [model...], "generation", "server"}
     STREAM = 17  # {"id", "headers", "prompt_tokens"}: the generation is admitted
     TOKENS = 18  # {"id", "tokens", "text", "finish_reason", "completion_tokens"}
 
