@@ -13,6 +13,7 @@ The tarball holds one folder, `sluice-<version>/`:
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import shutil
@@ -21,6 +22,7 @@ import sys
 import sysconfig
 import tarfile
 import tempfile
+import tomllib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -65,12 +67,35 @@ def _pip(*args: str) -> None:
 
 
 def build_wheel(source: Path, wheelhouse: Path) -> Path:
-    """Build sluice's wheel from `source` into `wheelhouse`."""
-    _pip("wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheelhouse), str(source))
+    """Build sluice's wheel from a clean copy of `source` into `wheelhouse`. setuptools builds in
+    the tree it is given and packs its `build/lib` whole, so a module deleted since an earlier
+    build (or one only ever built) would ship from there; the copy also leaves the checkout as
+    it was (no build/, no egg-info)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        clean = Path(scratch) / "source"
+        _copy_buildable(source, clean)
+        _pip("wheel", "--no-deps", "--quiet", "--wheel-dir", str(wheelhouse), str(clean))
     wheels = sorted(wheelhouse.glob("sluice-*.whl"))
     if len(wheels) != 1:
         raise BundleError(f"expected one sluice wheel from {source}, found {len(wheels)}")
     return wheels[0]
+
+
+def _copy_buildable(source: Path, destination: Path) -> None:
+    """What the wheel is built from: the top level's files and the packages pyproject.toml
+    includes ([tool.setuptools.packages.find]), without build output or caches; not the
+    checkout's other folders (a model repository, a venv), which can be large."""
+    found = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = found["packages"]["find"]["include"]
+    destination.mkdir()
+    for entry in source.iterdir():
+        if entry.is_file():
+            shutil.copy2(entry, destination / entry.name)
+        elif entry.is_dir() and any(fnmatch.fnmatch(entry.name, pattern) for pattern in include):
+            shutil.copytree(entry, destination / entry.name, ignore=_NOT_SOURCE)
+
+
+_NOT_SOURCE = shutil.ignore_patterns("__pycache__", "*.pyc", "build", "dist", "*.egg-info")
 
 
 def download_dependencies(

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import zipfile
 from pathlib import Path
 
 import httpx
@@ -25,6 +26,7 @@ from engine.demo import mlp_model, write_demo_repository
 from server.bundle import (
     BundleError,
     build_bundle,
+    build_wheel,
     bundle,
     copy_config,
     copy_models,
@@ -142,6 +144,24 @@ def test_cli_reports_a_missing_repository(tmp_path: Path) -> None:
 
 def test_the_source_tree_is_this_checkout() -> None:
     assert locate_source() == ROOT
+
+
+@pytest.mark.slow
+def test_the_wheel_is_built_from_a_clean_copy_of_the_source(tmp_path: Path) -> None:
+    # setuptools packs a tree's build/lib whole: built in place, a module deleted since an
+    # earlier build shipped in the bundle's wheel (and the build left build/ in the checkout).
+    source = tmp_path / "source"
+    checkout_only = ("tests", "docs", "deploy", ".*", "build", "*.egg-info", "__pycache__")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*checkout_only))
+    stale = source / "build" / "lib" / "server" / "deleted_since.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("STALE = True\n")
+    wheel = build_wheel(source, tmp_path / "wheelhouse")
+    with zipfile.ZipFile(wheel) as built:
+        names = built.namelist()
+    assert "server/bundle.py" in names
+    assert "server/deleted_since.py" not in names
+    assert sorted(p.name for p in (source / "build" / "lib").iterdir()) == ["server"]
 
 
 def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
