@@ -143,7 +143,15 @@ def _regular_buffer(parser: simdjson.Parser, text: bytes, kind: NumberKind) -> b
         lists, level = lists + len(inner), inner
     else:
         return None  # deeper than any shape: the walk names it
-    return value.as_buffer(of_type=kind) if text.count(b"[") == lists else None
+    return value.as_buffer(of_type=kind) if _brackets(text, lists) else None
+
+
+def _brackets(text: bytes, lists: int) -> bool:
+    """Whether `[` occurs in `text` exactly `lists` times. Flat data (one list, the common case)
+    asks for a second `[` by memchr: 1 µs for the CNN's 91 kB, where counting them takes 23."""
+    if lists == 1:
+        return text.find(b"[", text.find(b"[") + 1) < 0
+    return text.count(b"[") == lists
 
 
 def _data_values(text: bytes) -> list[tuple[int, int, int]]:
