@@ -2,8 +2,8 @@
 `--workers 2` (a supervisor, an engine process and two front-end workers) in one run, on the
 benchmark MLP over JSON, binary HTTP and gRPC at concurrency 16 and 64, and the CNN over binary
 HTTP at 64. Reported per row: req/s, p99, server CPU-seconds per 1,000 requests (every process of
-the server, from /proc, and the engine process's part of it), and for the CNN samples/s and the
-average batch size (Triton statistics).
+the server, from /proc, and the engine process's part of it), context switches of the server's
+processes per request, and for the CNN samples/s and the average batch size (Triton statistics).
 
     python -m loadtests.benchmarks.workers --out loadtests/benchmarks/results \
         [--seconds 5] [--server-cores 0-2] [--client-cores 3]
@@ -73,6 +73,18 @@ def cpu_s(root: psutil.Process) -> float:
     return total
 
 
+def switches(root: psutil.Process) -> int:
+    """Context switches (voluntary and not) of `root` and every process under it: each is a
+    process going to sleep or being put aside, which a crossing between processes adds."""
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += sum(proc.num_ctx_switches())
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 def engine_process(root: psutil.Process) -> psutil.Process | None:
     """The engine process of a `--workers N` server (the supervisor's child that listens on no
     TCP port: the workers hold the HTTP and gRPC sockets), or None for one process."""
@@ -116,6 +128,7 @@ def measure(
     target = f"{url}/v2/models/{model}/infer"
     engine = engine_process(root)
     before_stats, before_cpu, before_engine = stats(url, model), cpu_s(root), process_cpu_s(engine)
+    before_switches = switches(root)
     if protocol == "grpc":
         result = grpc_load(grpc_target, model, concurrency, seconds, client)
     elif protocol == "json":
@@ -124,7 +137,7 @@ def measure(
         body, length = binary_body(model)
         headers = {"Inference-Header-Content-Length": str(length)}
         result = wrk(target, body, concurrency, seconds, headers, core=client)
-    used = cpu_s(root) - before_cpu
+    used, switched = cpu_s(root) - before_cpu, switches(root) - before_switches
     engine_used = process_cpu_s(engine) - before_engine
     after = stats(url, model)
     rows, batches = after[0] - before_stats[0], after[1] - before_stats[1]
@@ -135,6 +148,7 @@ def measure(
         # The engine process's part (serial: one per server); None with one process.
         "engine_cpu_s_per_1000": None if engine is None else 1000 * engine_used / served,
         "avg_batch": rows / batches if batches else 0.0,
+        "switches_per_request": switched / served,
     }  # fmt: skip
 
 
@@ -190,8 +204,8 @@ def table(report: dict[str, Any]) -> str:
         "",
     ]
     columns = ["workers", "model", "protocol", "concurrency", "req/s", "x 1 worker", "p99 ms",
-               "CPU s / 1,000 req", "x 1 worker", "engine process", "avg batch",
-               "errors"]  # fmt: skip
+               "CPU s / 1,000 req", "x 1 worker", "engine process", "switches / req",
+               "avg batch", "errors"]  # fmt: skip
     cells = []
     for key in keys:
         runs = [by[(n, *key)] for n in rounds if (n, *key) in by]
@@ -201,7 +215,8 @@ def table(report: dict[str, Any]) -> str:
             *key, spread([r["throughput"] for r in runs], "{:,.0f}"), ratio(pairs, "throughput"),
             f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f}",
             spread([r["cpu_s_per_1000"] for r in runs], "{:.3f}"), ratio(pairs, "cpu_s_per_1000"),
-            engine_part(runs), f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
+            engine_part(runs), switched(runs),
+            f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
             sum(r["errors"] + r.get("non2xx", 0) for r in runs),
         ])  # fmt: skip
     lines += markdown_table(columns, cells)
@@ -214,6 +229,13 @@ def ratio(pairs: list[tuple[dict[str, Any], Any]], field: str) -> str:
     if not pairs:
         return "-"
     return f"{statistics.median(row[field] / base[field] for row, base in pairs):.2f}"
+
+
+def switched(rows: list[dict[str, Any]]) -> str:
+    """Context switches of the server's processes per request, median of `rows` ("-" for runs
+    from before they were counted)."""
+    counts = [r["switches_per_request"] for r in rows if "switches_per_request" in r]
+    return f"{statistics.median(counts):.2f}" if counts else "-"
 
 
 def engine_part(rows: list[dict[str, Any]]) -> str:
