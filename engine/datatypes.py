@@ -67,6 +67,32 @@ def shown(value: object) -> str:
     return str(value)
 
 
+def received(value: object, room: int = 100) -> str:
+    """A value a client sent as JSON, for a message saying what was received: null, true and
+    false in JSON's words (Python's None and True are not what the client wrote), a string
+    quoted as messages quote names ('user'), an integer past 64 bits by its side (shown) at any
+    depth, and an array or object cut with '...' once about `room` characters are spent. Each
+    level of nesting spends room too, so a deeply nested body cannot exhaust the stack."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "true" if value else "false"
+    if isinstance(value, list | dict):
+        is_object = isinstance(value, dict)
+        items = value.items() if isinstance(value, dict) else value
+        room -= 2  # the brackets
+        parts: list[str] = []
+        for item in items:
+            if room <= 0:
+                parts.append("...")
+                break
+            part = f"{item[0]!r}: {received(item[1], room)}" if is_object else received(item, room)
+            parts.append(part)
+            room -= len(part) + 2
+        joined = ", ".join(parts)
+        return f"{{{joined}}}" if is_object else f"[{joined}]"
+    text = shown(value) if past_64_bits(value) else repr(value)
+    return text if len(text) <= room else text[: max(room, 0)] + "..."
+
+
 def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
     """The numpy dtype for a v2 datatype; InvalidInput names the allowed ones."""
     try:

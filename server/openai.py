@@ -24,7 +24,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.auth import Authenticator, authenticate_headers
-from engine.datatypes import past_64_bits, shown
+from engine.datatypes import past_64_bits, received
 from engine.errors import EngineError, InvalidInput, ShuttingDown
 from engine.generation.scheduler import Chunk
 from engine.generation.service import (
@@ -118,7 +118,7 @@ def caller(engine: FrontEnd, headers: Headers, name: object) -> str | None:
     authentication comes before anything else is read of the request; ShuttingDown while
     draining."""
     if not isinstance(name, str) or not name:
-        raise InvalidInput(f"model must be a model name (string); got {name!r}")
+        raise InvalidInput(f"model must be a model name (string); got {received(name)}")
     tenant = authenticate_headers(engine.authenticator, headers, name).tenant
     if engine.draining:
         raise ShuttingDown()
@@ -149,20 +149,15 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     for key, unused in UNSUPPORTED.items():
         value = body.get(key)
         if not any(type(value) is type(u) and value == u for u in unused):
-            raise InvalidInput(f"{key} is not supported by this server; got {_got(value):.100}")
+            raise InvalidInput(f"{key} is not supported by this server; got {received(value)}")
     if body.get("n") not in (None, 1):
-        raise InvalidInput(f"n must be 1 (one choice per request); got {_got(body['n'])}")
+        raise InvalidInput(f"n must be 1 (one choice per request); got {received(body['n'])}")
     if body.get("best_of") not in (None, 1):
-        raise InvalidInput(f"best_of must be 1; got {_got(body['best_of'])}")
+        raise InvalidInput(f"best_of must be 1; got {received(body['best_of'])}")
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     if "max_completion_tokens" in body and "max_tokens" not in options:
         options["max_tokens"] = body["max_completion_tokens"]
     return options
-
-
-def _got(value: object) -> str:
-    """A value as a message shows it; an integer past 64 bits by the side it passed."""
-    return shown(value) if past_64_bits(value) else repr(value)
 
 
 def _prompt(body: dict[str, Any]) -> Any:
@@ -177,22 +172,28 @@ def _prompt(body: dict[str, Any]) -> Any:
         return prompt
     raise InvalidInput(
         "prompt must be a string or a list of token ids (one prompt per request); "
-        f"got {type(prompt).__name__}"
+        f"got {received(prompt)}"
     )
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise InvalidInput("messages must be a non-empty list of {role, content} objects")
+        raise InvalidInput(
+            "messages must be a non-empty list of {role, content} objects; "
+            f"got {received(messages)}"
+        )
     out = []
     for index, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise InvalidInput(f"messages[{index}] must be an object with a string role")
-        if message["role"] not in ROLES:
+        if not isinstance(message, dict):
             raise InvalidInput(
-                f"messages[{index}].role must be one of {', '.join(ROLES)}; "
-                f"got {message['role']!r:.100}"
+                f"messages[{index}] must be an object with role and content; "
+                f"got {received(message)}"
+            )
+        role = message.get("role")  # an absent role is shown as null
+        if role not in ROLES:
+            raise InvalidInput(
+                f"messages[{index}].role must be one of {', '.join(ROLES)}; got {received(role)}"
             )
         content = message.get("content")
         if isinstance(content, list) and all(
@@ -203,10 +204,21 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(content, str):
             raise InvalidInput(
                 f"messages[{index}].content must be a string or a list of text parts "
-                "({type: text, text}); this model takes text only"
+                f"({{type: text, text}}); this model takes text only; got {received(content)}"
             )
         out.append({**message, "content": content})
     return out
+
+
+def _streamed(body: dict[str, Any]) -> bool:
+    """Whether the answer is streamed. OpenAI's `stream` is "boolean or null": null (or no
+    stream) asks for the default, not streamed, as n: null asks for one choice."""
+    stream = body.get("stream")
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise InvalidInput(f"stream must be true or false; got {received(stream)}")
+    return stream
 
 
 class Completion:
@@ -283,9 +295,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             tenant = caller(engine, request.headers, body.get("model"))
             options = _options(body)
             prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise InvalidInput(f"stream must be true or false; got {stream!r}")
+            stream = _streamed(body)
             generate = GenerateRequest(body["model"], tenant, prompt, messages, options)
             tokens = await generation.generate(generate)
         except EngineError as exc:

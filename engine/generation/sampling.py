@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.datatypes import past_64_bits, shown
+from engine.datatypes import past_64_bits, received, shown
 from engine.errors import InvalidInput
 
 MAX_STOP_STRINGS = 4
@@ -38,7 +38,7 @@ def _number(name: str, value: object, low: float, high: float, integer: bool = F
     kind = "an integer" if integer else "a number"
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok:
-        raise InvalidInput(f"{name} must be {kind} from {low} to {high}; got {value!r}")
+        raise InvalidInput(f"{name} must be {kind} from {low} to {high}; got {received(value)}")
     assert isinstance(value, int | float)
     if not low <= value <= high:
         raise InvalidInput(f"{name} must be from {low} to {high}; got {value}")
@@ -70,7 +70,7 @@ def sampling_params(
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = tuple(stop)
     else:
-        raise InvalidInput(f"stop must be a string or a list of strings; got {stop!r}")
+        raise InvalidInput(f"stop must be a string or a list of strings; got {received(stop)}")
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
         raise InvalidInput(
             f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings; got {list(stops)!r}"

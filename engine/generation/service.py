@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.datatypes import past_64_bits, shown
+from engine.datatypes import past_64_bits, received, shown
 from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.generator import Generator
 from engine.generation.sampling import sampling_params
@@ -170,7 +170,7 @@ def prompt_ids(generator: Generator, prompt: object) -> list[int]:
         return list(prompt)
     raise InvalidInput(
         "prompt must be a string or a list of token ids (one prompt per request); "
-        f"got {type(prompt).__name__}"
+        f"got {received(prompt)}"
     )
 
 

@@ -201,6 +201,17 @@ def test_openai_client_completion_with_seed_repeats(served: tuple[ServerProcess,
          "n must be 1 (one choice per request); got 2^64 or more"),
         ({"model": "tiny", "prompt": "a", "best_of": -(2**64)}, 400,
          "best_of must be 1; got below -2^63"),
+        # So are fields of the wrong kind (they showed the double's digits or Python's None).
+        ({"model": 2**64, "prompt": "a"}, 400,
+         "model must be a model name (string); got 2^64 or more"),
+        ({"prompt": "a"}, 400, "model must be a model name (string); got null"),
+        ({"model": "tiny", "prompt": "a", "stream": -(2**64)}, 400,
+         "stream must be true or false; got below -2^63"),
+        ({"model": "tiny", "prompt": 2**64}, 400,
+         "prompt must be a string or a list of token ids (one prompt per request); "
+         "got 2^64 or more"),
+        ({"model": "tiny", "prompt": "a", "stop": [2**64]}, 400,
+         "stop must be a string or a list of strings; got [2^64 or more]"),
         ({"model": "tiny", "prompt": "a", "logprobs": 5}, 400,
          "logprobs is not supported by this server; got 5"),
         ({"model": "tiny", "prompt": "a", "echo": True}, 400, "echo is not supported"),
@@ -307,6 +318,11 @@ def wait_for(server: ServerProcess, name: str, value: float) -> None:
         ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
         ({"messages": [{"role": "banana", "content": "hi"}]},
          "messages[0].role must be one of system, developer, user, assistant, tool; got 'banana'"),
+        ({"messages": [{"role": 2**64, "content": "hi"}]},
+         "messages[0].role must be one of system, developer, user, assistant, tool; "
+         "got 2^64 or more"),
+        ({"messages": [{"role": None, "content": "hi"}]},
+         "messages[0].role must be one of system, developer, user, assistant, tool; got null"),
     ],
 )  # fmt: skip
 def test_chat_parameters_it_cannot_honour_are_refused_not_ignored(
@@ -322,7 +338,8 @@ def test_chat_parameters_it_cannot_honour_are_refused_not_ignored(
 def test_values_that_ask_for_nothing_are_taken(served: tuple[ServerProcess, Path]) -> None:
     server, _ = served
     unused = {"n": None, "best_of": None, "presence_penalty": 0.0, "frequency_penalty": 0,
-              "logit_bias": {}, "logprobs": None, "echo": False, "tool_choice": "none"}  # fmt: skip
+              "logit_bias": {}, "logprobs": None, "echo": False, "tool_choice": "none",
+              "stream": None}  # fmt: skip
     body = {"model": "tiny", "prompt": "a", "max_tokens": 2, "temperature": 0}
     plain = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10)
     given = httpx.post(f"{server.url}/v1/completions", json=body | unused, timeout=10)

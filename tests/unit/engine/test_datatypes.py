@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from engine.datatypes import MAX_ELEMENTS, check_shape
+from engine.datatypes import MAX_ELEMENTS, check_shape, received
 from engine.errors import InvalidInput
 
 
@@ -36,3 +36,31 @@ def test_a_dimension_past_64_bits_is_named_before_other_faults() -> None:
         rejected([-1, "1"])
         == "input 'x': shape must be a list of non-negative integers, got [-1, '1']"
     )
+
+
+@pytest.mark.parametrize(
+    ("sent", "shown"),
+    [
+        ("null", "null"),
+        ("[true, false]", "[true, false]"),
+        ('{"role": "user", "n": -18446744073709551616}', "{'role': 'user', 'n': below -2^63}"),
+        ("[[1, [18446744073709551616]]]", "[[1, [2^64 or more]]]"),
+        ("2.5", "2.5"),
+        ("-7", "-7"),
+    ],
+)
+def test_received_values_read_as_json_sent_them(sent: str, shown: str) -> None:
+    assert received(orjson.loads(sent)) == shown
+
+
+def test_received_values_are_cut_at_their_room() -> None:
+    assert received(list(range(1000)), room=20) == "[0, 1, 2, 3, 4, 5, ...]"
+    assert received("x" * 1000, room=5) == "'xxxx..."
+
+
+def test_received_nesting_is_bounded_by_the_room() -> None:
+    nested: list[object] = []
+    for _ in range(100_000):  # far past the interpreter's recursion limit
+        nested = [nested]
+    shown = received(nested)
+    assert shown == "[" * 50 + "...]" + "]" * 49

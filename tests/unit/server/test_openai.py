@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from engine.errors import InvalidInput
-from server.openai import _options, _prompt
+from server.openai import _messages, _options, _prompt, _streamed, caller
 
 PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
 
@@ -60,3 +60,96 @@ def test_a_token_id_past_64_bits_goes_on_to_the_vocabulary_check(value: int, sho
 def test_other_prompts_are_refused(prompt: object) -> None:
     with pytest.raises(InvalidInput, match=r"^prompt must be a string or a list of token ids"):
         _prompt({"prompt": prompt})
+
+
+# Fields of the wrong JSON type are named as sent: an integer past 64 bits by its side (not the
+# double's digits, 1.8446744073709552e+19, nor "float"), null/true/false as JSON spells them.
+WRONG_KINDS = [
+    ("18446744073709551616", "2^64 or more"),
+    ("-18446744073709551616", "below -2^63"),
+    ("null", "null"),
+    ("true", "true"),
+    ("5", "5"),
+    ("2.5", "2.5"),
+    ('["tiny", 18446744073709551616]', "['tiny', 2^64 or more]"),
+    ('{"a": null}', "{'a': null}"),
+]
+
+
+@pytest.mark.parametrize(("value", "shown"), WRONG_KINDS)
+def test_a_model_of_the_wrong_kind_is_named_as_sent(value: str, shown: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        caller(None, {}, parsed(f'{{"model": {value}}}')["model"])  # type: ignore[arg-type]
+    assert caught.value.message == f"model must be a model name (string); got {shown}"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(v, shown) for v, shown in WRONG_KINDS if v not in ("null", "true")] + [('"yes"', "'yes'")],
+)
+def test_a_stream_of_the_wrong_kind_is_named_as_sent(value: str, shown: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _streamed(parsed(f'{{"stream": {value}}}'))
+    assert caught.value.message == f"stream must be true or false; got {shown}"
+
+
+def test_stream_null_or_absent_is_not_streamed() -> None:
+    # OpenAI's stream is "boolean or null"; null asks for the default, as n: null does.
+    assert _streamed({}) is False
+    assert _streamed({"stream": None}) is False
+    assert _streamed({"stream": True}) is True
+
+
+@pytest.mark.parametrize(("value", "shown"), [*WRONG_KINDS, ('"banana"', "'banana'")])
+def test_a_role_of_the_wrong_kind_is_named_as_sent(value: str, shown: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _messages(parsed(f'{{"messages": [{{"role": {value}, "content": "hi"}}]}}'))
+    assert caught.value.message == (
+        f"messages[0].role must be one of system, developer, user, assistant, tool; got {shown}"
+    )
+
+
+def test_an_absent_role_reads_as_null() -> None:
+    with pytest.raises(InvalidInput, match=r"^messages\[0\]\.role must be one of .*; got null$"):
+        _messages({"messages": [{"content": "hi"}]})
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ('{"messages": 18446744073709551616}',
+         "messages must be a non-empty list of {role, content} objects; got 2^64 or more"),
+        ('{"messages": []}',
+         "messages must be a non-empty list of {role, content} objects; got []"),
+        ('{"messages": [18446744073709551616]}',
+         "messages[0] must be an object with role and content; got 2^64 or more"),
+        ('{"messages": [{"role": "user", "content": 18446744073709551616}]}',
+         "messages[0].content must be a string or a list of text parts ({type: text, text}); "
+         "this model takes text only; got 2^64 or more"),
+        ('{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}',
+         "messages[0].content must be a string or a list of text parts ({type: text, text}); "
+         "this model takes text only; got [{'type': 'image_url'}]"),
+    ],
+)  # fmt: skip
+def test_messages_of_the_wrong_kind_are_named_as_sent(body: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _messages(parsed(body))
+    assert caught.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        ('{"prompt": 18446744073709551616}', "2^64 or more"),  # was "got float"
+        ('{"prompt": 5}', "5"),  # was "got int"
+        ("{}", "null"),  # was "got NoneType"
+        ('{"prompt": {"x": 1}}', "{'x': 1}"),
+        ('{"prompt": [1, 2.5]}', "[1, 2.5]"),
+    ],
+)
+def test_a_prompt_of_the_wrong_kind_is_named_as_sent(body: str, shown: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _prompt(parsed(body))
+    assert caught.value.message == (
+        f"prompt must be a string or a list of token ids (one prompt per request); got {shown}"
+    )

@@ -62,3 +62,23 @@ def test_integers_past_64_bits_are_out_of_range(
     with pytest.raises(InvalidInput) as caught:
         sampling_params(**options)
     assert caught.value.message == f"{key} must be from {bounds}; got {shown}"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ('{"max_tokens": true}', f"max_tokens must be an integer from 1 to {2**31 - 1}; got true"),
+        ('{"top_k": "3"}', f"top_k must be an integer from 0 to {2**31 - 1}; got '3'"),
+        ('{"temperature": [1]}', "temperature must be a number from 0 to 2; got [1]"),
+        ('{"stop": true}', "stop must be a string or a list of strings; got true"),
+        ('{"stop": ["a", 18446744073709551616]}',
+         "stop must be a string or a list of strings; got ['a', 2^64 or more]"),
+        ('{"stop": {"a": null}}', "stop must be a string or a list of strings; got {'a': null}"),
+    ],
+)  # fmt: skip
+def test_a_parameter_of_the_wrong_kind_is_named_as_sent(options: str, message: str) -> None:
+    # As JSON sends them: null and true as JSON spells them (they were Python's None and True),
+    # an integer past 64 bits by its side (it was the double's digits, 1.8446744073709552e+19).
+    with pytest.raises(InvalidInput) as caught:
+        sampling_params(**({"max_tokens": 1} | orjson.loads(options)))
+    assert caught.value.message == message

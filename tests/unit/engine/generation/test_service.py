@@ -50,6 +50,13 @@ def test_a_token_id_out_of_the_vocabulary_is_named_with_its_range(
     )
 
 
-@pytest.mark.parametrize("prompt", [[1, 2.5], [1, "2"], [1, None], 7])
-def test_anything_else_is_no_prompt(generator: Any, prompt: object) -> None:
-    assert rejected(generator, prompt).startswith("prompt must be a string or a list of token ids")
+@pytest.mark.parametrize(
+    ("prompt", "shown"),
+    [([1, 2.5], "[1, 2.5]"), ([1, "2"], "[1, '2']"), ([1, None], "[1, null]"), (7, "7"),
+     (orjson.loads("18446744073709551616"), "2^64 or more"), (None, "null")],
+)  # fmt: skip
+def test_anything_else_is_no_prompt(generator: Any, prompt: object, shown: str) -> None:
+    # Named as JSON sent it (it was Python's type name: float for an integer past 64 bits).
+    assert rejected(generator, prompt) == (
+        f"prompt must be a string or a list of token ids (one prompt per request); got {shown}"
+    )
