@@ -29,6 +29,12 @@ from pydantic_settings import (
 
 MiB = 1024 * 1024
 
+MAX_LIMIT = 2**53 - 1
+"""The largest rate, burst and quota: the Redis backend's script (engine/limits/admit.lua)
+counts in doubles, exact up to here, while the memory backend counts in Python ints. Past it
+the two disagree (a daily quota of 2^53 admitted in Redis a request the memory backend refused,
+and the script takes a counter past 2^53 for planted garbage and resets it)."""
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -113,9 +119,9 @@ class AuthSettings(Section):
 
 
 class TenantLimits(Section):
-    rate_per_s: float | None = Field(None, gt=0)
+    rate_per_s: float | None = Field(None, gt=0, le=MAX_LIMIT)
     """Sustained rate (token bucket refill) in units per second; unset means unlimited."""
-    burst: float | None = Field(None, ge=1)
+    burst: float | None = Field(None, ge=1, le=MAX_LIMIT)
     """Bucket size; defaults to one second of `rate_per_s` (at least 1). A request larger than
     the bucket can never pass and is rejected as invalid input."""
     max_concurrent: int | None = Field(None, gt=0)
@@ -125,10 +131,11 @@ class TenantLimits(Section):
     highest; 0 means each model's default_priority_level; a level past a model's
     priority_levels is its lowest. With API keys configured, the tenant's requests may ask for
     its level or a lower one (a larger number), never a higher one."""
-    quota_per_day: int | None = Field(None, gt=0)
-    """Units per UTC day."""
-    quota_per_month: int | None = Field(None, gt=0)
-    """Units per UTC month."""
+    quota_per_day: int | None = Field(None, gt=0, le=MAX_LIMIT)
+    """Units per UTC day. Rates, bursts and quotas stop at 2^53 - 1, where the Redis backend's
+    doubles stop counting every unit."""
+    quota_per_month: int | None = Field(None, gt=0, le=MAX_LIMIT)
+    """Units per UTC month (at most 2^53 - 1, as quota_per_day)."""
     models: dict[str, TenantLimits] = Field(default_factory=dict)
     """Extra limits for this tenant on one model (rate, burst, concurrency)."""
     max_queue_share: float = Field(1.0, gt=0, le=1)

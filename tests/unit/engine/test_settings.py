@@ -278,3 +278,27 @@ def test_example_documents_every_field(filename: str, model: type[BaseModel]) ->
         if not re.search(rf"\b{name}\b", text)  # a key, or named in a comment
     )
     assert missing == [], f"configs/{filename} does not document: {', '.join(missing)}"
+
+
+@pytest.mark.parametrize("key", ["rate_per_s", "burst", "quota_per_day", "quota_per_month"])
+@pytest.mark.parametrize("where", ["default", "tenants.acme.models.m"])
+def test_limits_stop_where_the_redis_script_counts_exactly(
+    tmp_path: Path, where: str, key: str
+) -> None:
+    # admit.lua counts in doubles, exact to 2^53: with a daily quota of 2^53 it admitted what
+    # the memory backend refused (its reply was then called malformed), and past 2^53 it took
+    # the counter for planted garbage and reset it.
+    def config(value: int) -> Path:
+        text = "rate_limit:\n"
+        for depth, part in enumerate([*where.split("."), key], start=1):
+            text += "  " * depth + part + (f": {value}\n" if part == key else ":\n")
+        return write(tmp_path, text)
+
+    message = error_of(config(2**53))
+    assert (
+        f"rate_limit.{where}.{key}: Input should be less than or equal to 9007199254740991 "
+        "(got 9007199254740992)"
+    ) in message
+    limits = load_settings(config(2**53 - 1)).rate_limit
+    section = limits.default if where == "default" else limits.tenants["acme"].models["m"]
+    assert getattr(section, key) == 2**53 - 1

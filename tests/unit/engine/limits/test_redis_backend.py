@@ -12,6 +12,7 @@ from engine.limits.local import MemoryBackend
 from engine.limits.plan import BackendUnavailable, Check, Outcome
 from engine.limits.quota import day_window, month_window
 from engine.limits.redis_backend import SCRIPT, SCRIPT_SHA, RedisBackend, redacted
+from engine.settings import MAX_LIMIT
 
 BUCKET = Check("bucket", None, rate_per_s=2.0, burst=3.0)
 MODEL_BUCKET = Check("bucket", "resnet", rate_per_s=0.5, burst=2.0)
@@ -74,6 +75,36 @@ async def test_script_matches_the_memory_backend_step_by_step(make_backend) -> N
     # Model bucket empty at 2, 4-6, 8, 10; main bucket short at 7; quotas used up at 13.
     assert allowed == [True, False, True, False, False, False, False, False, True, False,
                        True, True, False]  # fmt: skip
+
+
+# (seconds to advance, units, admitted) charged against one check at the largest limit the
+# settings allow. Half a second refills half the bucket: (2^53 - 1) / 2, half a unit short of 2^52.
+NEAR_THE_BOUND = {
+    "quota": (Check("day", None, limit=MAX_LIMIT),
+              [(0, MAX_LIMIT - 1, True), (0, 2, False), (0, 1, True), (0, 1, False),
+               (0, 2**53 + 1, False)]),
+    "bucket": (Check("bucket", None, rate_per_s=MAX_LIMIT, burst=MAX_LIMIT),
+               [(0, MAX_LIMIT - 1, True), (0, 2, False), (0, 1, True), (0, 2**53 + 1, False),
+                (0.5, 2**52, False), (0, 2**52 - 1, True)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("check", "steps"), NEAR_THE_BOUND.values(), ids=NEAR_THE_BOUND.keys())
+async def test_script_matches_the_memory_backend_at_the_largest_limits(
+    make_backend, check: Check, steps: list[tuple[float, int, bool]]
+) -> None:
+    # The script counts in doubles, exact to 2^53; the settings stop limits below it
+    # (MAX_LIMIT), so the backends agree to the last unit: a request that would pass the
+    # limit by one is refused by both (with a quota of 2^53, Redis admitted it).
+    clock = Clock(START)
+    redis = make_backend(now_us=clock.micros)
+    memory = MemoryBackend(clock=clock, wall_clock=clock)
+    for advance_s, units, admitted in steps:
+        clock.now += advance_s
+        from_redis = await redis.apply("acme", [check], units, commit=True)
+        from_memory = await memory.apply("acme", [check], units, commit=True)
+        assert same(from_redis) == same(from_memory)
+        assert from_redis.allowed is admitted, (advance_s, units)
 
 
 def month_starts() -> list[float]:
