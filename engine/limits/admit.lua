@@ -31,6 +31,11 @@ end
 -- Doubles count units exactly up to 2^53; a stored counter above that was not written by us.
 local MAX_COUNT = 9007199254740992
 
+-- The longest a key lives, in milliseconds (about 285,000 years): Redis hands a script's number
+-- to a command as "%.17g", which writes 1e17 and more with an exponent that PEXPIRE refuses. A
+-- bucket that takes longer than this to refill (a tiny rate_per_s) is kept this long.
+local MAX_TTL_MS = 9007199254740992
+
 -- x is a number, not NaN (the one value unequal to itself) and not infinite.
 local function finite(x)
   return x ~= nil and x == x and x ~= math.huge and x ~= -math.huge
@@ -137,7 +142,8 @@ for i, key in ipairs(KEYS) do
     reply[#reply + 1] = "0"
     -- Once a bucket is full again its key means nothing: let it expire then.
     local after = refund and math.min(b, tokens + units) or tokens - units
-    writes[i] = {"tokens", fmt(after), "ts", fmt(now_us), math.ceil(b / a * 1000) + 1000}
+    writes[i] = {"tokens", fmt(after), "ts", fmt(now_us),
+                 math.min(math.ceil(b / a * 1000) + 1000, MAX_TTL_MS)}
   else
     local id, end_s = window(kind, now_s)
     local stored_id, count, exists

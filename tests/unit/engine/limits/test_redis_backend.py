@@ -159,6 +159,28 @@ async def test_keys_are_tagged_by_tenant_and_expire(make_backend, redis_url: str
     await client.aclose()
 
 
+@pytest.mark.parametrize("rate_per_s", [1e-9, 5e-324])  # a refill of 1e15 s; of forever
+async def test_a_bucket_that_takes_ages_to_refill_is_counted_alike(
+    make_backend, redis_url: str, rate_per_s: float
+) -> None:
+    # Its key lives until the bucket is full again, in milliseconds: Redis writes a script's
+    # number as "%.17g", so 1e17 ms and more reached PEXPIRE as "1e+17" and every admission
+    # failed (an error reply), while the memory backend counted. The lifetime stops at 2^53 ms.
+    check = Check("bucket", None, rate_per_s=rate_per_s, burst=1e6)
+    clock = Clock(START)
+    redis = make_backend(now_us=clock.micros)
+    memory = MemoryBackend(clock=clock, wall_clock=clock)
+    for advance_s, units, admitted in [(0, 999_999, True), (0, 2, False), (1e9, 1, True)]:
+        clock.now += advance_s
+        from_redis = await redis.apply("acme", [check], units, commit=True)
+        from_memory = await memory.apply("acme", [check], units, commit=True)
+        assert same(from_redis) == same(from_memory)
+        assert from_redis.allowed is admitted
+    client = Redis.from_url(redis_url)
+    assert 2**53 - 60_000 < await client.pttl(redis.key("acme", check)) <= 2**53
+    await client.aclose()
+
+
 async def test_reloads_the_script_after_script_flush(make_backend, redis_url: str) -> None:
     redis = make_backend()
     client = Redis.from_url(redis_url)
