@@ -244,7 +244,7 @@ def metrics_page() -> str:
 
     # A snapshot with the optional parts present (limiter, cache), so every family is listed.
     counters = SimpleNamespace(
-        rejections={}, backend_failures=0, fallback_admissions=0, garbage_state=0
+        rejections={}, backend_failures=0, fallback_admissions=0, garbage_state=0, late_refunds=0
     )
     cache = SimpleNamespace(hits=0, misses=0, errors=0, evictions=0, rejected=0, bytes=0)
 

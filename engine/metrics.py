@@ -300,4 +300,10 @@ def _admission(counters: Any) -> Iterator[Metric]:
         "and were replaced by a fresh bucket or counter.",
     )
     garbage.add_metric([], counters.garbage_state)
-    yield from (rejections, failures, fallbacks, garbage)
+    late_refunds = CounterMetricFamily(
+        "sluice_admission_late_refunds",
+        "Admissions Redis charged whose reply came after the caller stopped waiting (fail_open "
+        "false: refused with 503), given back by a refund call.",
+    )
+    late_refunds.add_metric([], counters.late_refunds)
+    yield from (rejections, failures, fallbacks, garbage, late_refunds)

@@ -53,6 +53,9 @@ class LimiterCounters:
     garbage_state: int = 0
     """Buckets and quota counters found in Redis holding garbage (planted, or a wrong type),
     evaluated as fresh and reset."""
+    late_refunds: int = 0
+    """Admissions Redis charged whose reply came after the caller stopped waiting (fail_open
+    false: the request was refused with 503), given back by a refund call."""
 
 
 class Admission:
@@ -139,8 +142,10 @@ class Limiter:
         *,
         local: MemoryBackend | None = None,
         clock: Callable[[], float] = time.monotonic,
+        counters: LimiterCounters | None = None,
     ) -> None:
-        """`backend` defaults to `local`, the in-process backend that is also the fallback."""
+        """`backend` defaults to `local`, the in-process backend that is also the fallback.
+        `counters`: the running totals, when the backend adds to them too (build_limiter)."""
         self._settings = settings
         self._local = local or MemoryBackend()
         self._backend: LimitBackend = backend or self._local
@@ -151,7 +156,7 @@ class Limiter:
         self._logged_at = -float("inf")
         self._unlogged_garbage = 0
         self._garbage_logged_at = -float("inf")
-        self.counters = LimiterCounters()
+        self.counters = counters or LimiterCounters()
 
     @property
     def unit(self) -> str:
@@ -318,11 +323,17 @@ def build_limiter(settings: RateLimitSettings) -> Limiter:
         raise SettingsError("rate_limit.backend is 'redis' but rate_limit.redis_url is not set")
     from engine.limits.redis_backend import RedisBackend  # the redis client: only when used
 
+    counters = LimiterCounters()
+
+    def count_late_refund() -> None:
+        counters.late_refunds += 1
+
     backend = RedisBackend(
         settings.redis_url,
         namespace=settings.namespace,
         timeout_s=settings.redis_timeout_s,
         retry_interval_s=settings.redis_retry_interval_s,
         charge_late=settings.fail_open,
+        on_late_refund=count_late_refund,
     )
-    return Limiter(settings, backend)
+    return Limiter(settings, backend, counters=counters)

@@ -86,11 +86,13 @@ class RedisBackend:
         charge_late: bool = False,
         clock: Callable[[], float] = time.monotonic,
         now_us: Callable[[], int] | None = None,
+        on_late_refund: Callable[[], None] | None = None,
     ) -> None:
         """`charge_late`: an admission that Redis runs after `timeout_s` still charges; true when
         the caller admits such requests anyway (fail_open: they ran, so they count), false when
         it refuses them (then they are never charged). `now_us` overrides Redis `TIME` (tests
-        with a fake clock); leave it None in service."""
+        with a fake clock); leave it None in service. `on_late_refund` is called each time the
+        charge of a reply that came too late is given back (a metric: how often it happens)."""
         # No client-side retries: an admission is not idempotent (a retried EVALSHA whose first
         # reply was lost would charge twice), and the retry interval already paces reconnects.
         self._client = Redis.from_url(url, retry=Retry(NoBackoff(), 0))
@@ -101,6 +103,7 @@ class RedisBackend:
         self._charge_late = charge_late
         self._clock = clock
         self._now_us = now_us
+        self._on_late_refund = on_late_refund
         self._down_until = 0.0
         self._last_error = ""
         # Redis's clock (Unix seconds) in the latest reply, and `clock()` when it came.
@@ -221,6 +224,8 @@ class RedisBackend:
                 args = self._args(checks, units, REFUND, outcome.now_unix_s)
                 async with asyncio.timeout(self._timeout_s):
                     await self._call(tenant, checks, args)
+                if self._on_late_refund is not None:
+                    self._on_late_refund()
         except (TimeoutError, RedisError, OSError, BackendUnavailable):
             pass
 

@@ -87,6 +87,7 @@ def test_rejections_read_from_the_limiter_at_scrape_time() -> None:
     counters.rejections[("acme", "quota_day")] += 1
     counters.rejections[("other", "concurrency")] += 2
     counters.backend_failures, counters.fallback_admissions = 5, 4
+    counters.late_refunds = 2
     found = parse(metrics.exposition())
     rejected = {
         dict(key)["tenant"] + "/" + dict(key)["reason"]: value
@@ -96,6 +97,7 @@ def test_rejections_read_from_the_limiter_at_scrape_time() -> None:
     assert rejected == {"acme/rate": 3, "acme/quota_day": 1, "other/concurrency": 2}
     assert found[("sluice_admission_backend_failures_total", ())] == 5
     assert found[("sluice_admission_fallbacks_total", ())] == 4
+    assert found[("sluice_admission_late_refunds_total", ())] == 2
 
 
 async def call_asgi(

@@ -245,5 +245,12 @@ async def test_a_refused_request_whose_late_reply_says_charged_is_refunded(
         assert await stored(client, config) == (3, 2)
         with pytest.raises(Overloaded):
             await refused
+        assert limiter.counters.late_refunds == 0
         proxy.release()
         assert await eventually(lambda: stored(client, config), (4, 1)) == (4, 1)
+
+        # Counted once the refund's own reply is in (sluice_admission_late_refunds_total).
+        async def late_refunds() -> int:
+            return limiter.counters.late_refunds
+
+        assert await eventually(late_refunds, 1) == 1
