@@ -124,8 +124,11 @@ class BudgetSpent(Exception):
 
 class Search:
     """Runs the search with `measure`, reusing `done` trials (a resumed run) and stopping before
-    a trial that would not fit in `budget_s` (judged by the longest trial so far, or by
-    `expected_trial_s` before the first)."""
+    a trial that would not fit in `budget_s`, judged by the longer of `expected_trial_s` (what a
+    trial that runs every step of the ramp should take) and the longest trial so far. The
+    estimate is a floor for the whole run, not only until the first trial: a trial that ended
+    early (its config failed to load, or it missed the SLO at its first step) says nothing of
+    how long the next one runs, and the budget is a bound the search keeps."""
 
     def __init__(
         self,
@@ -149,7 +152,7 @@ class Search:
         self._on_trial = on_trial
         self._clock = clock
         self._started = clock()
-        self._longest_s = expected_trial_s  # until a trial has been timed
+        self._longest_s = expected_trial_s  # a floor: raised by longer trials, never lowered
 
     def planned(self) -> int:
         """An upper bound on the trials: the original, every other value of every axis once,

@@ -218,6 +218,27 @@ def test_threads_are_searched_within_what_the_instances_leave(cores: int) -> Non
                t.candidate.intra_op_threads == 1 for t in search.trials)  # fmt: skip
 
 
+def test_a_trial_that_ended_early_does_not_shorten_the_next_ones_estimate() -> None:
+    # The original misses the SLO at the first of three 10 s steps, so its trial stops there;
+    # the next candidate runs the whole ramp. Judged by the longest trial so far alone (10 s),
+    # a 30 s trial would start with 25 s left and end 5 s past the budget.
+    machine = Machine(trial_s=30.0)
+    baseline = space().baseline.key
+
+    def measure(c: Candidate, config: dict[str, Any], phase: str, index: int) -> Trial:
+        if c.key == baseline:
+            machine.now += 10.0
+            machine.measured.append((phase, c.key))
+            return Trial(index, phase, c, config, ok_rps=0.0, p99_ms=90.0, users=None)
+        return machine(c, config, phase, index)
+
+    search = Search(space(), measure, budget_s=35, clock=machine.clock, expected_trial_s=30)
+    search.run()
+    assert search.budget_exhausted is True
+    assert machine.measured == [("search", baseline)]
+    assert machine.now <= 35
+
+
 def test_a_budget_too_small_for_one_trial_measures_nothing() -> None:
     machine = Machine(trial_s=10.0)
     search = Search(space(), machine, budget_s=8, clock=machine.clock, expected_trial_s=10)
