@@ -26,6 +26,7 @@ from fastapi.responses import Response, StreamingResponse
 from engine.auth import Authenticator, authenticate_headers
 from engine.datatypes import past_64_bits, received
 from engine.errors import EngineError, InvalidInput, ShuttingDown
+from engine.generation.sampling import check_max_tokens
 from engine.generation.scheduler import Chunk
 from engine.generation.service import (
     SAMPLING_KEYS,
@@ -155,8 +156,10 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     if body.get("best_of") not in (None, 1):
         raise InvalidInput(f"best_of must be 1; got {received(body['best_of'])}")
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
-    if "max_completion_tokens" in body and "max_tokens" not in options:
-        options["max_tokens"] = body["max_completion_tokens"]
+    completion = body.get("max_completion_tokens")
+    if completion is not None and "max_tokens" not in options:
+        check_max_tokens(completion, "max_completion_tokens")  # named as the client sent it
+        options["max_tokens"] = completion
     return options
 
 

@@ -14,6 +14,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
+from engine.datatypes import received
 from engine.errors import EngineError, InvalidInput
 from engine.generation.service import GenerateRequest, Generation, TokenStream
 from server.errors import error_headers, http_status
@@ -27,10 +28,10 @@ def v2_error(exc: EngineError) -> Response:
 
 def _request(body: Any) -> tuple[str, dict[str, Any]]:
     if not isinstance(body, dict):
-        raise InvalidInput(f"the request body must be a JSON object; got {type(body).__name__}")
+        raise InvalidInput(f"the request body must be a JSON object; got {received(body)}")
     text = body.get("text_input")
     if not isinstance(text, str):
-        raise InvalidInput(f"text_input must be a string; got {type(text).__name__}")
+        raise InvalidInput(f"text_input must be a string; got {received(text)}")
     fields = sorted(set(body) - {"text_input", "parameters", "stream", *SAMPLING_KEYS})
     if fields:
         raise InvalidInput(

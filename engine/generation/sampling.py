@@ -44,6 +44,12 @@ def _number(name: str, value: object, low: float, high: float, integer: bool = F
         raise InvalidInput(f"{name} must be from {low} to {high}; got {value}")
 
 
+def check_max_tokens(value: object, name: str = "max_tokens") -> None:
+    """InvalidInput unless `value` is a token count the scheduler takes (`name`: the field the
+    client used; OpenAI's max_completion_tokens means max_tokens)."""
+    _number(name, value, 1, 2**31 - 1, integer=True)
+
+
 def sampling_params(
     max_tokens: object,
     temperature: object = 1.0,
@@ -54,7 +60,7 @@ def sampling_params(
 ) -> SamplingParams:
     """Checked parameters (InvalidInput names the first one out of range). `max_tokens` is
     checked for sign only: the scheduler clamps it to the context."""
-    _number("max_tokens", max_tokens, 1, 2**31 - 1, integer=True)
+    check_max_tokens(max_tokens)
     _number("temperature", temperature, 0, 2)
     _number("top_k", top_k, 0, 2**31 - 1, integer=True)
     _number("top_p", top_p, 0, 1)

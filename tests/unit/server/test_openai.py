@@ -153,3 +153,21 @@ def test_a_prompt_of_the_wrong_kind_is_named_as_sent(body: str, shown: str) -> N
     assert caught.value.message == (
         f"prompt must be a string or a list of token ids (one prompt per request); got {shown}"
     )
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"), [(0, "0"), (-1, "-1"), (2.5, "2.5"), ("8", "'8'"), (2**64, "2^64 or more")]
+)
+def test_max_completion_tokens_out_of_range_is_named_as_sent(value: object, shown: str) -> None:
+    # It means max_tokens, and was refused under that name, which the client never sent.
+    text = str(value) if isinstance(value, int) else orjson.dumps(value).decode()
+    body = parsed(f'{{"max_completion_tokens": {text}}}')  # 2^64 reaches it as a double
+    with pytest.raises(InvalidInput, match=r"^max_completion_tokens must be ") as caught:
+        _options(body)
+    assert caught.value.message.endswith(f"; got {shown}")
+
+
+def test_max_completion_tokens_stands_for_max_tokens() -> None:
+    assert _options({"max_completion_tokens": 7})["max_tokens"] == 7
+    assert _options({"max_completion_tokens": 7, "max_tokens": 5})["max_tokens"] == 5
+    assert "max_tokens" not in _options({"max_completion_tokens": None})
