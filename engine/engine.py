@@ -366,11 +366,13 @@ class Engine:
             raise
 
     # -- metadata --------------------------------------------------------------------------------
+    # Metadata, config, statistics and the index are coroutines as the facade has them (a
+    # worker awaits the engine process for each); here each answers at once.
 
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "sluice", "version": VERSION, "extensions": EXTENSIONS}
 
-    def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         model = self.registry.resolve(name, version)
         return ModelMetadata(
             name=model.name,
@@ -380,7 +382,14 @@ class Engine:
             outputs=model.backend.outputs,
         )
 
-    def input_check(self, name: str, version: str | None = None) -> InputCheck:
+    def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:
+        """`input_check`'s answer, never None: the models are in this process."""
+        return self._input_check(name, version)
+
+    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        return self._input_check(name, version)
+
+    def _input_check(self, name: str, version: str | None) -> InputCheck:
         """The check front-ends run on the shapes and datatypes a request declares, before
         decoding any tensor data (the engine checks the decoded arrays again)."""
         model = self.registry.resolve(name, version)
@@ -391,7 +400,10 @@ class Engine:
             label=model.label,
         )
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
+    async def model_ready(self, name: str, version: str | None = None) -> bool:
+        return self._serves(name, version)
+
+    def _serves(self, name: str, version: str | None) -> bool:
         try:
             model = self.registry.resolve(name, version)
         except EngineError:
@@ -401,10 +413,10 @@ class Engine:
         # A pipeline serves only while every one of its steps does.
         pipeline = model.config.pipeline
         return pipeline is None or all(
-            self.model_ready(step.model, step.version) for step in pipeline.steps
+            self._serves(step.model, step.version) for step in pipeline.steps
         )
 
-    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """Triton's model config; parameters `sluice_config` (the config as JSON) and
         `sluice_config_source` (`load` when a load request's config replaced config.yaml, else
         `repository`)."""
@@ -413,7 +425,9 @@ class Engine:
         config["parameters"]["sluice_config_source"] = {"string_value": source}
         return config
 
-    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    async def statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
         if name is None:
             models = self.registry.all()
         elif version is None:
@@ -430,7 +444,7 @@ class Engine:
         """`name` if such a model is loaded, else a fixed label (clients cannot grow metrics)."""
         return name if self._registry is not None and self._registry.has(name) else "_unknown"
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.registry.index(ready_only)
 
     async def load_model(

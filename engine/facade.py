@@ -3,6 +3,10 @@
 `EngineFacade` lists exactly what server/ uses of `engine.engine.Engine`: the data plane and
 the process lifecycle type against it, so the engine behind them may be the one in this process
 (`Engine`) or a proxy to an engine process (`--workers N`). Members are added, never renamed.
+
+Whatever the engine process may be slow to answer is a coroutine (metadata, config, statistics,
+the repository index, an input check not yet fetched, the metrics exposition): a worker awaits
+its answer, so its event loop serves its other requests meanwhile.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ class EngineFacade(Protocol):
 
     @property
     def metrics(self) -> Metrics:
-        """The engine's Prometheus metrics: front-ends count requests and encode times there."""
+        """The engine's Prometheus metrics: front-ends count requests and encode times there,
+        and await its exposition (a worker's is the engine process's, asked of it)."""
 
     @property
     def tracing(self) -> Tracing | None:
@@ -60,25 +65,32 @@ class EngineFacade(Protocol):
     async def infer(self, request: InferRequest) -> InferResponse:
         """Answer one inference request, or raise an EngineError saying why not."""
 
-    def input_check(self, name: str, version: str | None = None) -> InputCheck:
+    def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:
+        """`input_check`'s answer when it is at hand without waiting (always in the engine's own
+        process; in a worker, once fetched for the loaded models' generation), else None:
+        inference asks this first, so a request costs no await for its check."""
+
+    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
         """The check of declared shapes and datatypes run before any tensor is decoded."""
 
     def server_metadata(self) -> dict[str, Any]:
         """The server's name, version and protocol extensions."""
 
-    def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         """A model version's name, versions, platform and tensors (ModelNotFound if none)."""
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
+    async def model_ready(self, name: str, version: str | None = None) -> bool:
         """Whether that model version serves now."""
 
-    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
         """The effective model configuration in Triton's JSON shape."""
 
-    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    async def statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
         """Triton statistics ({"model_stats": [...]}) of every, one model's, or one version."""
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """The repository's models: name, version, state and reason."""
 
     async def load_model(

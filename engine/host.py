@@ -173,7 +173,7 @@ class EngineHost:
         (`generation` changes whenever a model is loaded, reloaded or unloaded)."""
         engine = self.engine
         models = engine.registry.all() if engine.live and _started(engine) else []
-        index = engine.repository_index() if _started(engine) else []
+        index = engine.registry.index() if _started(engine) else []
         marks = orjson.dumps([index, [[m.name, m.version, m.generation] for m in models]])
         return {
             "draining": engine.draining,
@@ -197,7 +197,7 @@ class EngineHost:
 
     def _welcome(self, transport: asyncio.Transport, index: object) -> _Peer:
         assert self._loop is not None  # connections arrive only once serve() has run
-        if index is None:  # a worker's channel for synchronous calls: no arena
+        if index is None:  # a connection for calls only, with no arena (workers call on theirs)
             peer = _Peer(transport, None, self._loop)
             self._peers.add(peer)
             return peer
@@ -370,7 +370,7 @@ class EngineHost:
     async def _method(self, method: str, args: list[Any]) -> Any:
         engine = self.engine
         if method == "model_metadata":
-            return metadata_payload(engine.model_metadata(*args))
+            return metadata_payload(await engine.model_metadata(*args))
         if method == "input_spec":
             model = engine.registry.resolve(*args)
             return {
@@ -381,13 +381,13 @@ class EngineHost:
         if method == "ready":
             return engine.ready
         if method == "model_ready":
-            return engine.model_ready(*args)
+            return await engine.model_ready(*args)
         if method == "model_config":
-            return engine.model_config(*args)
+            return await engine.model_config(*args)
         if method == "statistics":
-            return engine.statistics(*args)
+            return await engine.statistics(*args)
         if method == "repository_index":
-            return engine.repository_index(*args)
+            return await engine.repository_index(*args)
         if method == "load_model":
             await engine.load_model(args[0], args[1])
             return self._fresh_state()
@@ -397,7 +397,7 @@ class EngineHost:
         if method == "usage":
             return await engine.usage(args[0])
         if method == "metrics":
-            return engine.metrics.exposition().decode()
+            return (await engine.metrics.exposition()).decode()
         raise ProtocolError(f"unknown method {method!r}")
 
     def _fresh_state(self) -> dict[str, Any]:

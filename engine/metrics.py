@@ -64,8 +64,9 @@ class Metrics:
             histogram = self.encoded_timed[protocol] = StatsHistogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
 
-    def exposition(self) -> bytes:
-        """The registry in Prometheus text format."""
+    async def exposition(self) -> bytes:
+        """The registry in Prometheus text format. A coroutine: a worker's (RemoteMetrics) is
+        the engine process's, awaited without stalling the worker's loop."""
         return generate_latest(self.registry)
 
     async def asgi(
@@ -79,7 +80,7 @@ class Metrics:
             return
         status, body, kind = 404, _NOT_FOUND, "application/json"
         if scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
-            status, body, kind = 200, self.exposition(), CONTENT_TYPE_LATEST
+            status, body, kind = 200, await self.exposition(), CONTENT_TYPE_LATEST
         headers = [(b"content-type", kind.encode()), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         empty = scope["method"] == "HEAD"

@@ -7,11 +7,14 @@ last of those arrays is gone (after the response is encoded). Authentication run
 holds the keys); admission, the cache and the batchers are the engine process's.
 
 Draining and which models are loaded are a copy the engine pushes when they change (within
-STATE_INTERVAL_S); declared-shape checks are cached per model generation. Readiness probes ask
-the engine (`ready_now`), so every worker answers what one process would at that moment. Metadata,
-configuration, statistics and the repository index are asked of the engine (a short blocking call
-on a separate socket: they are not on the inference path). Front-end request counts are sent to
-the engine in batches, so `/metrics` from any worker shows every worker's requests.
+STATE_INTERVAL_S); declared-shape checks are cached per model generation (the first request of a
+model asks the engine, once however many arrive meanwhile). Readiness probes ask the engine
+(`ready_now`), so every worker answers what one process would at that moment. Metadata,
+configuration, statistics, the repository index and the metrics exposition are asked of the
+engine too: each a CALL frame on this worker's one connection, its REPLY awaited (never a
+blocking read: the worker's other requests, health probes and streams carry on while the engine
+is slow), given up after CALL_TIMEOUT_S. Front-end request counts are sent to the engine in
+batches, so `/metrics` from any worker shows every worker's requests.
 
 Generation is relayed: `generate` sends the request the routes parsed (after authenticating
 here) and returns a `RemoteStream` (engine/remote_generate.py) fed by the engine's TOKENS frames
@@ -25,9 +28,6 @@ import contextlib
 import functools
 import itertools
 import logging
-import socket
-import threading
-import time
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -47,7 +47,7 @@ from engine.shm import (
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs
-from engine.wire import FrameBuffer, Kind, ProtocolError, frame, read_frame_sync
+from engine.wire import FrameBuffer, Kind, ProtocolError, frame
 
 log = logging.getLogger("sluice.worker")
 
@@ -60,7 +60,9 @@ a frame of frees alone woke the engine process for nothing else (43% of its read
 load, where a response is freed when it is sent, not when the next request is)."""
 
 CALL_TIMEOUT_S = 10.0
-"""A blocking call to the engine (metadata, statistics) gives up after this long."""
+"""A call to the engine (metadata, statistics, readiness...) is given up after this long: an
+engine busy loading, overloaded or stopped answers its caller with an error, not never. Loads and
+unloads are not bounded: they take as long as the model takes."""
 
 
 def _specs(items: list[Any]) -> tuple[TensorSpec, ...]:
@@ -96,9 +98,9 @@ class RemoteMetrics(Metrics):
         self.pending_requests, self.pending_encoded = [], []
         return taken
 
-    def exposition(self) -> bytes:
-        # This worker's counts go first on the same channel, so the answer includes them.
-        return str(self._remote.call_sync("metrics", events=self.take())).encode()
+    async def exposition(self) -> bytes:
+        # This worker's counts go first on the same connection, so the answer includes them.
+        return str(await self._remote.call("metrics", events=self.take())).encode()
 
 
 class RemoteEngine:
@@ -125,6 +127,7 @@ class RemoteEngine:
         self._state: dict[str, Any] = {"draining": False, "models": []}
         self._checks: dict[tuple[str, str | None], InputCheck] = {}
         self._checks_generation: object = None
+        self._fetching: dict[tuple[str, str | None], asyncio.Task[InputCheck]] = {}
         self._transport: asyncio.Transport | None = None
         self._welcome: asyncio.Future[Any] | None = None
         self._watcher: SlotWatcher | None = None
@@ -134,9 +137,6 @@ class RemoteEngine:
         self._frees_scheduled = False
         self._events_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._sync: socket.socket | None = None
-        self._sync_broken = False  # the last call failed: the next one connects again
-        self._sync_lock = threading.Lock()
         self.engine_gone = asyncio.Event()
         self._closing = False
 
@@ -155,18 +155,6 @@ class RemoteEngine:
         for offset, size in welcome["held"]:  # still read by the engine for our predecessor
             self.allocator.reserve(offset, size)
         self._state = welcome["state"]
-        self._sync = self._connect_sync()
-
-    def _connect_sync(self) -> socket.socket:
-        sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sync.settimeout(CALL_TIMEOUT_S)
-            sync.connect(self.path)
-            sync.sendall(frame(Kind.HELLO, {"worker": None}))
-        except BaseException:
-            sync.close()
-            raise
-        return sync
 
     @property
     def live(self) -> bool:
@@ -180,9 +168,8 @@ class RemoteEngine:
         if self.draining:
             return False
         try:
-            async with asyncio.timeout(CALL_TIMEOUT_S):
-                ready = await self._request(Kind.CALL, {"method": "ready", "args": []})
-        except (errors.EngineError, TimeoutError):
+            ready = await self.call("ready")
+        except errors.EngineError:  # the engine is gone, or did not answer in time
             return False
         return bool(ready) and not self.draining
 
@@ -207,8 +194,6 @@ class RemoteEngine:
         self._flush()
         if self._transport is not None:
             self._transport.close()
-        if self._sync is not None:
-            self._sync.close()
         if self.tracing is not None:
             await asyncio.to_thread(self.tracing.close)  # flushes spans: network, off the loop
 
@@ -410,57 +395,71 @@ class RemoteEngine:
 
     # -- everything else -------------------------------------------------------------------------
 
-    def call_sync(self, method: str, *args: Any, events: dict[str, Any] | None = None) -> Any:
-        """A blocking call on the synchronous channel (not for the inference path); `events`
-        (front-end counts) are sent just before it, so the engine has them when it answers."""
-        if self._sync is None:
-            raise errors.ShuttingDown("not connected to the engine process")
-        data = frame(Kind.CALL, {"id": 0, "method": method, "args": list(args)})
+    async def call(self, method: str, *args: Any, events: dict[str, Any] | None = None) -> Any:
+        """The engine's answer to `method(*args)` (engine/host.py), awaited on this worker's
+        connection: BackendError naming the call if none comes within CALL_TIMEOUT_S (the call
+        is withdrawn; a late answer finds no caller and is dropped, never taken for another
+        call's). `events` (front-end counts) go in a frame just before the call's, so the engine
+        has counted them when it answers."""
         if events is not None:
-            data = frame(Kind.EVENTS, events) + data
-        with self._sync_lock:
-            started = time.monotonic()
-            try:
-                if self._sync_broken:
-                    self._sync = self._connect_sync()
-                    self._sync_broken = False
-                self._sync.sendall(data)
-                kind, message = read_frame_sync(self._sync)
-            except (OSError, ProtocolError) as exc:
-                # The answer may still come, or be half read: the next call must not take it
-                # for its own, so it gets a new connection.
-                self._sync.close()
-                self._sync_broken = True
-                raise errors.BackendError(
-                    f"the engine process did not answer '{method}' "
-                    f"({time.monotonic() - started:.1f} s): {exc}"
-                ) from exc
-        if kind is Kind.ERROR:
-            raise rebuild_error(message)
-        return message["result"]
+            self._send(Kind.EVENTS, events)
+        try:
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                return await self._request(Kind.CALL, {"method": method, "args": list(args)})
+        except TimeoutError:
+            raise errors.BackendError(
+                f"the engine process did not answer '{method}' within {CALL_TIMEOUT_S:g} s"
+            ) from None
 
-    def input_check(self, name: str, version: str | None = None) -> InputCheck:
+    def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:
+        """The check fetched for this model generation, or None (then await `input_check`)."""
+        return self._current_checks().get((name, version))
+
+    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        """The declared-shape check of (name, version), asked of the engine on a miss. Requests
+        that miss together wait for one call: a burst on a model's first use (or after a load)
+        asks once, and a caller that leaves (its client went away) does not fail the others."""
+        key = (name, version)
+        check = self._current_checks().get(key)
+        if check is not None:
+            return check
+        fetch = self._fetching.get(key)
+        if fetch is None:
+            assert self._loop is not None
+            fetch = self._fetching[key] = self._loop.create_task(self._fetch_check(name, version))
+            fetch.add_done_callback(functools.partial(self._fetched, key))
+        return await asyncio.shield(fetch)
+
+    def _current_checks(self) -> dict[tuple[str, str | None], InputCheck]:
+        """The cached checks, emptied when the engine's models changed (a new generation)."""
         generation = self._state.get("generation")
         if generation != self._checks_generation:
             self._checks.clear()
             self._checks_generation = generation
-        check = self._checks.get((name, version))
-        if check is None:
-            spec = self.call_sync("input_spec", name, version)
-            check = functools.partial(
-                check_inputs,
-                inputs=_specs(spec["inputs"]),
-                max_batch_size=spec["max_batch_size"],
-                label=spec["label"],
-            )
-            self._checks[(name, version)] = check
+        return self._checks
+
+    async def _fetch_check(self, name: str, version: str | None) -> InputCheck:
+        spec = await self.call("input_spec", name, version)
+        check: InputCheck = functools.partial(
+            check_inputs,
+            inputs=_specs(spec["inputs"]),
+            max_batch_size=spec["max_batch_size"],
+            label=spec["label"],
+        )
+        self._current_checks()[(name, version)] = check  # the generation it answered in
         return check
+
+    def _fetched(self, key: tuple[str, str | None], fetch: asyncio.Task[InputCheck]) -> None:
+        if self._fetching.get(key) is fetch:
+            del self._fetching[key]
+        if not fetch.cancelled():
+            fetch.exception()  # retrieved: its callers may all have left (asyncio would log it)
 
     def server_metadata(self) -> dict[str, Any]:
         return dict(self._state.get("server") or {})
 
-    def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        meta = self.call_sync("model_metadata", name, version)
+    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        meta = await self.call("model_metadata", name, version)
         return ModelMetadata(
             name=meta["name"],
             versions=tuple(meta["versions"]),
@@ -469,19 +468,21 @@ class RemoteEngine:
             outputs=_specs(meta["outputs"]),
         )
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
-        return bool(self.call_sync("model_ready", name, version)) and not self.draining
+    async def model_ready(self, name: str, version: str | None = None) -> bool:
+        return bool(await self.call("model_ready", name, version)) and not self.draining
 
-    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self.call_sync("model_config", name, version)
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("model_config", name, version)
         return result
 
-    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self.call_sync("statistics", name, version)
+    async def statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
+        result: dict[str, Any] = await self.call("statistics", name, version)
         return result
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        result: list[dict[str, str]] = self.call_sync("repository_index", ready_only)
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        result: list[dict[str, str]] = await self.call("repository_index", ready_only)
         return result
 
     async def load_model(
@@ -499,9 +500,7 @@ class RemoteEngine:
         )
 
     async def usage(self, tenant: str) -> dict[str, Any]:
-        result: dict[str, Any] = await self._request(
-            Kind.CALL, {"method": "usage", "args": [tenant]}
-        )
+        result: dict[str, Any] = await self.call("usage", tenant)
         return result
 
     def label_for(self, name: str) -> str:

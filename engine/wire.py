@@ -11,7 +11,6 @@ frees the sequence's slot at the next step. Tokens are small: they travel in the
 from __future__ import annotations
 
 import enum
-import socket
 import struct
 from typing import Any
 
@@ -111,22 +110,3 @@ class FrameBuffer:
         if source is buf:
             del buf[:at]
         return frames
-
-
-def read_frame_sync(sock: socket.socket) -> tuple[Kind, Any]:
-    """The next frame from a blocking socket (the worker's channel for synchronous calls)."""
-    size, kind = HEADER.unpack(_recv_exactly(sock, HEADER.size))
-    if size > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame of {size} bytes passes the {MAX_FRAME_BYTES} byte limit")
-    return _parse(size, kind, _recv_exactly(sock, size))
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks, left = [], size
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionError("the engine closed the connection")
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)

@@ -114,13 +114,14 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
     @app.api_route("/v2/models/{name}/versions/{version}", methods=READ)
     async def model_metadata(request: Request, name: str) -> Response:
         version = request.path_params.get("version")
-        return json_response(metadata_json(plane.model_metadata(request.headers, name, version)))
+        meta = await plane.model_metadata(request.headers, name, version)
+        return json_response(metadata_json(meta))
 
     @app.api_route("/v2/models/{name}/ready", methods=READ)
     @app.api_route("/v2/models/{name}/versions/{version}/ready", methods=READ)
     async def model_ready(request: Request, name: str) -> Response:
         version = request.path_params.get("version")
-        is_ready = plane.model_ready(request.headers, name, version, unknown_is_error=True)
+        is_ready = await plane.model_ready(request.headers, name, version, unknown_is_error=True)
         return json_response({"name": name, "ready": is_ready}, 200 if is_ready else 503)
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -132,7 +133,7 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
 
         @app.get("/metrics")
         async def metrics(request: Request) -> Response:
-            exposition = plane.metrics(request.headers)
+            exposition = await plane.metrics(request.headers)
             return Response(exposition, media_type="text/plain; version=0.0.4")
 
     return app

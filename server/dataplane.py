@@ -8,8 +8,11 @@ once. Errors stay typed `EngineError`s here; each transport renders them through
 in server/errors.py.
 
     plane = DataPlane(engine, settings)
-    meta = plane.model_metadata(headers, "demo", None)      # 401 / 403 / 404 as EngineError
-    answer = await plane.infer(call)                         # call: an InferCall of the wire
+    meta = await plane.model_metadata(headers, "demo", None)  # 401 / 403 / 404 as EngineError
+    answer = await plane.infer(call)                          # call: an InferCall of the wire
+
+Everything the engine answers is awaited: with `--workers` it is asked of the engine process,
+and the worker's event loop serves its other requests meanwhile.
 """
 
 from __future__ import annotations
@@ -151,41 +154,41 @@ class DataPlane:
         self.authenticate(who)
         return self.engine.server_metadata()
 
-    def model_metadata(self, who: Caller, name: str, version: str | None) -> ModelMetadata:
+    async def model_metadata(self, who: Caller, name: str, version: str | None) -> ModelMetadata:
         """A model's tensors, for a caller that may use it; ModelNotFound when unknown."""
         self.authenticate(who, name)
-        return self.engine.model_metadata(name, version)
+        return await self.engine.model_metadata(name, version)
 
-    def model_ready(
+    async def model_ready(
         self, who: Caller, name: str, version: str | None, unknown_is_error: bool = False
     ) -> bool:
         """Whether the model version serves; an unknown one is not ready, or (HTTP, with
         `unknown_is_error`) ModelNotFound."""
         self.authenticate(who, name)
         if unknown_is_error:
-            self.engine.model_metadata(name, version)
-        return self.engine.model_ready(name, version)
+            await self.engine.model_metadata(name, version)
+        return await self.engine.model_ready(name, version)
 
     async def usage(self, who: Caller) -> dict[str, Any]:
         """The caller's own quotas, buckets and slots."""
         return await self.engine.usage(self.authenticate(who).tenant)
 
-    def metrics(self, who: Caller) -> bytes:
+    async def metrics(self, who: Caller) -> bytes:
         """The Prometheus exposition; with `metrics.require_key`, for admin keys only."""
         if self._metrics_need_key:
             self.authenticate(who).require_admin_role("/metrics (metrics.require_key)")
-        return self.engine.metrics.exposition()
+        return await self.engine.metrics.exposition()
 
     # -- Triton extensions -----------------------------------------------------------------------
 
-    def model_config(self, who: Caller, name: str, version: str | None) -> dict[str, Any]:
+    async def model_config(self, who: Caller, name: str, version: str | None) -> dict[str, Any]:
         """The effective config in Triton's JSON shape (the `config` admin group)."""
         caller = self.authenticate(who)
         caller.require_admin("config")
         caller.check_model(name)
-        return self.engine.model_config(name, version)
+        return await self.engine.model_config(name, version)
 
-    def statistics(
+    async def statistics(
         self, who: Caller, name: str | None = None, version: str | None = None
     ) -> dict[str, Any]:
         """Triton statistics of the models the caller may use (the `statistics` group)."""
@@ -193,13 +196,13 @@ class DataPlane:
         caller.require_admin("statistics")
         if name is not None:
             caller.check_model(name)
-        stats = self.engine.statistics(name, version)
+        stats = await self.engine.statistics(name, version)
         return {"model_stats": [s for s in stats["model_stats"] if caller.may_use(s["name"])]}
 
-    def repository_index(self, who: Caller, ready_only: bool) -> list[dict[str, str]]:
+    async def repository_index(self, who: Caller, ready_only: bool) -> list[dict[str, str]]:
         """The repository's models (the `repository` group)."""
         self.repository_caller(who)
-        return self.engine.repository_index(ready_only=ready_only)
+        return await self.engine.repository_index(ready_only=ready_only)
 
     async def load_model(
         self, who: Caller, name: str, parameters: Mapping[str, Any], protocol: str
@@ -245,7 +248,10 @@ class DataPlane:
                 principal = self.authenticate(call.headers, call.model)
             else:
                 principal.check_model(call.model)
-            request = await call.decode(engine.input_check(call.model, call.version))
+            check = engine.cached_input_check(call.model, call.version)
+            if check is None:  # a worker's first request for this model (generation)
+                check = await engine.input_check(call.model, call.version)
+            request = await call.decode(check)
             request.tenant = principal.tenant
             request.arrived = started  # its deadline counts from here, decoding included
             response = await call.wait(engine.infer(request))

@@ -248,7 +248,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Context, caller: Metadata
     ) -> pb.ModelReadyResponse:
-        ready = self._plane.model_ready(caller, request.name, request.version or None)
+        ready = await self._plane.model_ready(caller, request.name, request.version or None)
         return pb.ModelReadyResponse(ready=ready)
 
     @_guarded
@@ -264,7 +264,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: Context, caller: Metadata
     ) -> pb.ModelMetadataResponse:
-        meta = self._plane.model_metadata(caller, request.name, request.version or None)
+        meta = await self._plane.model_metadata(caller, request.name, request.version or None)
         return grpc_tensors.metadata_response(meta)
 
     # -- inference -------------------------------------------------------------------------------
@@ -351,7 +351,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelConfig(
         self, request: pb.ModelConfigRequest, context: Context, caller: Metadata
     ) -> pb.ModelConfigResponse:
-        config = self._plane.model_config(caller, request.name, request.version or None)
+        config = await self._plane.model_config(caller, request.name, request.version or None)
         message = model_config_pb2.ModelConfig()
         json_format.ParseDict(config, message, ignore_unknown_fields=True)
         return pb.ModelConfigResponse(config=message)
@@ -361,7 +361,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelStatisticsRequest, context: Context, caller: Metadata
     ) -> pb.ModelStatisticsResponse:
         name, version = request.name or None, request.version or None
-        stats = self._plane.statistics(caller, name, version)
+        stats = await self._plane.statistics(caller, name, version)
         message = pb.ModelStatisticsResponse()
         json_format.ParseDict(stats, message, ignore_unknown_fields=True)
         return message
@@ -370,7 +370,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryIndex(
         self, request: pb.RepositoryIndexRequest, context: Context, caller: Metadata
     ) -> pb.RepositoryIndexResponse:
-        rows = self._plane.repository_index(caller, ready_only=request.ready)
+        rows = await self._plane.repository_index(caller, ready_only=request.ready)
         models = [pb.RepositoryIndexResponse.ModelIndex(**row) for row in rows]
         return pb.RepositoryIndexResponse(models=models)
 

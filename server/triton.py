@@ -49,19 +49,19 @@ def triton_router(plane: DataPlane) -> APIRouter:
 
     @router.get("/v2/models/stats")
     async def all_statistics(request: Request) -> Response:
-        return _json(plane.statistics(request.headers))
+        return _json(await plane.statistics(request.headers))
 
     @router.get("/v2/models/{name}/stats")
     @router.get("/v2/models/{name}/versions/{version}/stats")
     async def model_statistics(request: Request, name: str) -> Response:
         version = request.path_params.get("version")  # never from the query string
-        return _json(plane.statistics(request.headers, name, version))
+        return _json(await plane.statistics(request.headers, name, version))
 
     @router.get("/v2/models/{name}/config")
     @router.get("/v2/models/{name}/versions/{version}/config")
     async def model_config(request: Request, name: str) -> Response:
         version = request.path_params.get("version")  # never from the query string
-        return _json(plane.model_config(request.headers, name, version))
+        return _json(await plane.model_config(request.headers, name, version))
 
     @router.post("/v2/repository/index")
     async def repository_index(request: Request) -> Response:
@@ -69,7 +69,7 @@ def triton_router(plane: DataPlane) -> APIRouter:
         ready = (await _body(request)).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidInput(f"'ready' must be true or false, got {ready!r:.60}")
-        return _json(plane.repository_index(caller, ready_only=ready))
+        return _json(await plane.repository_index(caller, ready_only=ready))
 
     @router.post("/v2/repository/models/{name}/load")
     async def load(request: Request, name: str) -> Response:

@@ -68,7 +68,7 @@ async def measure(repo: Path, socket_dir: str, rounds: int, requests: int) -> li
     await host.serve(path)
     remote = RemoteEngine(settings, path, 0, worker_side)
     await remote.start()
-    name = engine.model_metadata(MODEL).inputs[0].name
+    name = (await engine.model_metadata(MODEL)).inputs[0].name
     x = np.random.default_rng(1).standard_normal((1, *MODELS[MODEL][1])).astype(np.float32)
 
     def make() -> InferRequest:

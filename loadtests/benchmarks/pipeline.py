@@ -75,11 +75,11 @@ async def served(repo: Path, texts: list[str], concurrency: int) -> dict[str, An
 
     try:
         await asyncio.gather(*(one(text) for text in texts[:200]))  # warm
-        before = {s["name"]: s for s in engine.statistics()["model_stats"]}
+        before = {s["name"]: s for s in (await engine.statistics())["model_stats"]}
         started = time.perf_counter()
         await asyncio.gather(*(one(text) for text in texts))
         seconds = time.perf_counter() - started
-        after = {s["name"]: s for s in engine.statistics()["model_stats"]}
+        after = {s["name"]: s for s in (await engine.statistics())["model_stats"]}
     finally:
         await engine.close()
     batch = {}

@@ -10,12 +10,14 @@ import asyncio
 import signal
 import time
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 
 import httpx
 import numpy as np
 import onnx
 import onnxruntime as ort
+import orjson
 import psutil
 import pytest
 import tritonclient.grpc as grpc_client
@@ -284,6 +286,115 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(
     with httpx.Client(base_url=server.url, timeout=5) as client:
         assert client.post("/v2/models/mlp/infer", json=json_body(x)).status_code == 200
     assert sorted(worker_samples(server)[restarts % w] for w in "01") == [0, 1]
+
+
+PROBE_TIMEOUT_S = 2.0
+"""A request the worker answers on its own is answered within this, whatever the engine does (a
+call to the engine is given up only after engine.remote.CALL_TIMEOUT_S, 10 s)."""
+
+
+def connections_to_one_worker(server: ServerProcess, count: int) -> list[HTTPConnection]:
+    """`count` keep-alive connections that one worker holds (each answered once, so accepted:
+    the kernel gives a new connection to either worker by a hash of its port)."""
+    both = workers(server)
+    by_worker: dict[int, list[HTTPConnection]] = {}
+    try:
+        for _ in range(100):
+            connection = HTTPConnection("127.0.0.1", server.http_port, timeout=10)
+            try:
+                connection.request("GET", "/v2/health/live")
+                assert connection.getresponse().read() == b'{"live":true}'
+                assert connection.sock is not None
+                holder = owner({connection.sock.getsockname()[1]}, both)
+                assert holder is not None
+            except BaseException:
+                connection.close()
+                raise
+            mine = by_worker.setdefault(holder.pid, [])
+            mine.append(connection)
+            if len(mine) == count:
+                return by_worker.pop(holder.pid)
+        raise AssertionError(f"no worker took {count} of 100 connections")
+    finally:  # the other worker's
+        for connection in (c for connections in by_worker.values() for c in connections):
+            connection.close()
+
+
+def unread_bytes(server_port: int, connection: HTTPConnection) -> int:
+    """What the server end of `connection` holds that its worker has not read yet (its rx_queue
+    in /proc/net/tcp)."""
+    assert connection.sock is not None
+    client_port = connection.sock.getsockname()[1]
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            local, remote, queues = fields[1], fields[2], fields[4]
+            ports = (int(local.rsplit(":", 1)[1], 16), int(remote.rsplit(":", 1)[1], 16))
+            if ports == (server_port, client_port):
+                return int(queues.split(":")[1], 16)
+    raise AssertionError(f"no connection from port {client_port} to {server_port}")
+
+
+def test_a_worker_answers_on_its_own_while_the_engine_does_not_answer_it(
+    server: ServerProcess,
+) -> None:
+    """Metadata, config, statistics, /metrics and a model's first declared-shape check were
+    blocking calls to the engine: while one waited (up to 10 s for an engine busy loading,
+    overloaded or stopped), the worker's whole event loop waited with it, and so did every other
+    request it held, its liveness probe too. Here the engine process is stopped (SIGSTOP) while
+    each of them is asked of one worker, and that worker must answer a liveness probe at once;
+    once the engine runs again, every call it held is answered as if nothing had happened."""
+    x = np.random.default_rng(7).standard_normal((2, 16)).astype(np.float32)
+    asked = [
+        ("GET", "/v2/models/mlp/stats", None),
+        ("GET", "/v2/models/mlp/config", None),
+        ("GET", "/v2/models/mlp", None),
+        ("GET", "/metrics", None),
+        ("POST", "/v2/models/mlp/infer", orjson.dumps(json_body(x))),  # its first: input_spec
+    ]
+    connections = connections_to_one_worker(server, len(asked) + 1)
+    *calls, probe = connections
+    assert probe.sock is not None
+    probe.sock.settimeout(PROBE_TIMEOUT_S)
+    engine = engine_process(server)
+    answers = {}
+    try:
+        engine.suspend()  # SIGSTOP: it reads nothing and answers nothing until SIGCONT
+        try:
+            for connection, (method, path, body) in zip(calls, asked, strict=True):
+                connection.request(method, path, body=body)
+                wait_for(
+                    lambda c=connection: unread_bytes(server.http_port, c) == 0,
+                    f"the worker reading {path}",
+                    timeout_s=5.0,
+                )
+                probe.request("GET", "/v2/health/live")
+                try:
+                    live = probe.getresponse()
+                except TimeoutError:
+                    pytest.fail(
+                        f"/v2/health/live was not answered in {PROBE_TIMEOUT_S} s while the "
+                        f"worker waited for the engine's answer to {method} {path}"
+                    )
+                assert (live.status, live.read()) == (200, b'{"live":true}')
+        finally:
+            engine.resume()  # SIGCONT, whatever happened: never leave a stopped process behind
+        for connection, (_, path, _) in zip(calls, asked, strict=True):
+            response = connection.getresponse()  # each was held, not refused or timed out
+            answers[path] = (response.status, response.read())
+    finally:
+        for connection in connections:
+            connection.close()
+    assert {status for status, _ in answers.values()} == {200}, answers
+    stats = orjson.loads(answers["/v2/models/mlp/stats"][1])
+    assert stats["model_stats"][0]["name"] == "mlp"
+    config = orjson.loads(answers["/v2/models/mlp/config"][1])
+    assert (config["name"], config["max_batch_size"]) == ("mlp", 64)
+    assert orjson.loads(answers["/v2/models/mlp"][1])["inputs"][0]["shape"] == [-1, 16]
+    assert b'sluice_worker_connected{worker="0"} 1.0' in answers["/metrics"][1]  # the engine's
+    outputs = orjson.loads(answers["/v2/models/mlp/infer"][1])["outputs"][0]
+    got = np.array(outputs["data"], np.float32).reshape(2, 10)
+    np.testing.assert_allclose(got, expected(x), rtol=1e-5)
 
 
 def test_the_supervisor_exits_non_zero_when_the_engine_dies(server: ServerProcess) -> None:

@@ -57,12 +57,12 @@ def check_histogram(samples: Samples, name: str, **match: str) -> list[tuple[flo
     return series
 
 
-def test_requests_counted_by_label_set() -> None:
+async def test_requests_counted_by_label_set() -> None:
     metrics = Metrics(empty_snapshot)
     for status in (200, 200, 429):
         metrics.request("demo", "1" if status == 200 else "", "grpc", status, 0.0004)
     metrics.request("demo", "1", "http", 200, 0.003)
-    found = parse(metrics.exposition())
+    found = parse(await metrics.exposition())
     ok = labels(model="demo", version="1", protocol="grpc", status="200")
     limited = labels(model="demo", version="", protocol="grpc", status="429")
     assert found[("sluice_requests_total", ok)] == 2
@@ -77,18 +77,18 @@ def test_requests_counted_by_label_set() -> None:
     assert (series[0.00025], series[0.0005], series[30.0]) == (0, 3, 3)
 
 
-def test_rejections_read_from_the_limiter_at_scrape_time() -> None:
+async def test_rejections_read_from_the_limiter_at_scrape_time() -> None:
     counters = LimiterCounters()
     metrics = Metrics(lambda: empty_snapshot(counters))
     assert not any(
-        name == "sluice_admission_rejections_total" for name, _ in parse(metrics.exposition())
+        name == "sluice_admission_rejections_total" for name, _ in parse(await metrics.exposition())
     )
     counters.rejections[("acme", "rate")] += 3
     counters.rejections[("acme", "quota_day")] += 1
     counters.rejections[("other", "concurrency")] += 2
     counters.backend_failures, counters.fallback_admissions = 5, 4
     counters.late_refunds = 2
-    found = parse(metrics.exposition())
+    found = parse(await metrics.exposition())
     rejected = {
         dict(key)["tenant"] + "/" + dict(key)["reason"]: value
         for (name, key), value in found.items()
@@ -145,8 +145,8 @@ async def test_engine_figures_agree_with_statistics(engine: Engine) -> None:
     for count in rows:
         x = np.random.default_rng(count).standard_normal((count, 16)).astype(np.float32)
         await engine.infer(InferRequest("demo", {"x": x}, {"x": "FP32"}))
-    found = parse(engine.metrics.exposition())
-    stats = engine.statistics("demo")["model_stats"][0]
+    found = parse(await engine.metrics.exposition())
+    stats = (await engine.statistics("demo"))["model_stats"][0]
     key = labels(model="demo", version="1")
     assert found[("sluice_inference_rows_total", key)] == stats["inference_count"] == sum(rows)
     executions = stats["execution_count"]
@@ -174,7 +174,7 @@ async def test_fitted_batch_cost_and_shed_requests_are_exported(engine: Engine) 
     batcher = engine.registry.resolve("demo", None).batcher
     fitted = batcher.cost.coefficients()
     assert fitted is not None
-    found = parse(engine.metrics.exposition())
+    found = parse(await engine.metrics.exposition())
     key = labels(model="demo", version="1")
     assert found[("sluice_batch_cost_seconds", key)] == pytest.approx(fitted[0])
     assert found[("sluice_row_cost_seconds", key)] == pytest.approx(fitted[1])

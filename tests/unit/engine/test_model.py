@@ -200,13 +200,13 @@ async def test_engine_reports_the_failed_load_and_serves_the_rest(tmp_path: Path
     engine = Engine(load_settings(model_repository=tmp_path, grpc_enabled=False))
     await engine.start()
     try:
-        rows = {row["name"]: row for row in engine.repository_index()}
+        rows = {row["name"]: row for row in await engine.repository_index()}
         assert rows["ok"]["state"] == "READY"
         assert rows["fix"]["state"] == "UNAVAILABLE"
         reason = rows["fix"]["reason"]
         assert "max_batch_size is 4 but inputs INPUT0 have no dynamic first axis" in reason
-        assert engine.model_ready("ok")
-        assert not engine.model_ready("fix")
+        assert await engine.model_ready("ok")
+        assert not await engine.model_ready("fix")
         assert not engine.ready  # a model that was asked for did not load
     finally:
         await engine.close()
@@ -278,7 +278,7 @@ async def test_a_model_whose_padding_names_an_unknown_output_does_not_load(
     engine = Engine(load_settings(model_repository=tmp_path, grpc_enabled=False))
     await engine.start()
     try:
-        (row,) = engine.repository_index()
+        (row,) = await engine.repository_index()
         assert row["state"] == "UNAVAILABLE"
         assert "pad.INPUT0.outputs names output 'OUTPUT9'" in row["reason"]
     finally:

@@ -80,7 +80,7 @@ async def test_text_in_embeddings_out_as_computed_in_process(
 
 
 async def test_metadata_and_triton_config_describe_the_pipeline(engine: Engine) -> None:
-    metadata = engine.model_metadata("embedder")
+    metadata = await engine.model_metadata("embedder")
     assert metadata.platform == "ensemble"
     assert [s.as_dict() for s in metadata.inputs] == [
         {"name": "TEXT", "datatype": "BYTES", "shape": [-1]}
@@ -88,7 +88,7 @@ async def test_metadata_and_triton_config_describe_the_pipeline(engine: Engine) 
     assert [s.as_dict() for s in metadata.outputs] == [
         {"name": "EMBEDDING", "datatype": "FP32", "shape": [-1, DIM]}
     ]
-    config = engine.model_config("embedder")
+    config = await engine.model_config("embedder")
     assert config["platform"] == "ensemble"
     assert config["input"] == [{"name": "TEXT", "data_type": "TYPE_STRING", "dims": []}]
     assert config["output"] == [{"name": "EMBEDDING", "data_type": "TYPE_FP32", "dims": [DIM]}]
@@ -115,7 +115,7 @@ async def test_every_stage_batches_concurrent_pipeline_requests(engine: Engine) 
         batchers[name].resume()
     answers = await asyncio.wait_for(asyncio.gather(*tasks), 10)
     assert [a.outputs["EMBEDDING"].shape for a in answers] == [(1, DIM)] * 4
-    stats = {s["name"]: s for s in engine.statistics()["model_stats"]}
+    stats = {s["name"]: s for s in (await engine.statistics())["model_stats"]}
     for name in steps:
         assert [b["batch_size"] for b in stats[name]["batch_stats"]] == [4], name
         assert stats[name]["inference_stats"]["success"]["count"] == 4, name
@@ -314,7 +314,7 @@ async def test_a_step_mapping_that_does_not_fit_its_model_fails_the_load(tmp_pat
     (repo / "embedder" / "config.yaml").write_text(config)
     engine = await start(repo, strict_readiness=False)
     try:
-        reason = [r["reason"] for r in engine.repository_index() if r["name"] == "embedder"]
+        reason = [r["reason"] for r in await engine.repository_index() if r["name"] == "embedder"]
     finally:
         await engine.close()
     assert reason == [
@@ -408,8 +408,8 @@ async def test_a_pipeline_that_failed_for_want_of_a_step_loads_once_the_step_doe
         repo, model_control_mode="explicit", load_models=["embedder"], strict_readiness=False
     )
     try:
-        assert not engine.model_ready("embed")
-        assert not engine.model_ready("embedder")
+        assert not await engine.model_ready("embed")
+        assert not await engine.model_ready("embedder")
         (repo / "embed" / "1" / "model.onnx").write_bytes(good)
         await engine.load_model("embed")  # only the step: its pipeline follows by itself
         answer = await engine.infer(ask("the lazy dog"))
@@ -423,11 +423,11 @@ async def test_a_pipeline_is_not_ready_while_a_step_is_unloaded(tmp_path: Path) 
     repo = write_text_repository(tmp_path / "models")
     engine = await start(repo, model_control_mode="explicit", load_models=["embedder"])
     try:
-        assert engine.model_ready("embedder")
+        assert await engine.model_ready("embedder")
         await engine.unload_model("embed")
-        assert not engine.model_ready("embed")
-        assert not engine.model_ready("embedder")  # its requests would fail in that step
+        assert not await engine.model_ready("embed")
+        assert not await engine.model_ready("embedder")  # its requests would fail in that step
         await engine.load_model("embed")
-        assert engine.model_ready("embedder")
+        assert await engine.model_ready("embedder")
     finally:
         await engine.close()

@@ -56,8 +56,8 @@ async def test_strict_readiness_is_the_default_one_failed_model_keeps_the_server
 ) -> None:
     engine = await start()
     assert engine.ready is False
-    assert engine.model_ready("demo") is True
-    assert engine.model_ready("broken") is False
+    assert await engine.model_ready("demo") is True
+    assert await engine.model_ready("broken") is False
 
 
 async def test_non_strict_readiness_is_ready_with_the_models_that_loaded(
@@ -65,8 +65,8 @@ async def test_non_strict_readiness_is_ready_with_the_models_that_loaded(
 ) -> None:
     engine = await start(strict_readiness=False)
     assert engine.ready is True
-    assert engine.model_ready("demo") is True
-    assert engine.model_ready("broken") is False
+    assert await engine.model_ready("demo") is True
+    assert await engine.model_ready("broken") is False
     assert (await engine.infer(request())).outputs["probabilities"].shape == (1, 10)
     with pytest.raises(ModelNotReady, match=r"'broken'.*failed to load: .*"):
         await engine.infer(request("broken"))
@@ -94,7 +94,7 @@ async def test_a_failed_reload_of_the_serving_version_keeps_readiness(
     with pytest.raises(InvalidInput, match="failed to load model 'demo'"):
         await explicit.load_model("demo")
     assert explicit.ready is True
-    assert explicit.model_ready("demo") is True
+    assert await explicit.model_ready("demo") is True
 
 
 async def test_a_broken_new_version_keeps_the_old_one_serving(explicit: Engine, repo: Path) -> None:
@@ -104,7 +104,7 @@ async def test_a_broken_new_version_keeps_the_old_one_serving(explicit: Engine, 
         await explicit.load_model("demo")
     assert explicit.ready is True
     assert (await explicit.infer(request())).model_version == "1"
-    states = {(row["version"], row["state"]) for row in explicit.repository_index()}
+    states = {(row["version"], row["state"]) for row in await explicit.repository_index()}
     assert states == {("1", "READY"), ("2", "UNAVAILABLE")}
     with pytest.raises(ModelNotReady, match=r"'demo'.*2.*failed to load: "):  # not "unknown"
         explicit.registry.resolve("demo", "2")
@@ -134,7 +134,7 @@ async def test_a_load_with_a_config_replaces_the_folders_until_a_plain_load(
     model = served(explicit)
     assert (model.max_batch_size, model.config.instance_count) == (8, 2)
     assert model.batcher.policy.max_queue_delay_s == "auto"
-    triton = explicit.model_config("demo", None)
+    triton = await explicit.model_config("demo", None)
     assert triton["max_batch_size"] == 8
     with pytest.raises(InvalidInput, match="batch size 9 exceeds the maximum of 8"):
         await explicit.infer(
@@ -173,7 +173,7 @@ async def test_a_config_that_serves_no_version_keeps_the_serving_one(
     backend whose file is not there) answered 400 and took the serving model down."""
     with pytest.raises(InvalidInput, match="failed to load model 'demo'") as refused:
         await explicit.load_model("demo", {"config": config})
-    assert explicit.model_ready("demo") is True
+    assert await explicit.model_ready("demo") is True
     assert "no version folder holds the backend's model file" in refused.value.message
     assert (await explicit.infer(request())).outputs["probabilities"].shape == (1, 10)
 
@@ -186,8 +186,8 @@ async def test_a_config_yaml_that_is_not_utf8_fails_its_model_alone(
     shutil.copytree(repo / "demo", repo / "garbled")
     (repo / "garbled" / "config.yaml").write_bytes(b"\xff\xfemax_batch_size: 8\n")
     engine = await start(strict_readiness=False)
-    assert engine.model_ready("demo") is True
-    assert engine.model_ready("garbled") is False
+    assert await engine.model_ready("demo") is True
+    assert await engine.model_ready("garbled") is False
     with pytest.raises(ModelNotReady, match=r"cannot read .*garbled/config.yaml"):
         await engine.infer(request("garbled"))
 
@@ -203,13 +203,13 @@ async def test_a_config_that_does_not_validate_is_refused_before_loading(explici
 async def test_the_triton_config_carries_the_sluice_config_and_its_source(
     explicit: Engine,
 ) -> None:
-    parameters = explicit.model_config("demo", None)["parameters"]
+    parameters = (await explicit.model_config("demo", None))["parameters"]
     assert parameters["sluice_config_source"] == {"string_value": "repository"}
     written = json.loads(parameters["sluice_config"]["string_value"])
     assert written == {"max_batch_size": 64, "dynamic_batching": {"max_queue_delay_s": 0.002}}
     inline = {"max_batch_size": 8, "dynamic_batching": {"max_queue_delay_s": "auto"}}
     await explicit.load_model("demo", {"config": json.dumps(inline)})
-    parameters = explicit.model_config("demo", None)["parameters"]
+    parameters = (await explicit.model_config("demo", None))["parameters"]
     assert parameters["sluice_config_source"] == {"string_value": "load"}
     assert json.loads(parameters["sluice_config"]["string_value"]) == inline
 
@@ -233,8 +233,8 @@ async def test_one_model_s_failed_reload_does_not_stop_the_poll_of_the_others(
     shutil.copytree(repo / "demo", repo / "a-first")
     shutil.copytree(repo / "demo", repo / "z-last")
     for _ in range(500):  # the poll runs every 20 ms
-        if engine.model_ready("z-last"):
+        if await engine.model_ready("z-last"):
             break
         await asyncio.sleep(0.01)
-    assert engine.model_ready("z-last") is True, engine.repository_index()
-    assert any("unexpected" in row["reason"] for row in engine.repository_index())
+    assert await engine.model_ready("z-last") is True, await engine.repository_index()
+    assert any("unexpected" in row["reason"] for row in await engine.repository_index())

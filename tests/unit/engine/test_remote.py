@@ -5,6 +5,7 @@ the worker and engine processes do."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -142,12 +143,13 @@ async def test_engine_errors_keep_their_class_message_and_retry_after(rig: Rig) 
         await remote.infer(request(np.zeros((1, 16), np.float32), model="nope"))
     with pytest.raises(InvalidInput, match="x"):
         await remote.infer(request(np.zeros((1, 15), np.float32)))
-    # Blocking calls: from a thread here, since this test's loop also runs the engine.
     with pytest.raises(ModelNotFound):
-        await asyncio.to_thread(remote.model_metadata, "nope")
-    meta = await asyncio.to_thread(remote.model_metadata, "demo")
+        await remote.model_metadata("nope")
+    with pytest.raises(ModelNotFound):
+        await remote.input_check("nope")
+    meta = await remote.model_metadata("demo")
     assert meta.inputs[0].shape == (-1, 16)
-    check = await asyncio.to_thread(remote.input_check, "demo")
+    check = await remote.input_check("demo")
     assert check({"x": [2, 16]}, {"x": "FP32"}) == 2
 
 
@@ -234,10 +236,11 @@ async def test_front_end_counts_of_every_worker_are_in_the_metrics(
         second.metrics.request("demo", "1", "grpc", 200, 0.01)
         second.flush_events()
         await asyncio.sleep(0)  # the engine reads the frame (it runs in this loop)
-        text = await asyncio.to_thread(first.metrics.exposition)
-        assert 'protocol="http",status="200",version="1"} 1.0' in text.decode()
-        assert 'protocol="grpc",status="200",version="1"} 1.0' in text.decode()
-        stats = await asyncio.to_thread(first.statistics, "demo")
+        # first's count is still pending here: it goes just before the call, on its connection.
+        text = (await first.metrics.exposition()).decode()
+        assert 'protocol="http",status="200",version="1"} 1.0' in text
+        assert 'protocol="grpc",status="200",version="1"} 1.0' in text
+        stats = await first.statistics("demo")
         assert stats["model_stats"][0]["name"] == "demo"
     finally:
         await rig.close()
@@ -257,18 +260,85 @@ async def test_a_call_that_timed_out_does_not_answer_the_next_one(
 
         async def slow_metadata(method: str, args: list[Any]) -> Any:
             if method == "model_metadata":
-                await gate.wait()
+                # It answers late, whatever the worker's CANCEL says.
+                with contextlib.suppress(asyncio.CancelledError):
+                    await gate.wait()
             return await answer(method, args)
 
         monkeypatch.setattr(rig.host, "_method", slow_metadata)
-        with pytest.raises(BackendError, match="did not answer 'model_metadata'"):
-            await asyncio.to_thread(remote.model_metadata, "demo")
+        with pytest.raises(BackendError, match=r"did not answer 'model_metadata' within 0.2 s"):
+            await remote.model_metadata("demo")
         gate.set()
-        stats = await asyncio.to_thread(remote.statistics, "demo")
+        stats = await remote.statistics("demo")
         assert stats["model_stats"][0]["name"] == "demo"
-        assert (await asyncio.to_thread(remote.model_metadata, "demo")).name == "demo"
+        assert (await remote.model_metadata("demo")).name == "demo"
     finally:
         await rig.close()
+
+
+async def test_the_worker_serves_on_while_a_call_waits_for_the_engine(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metadata, config, statistics, the index and the metrics were blocking calls: while the
+    engine took its time, nothing else of the worker ran (here, where the engine shares the
+    loop, it could never answer at all)."""
+    held, asked, answer = asyncio.Event(), asyncio.Event(), rig.host._method
+
+    async def slow_statistics(method: str, args: list[Any]) -> Any:
+        if method == "statistics":
+            asked.set()
+            await held.wait()
+        return await answer(method, args)
+
+    monkeypatch.setattr(rig.host, "_method", slow_statistics)
+    remote = await rig.remote()
+    stats = asyncio.create_task(remote.statistics("demo"))
+    await asyncio.wait_for(asked.wait(), 5)
+    x = np.ones((2, 16), np.float32)
+    answered = await asyncio.wait_for(remote.infer(request(x)), 5)  # its input check a call too
+    assert answered.outputs["probabilities"].shape == (2, 10)
+    assert (await remote.model_metadata("demo")).name == "demo"
+    assert not stats.done()
+    held.set()
+    assert (await asyncio.wait_for(stats, 5))["model_stats"][0]["name"] == "demo"
+
+
+async def test_input_check_misses_together_ask_the_engine_once(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A burst of a model's first requests asks for its input check once; a caller that leaves
+    meanwhile (its client went away) fails none of the others; what is fetched is then at hand
+    without awaiting, where inference looks first."""
+    asked: list[list[Any]] = []
+    held, answer = asyncio.Event(), rig.host._method
+
+    async def counted(method: str, args: list[Any]) -> Any:
+        if method == "input_spec":
+            asked.append(args)
+            await held.wait()
+        return await answer(method, args)
+
+    monkeypatch.setattr(rig.host, "_method", counted)
+    remote = await rig.remote()
+    assert remote.cached_input_check("demo") is None
+    waiting = [asyncio.create_task(remote.input_check("demo")) for _ in range(5)]
+    await until(lambda: len(asked) == 1)
+    waiting[0].cancel()
+    held.set()
+    checks = await asyncio.wait_for(asyncio.gather(*waiting[1:]), 5)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting[0]
+    assert asked == [["demo", None]]
+    assert all(check is checks[0] for check in checks)
+    assert remote.cached_input_check("demo") is checks[0]
+    assert checks[0]({"x": [3, 16]}, {"x": "FP32"}) == 3
+    with pytest.raises(InvalidInput, match="x"):
+        checks[0]({"x": [3, 15]}, {"x": "FP32"})
+    # A refusal is not kept: each miss of an unknown model asks again.
+    for _ in range(2):
+        with pytest.raises(ModelNotFound, match="nope"):
+            await remote.input_check("nope")
+    assert asked == [["demo", None], ["nope", None], ["nope", None]]
 
 
 async def test_readiness_is_asked_of_the_engine_not_read_from_its_last_push(rig: Rig) -> None:

@@ -125,7 +125,10 @@ class FakeEngine:
     def server_metadata(self) -> dict[str, Any]:
         return {"name": "sluice", "version": "0.1.0", "extensions": ["binary_tensor_data"]}
 
-    def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
+        return self._metadata(name, version)
+
+    def _metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         session = self._session(name, version)
         return ModelMetadata(
             name,
@@ -135,17 +138,20 @@ class FakeEngine:
             self._specs(session.get_outputs()),
         )
 
-    def input_check(self, name: str, version: str | None = None) -> InputCheck:
-        inputs = self.model_metadata(name, version).inputs
+    def cached_input_check(self, name: str, version: str | None = None) -> InputCheck:
+        inputs = self._metadata(name, version).inputs
         return functools.partial(
             check_inputs, inputs=inputs, max_batch_size=MAX_BATCH_SIZE, label=name
         )
 
-    def model_ready(self, name: str, version: str | None = None) -> bool:
+    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        return self.cached_input_check(name, version)
+
+    async def model_ready(self, name: str, version: str | None = None) -> bool:
         return name in self.loaded and version in (None, "1")
 
-    def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        meta = self.model_metadata(name, version)
+    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
+        meta = self._metadata(name, version)
 
         def tensor(spec: TensorSpec) -> dict[str, Any]:
             kind = "TYPE_STRING" if spec.datatype == "BYTES" else f"TYPE_{spec.datatype}"
@@ -167,7 +173,9 @@ class FakeEngine:
             "sluice_only_field": True,
         }
 
-    def statistics(self, name: str | None = None, version: str | None = None) -> dict[str, Any]:
+    async def statistics(
+        self, name: str | None = None, version: str | None = None
+    ) -> dict[str, Any]:
         names = sorted(self.loaded) if name is None else [name]
         for each in names:
             self._session(each, version)
@@ -186,7 +194,7 @@ class FakeEngine:
         ]
         return {"model_stats": stats}
 
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows = [
             {
                 "name": n,
@@ -218,7 +226,7 @@ class FakeEngine:
             exc, self.fail_next = self.fail_next, None
             raise exc
         session = self._session(request.model_name, request.model_version)
-        meta = self.model_metadata(request.model_name)
+        meta = self._metadata(request.model_name)
         for spec in meta.inputs:
             if spec.name not in request.inputs:
                 raise InvalidInput(f"missing input '{spec.name}'")

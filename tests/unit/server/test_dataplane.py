@@ -162,26 +162,26 @@ async def test_a_given_principal_is_authorized_not_authenticated_again(
         await plane.infer(Call(model="echo", headers={}), caller)
 
 
-def test_metadata_and_readiness(plane: DataPlane) -> None:
-    assert plane.model_metadata(USER, "double", None).name == "double"
+async def test_metadata_and_readiness(plane: DataPlane) -> None:
+    assert (await plane.model_metadata(USER, "double", None)).name == "double"
     with pytest.raises(Forbidden):
-        plane.model_metadata(USER, "echo", None)
-    assert plane.model_ready(ROOT, "nope", None) is False  # gRPC: unknown is not ready
+        await plane.model_metadata(USER, "echo", None)
+    assert await plane.model_ready(ROOT, "nope", None) is False  # gRPC: unknown is not ready
     with pytest.raises(ModelNotFound):
-        plane.model_ready(ROOT, "nope", None, unknown_is_error=True)  # HTTP: 404
+        await plane.model_ready(ROOT, "nope", None, unknown_is_error=True)  # HTTP: 404
     assert plane.server_metadata(USER)["name"] == "sluice"
     with pytest.raises(Unauthenticated):
         plane.server_metadata({})
 
 
-def test_admin_groups_and_visible_statistics(plane: DataPlane) -> None:
+async def test_admin_groups_and_visible_statistics(plane: DataPlane) -> None:
     with pytest.raises(Forbidden, match="statistics endpoints need an admin key"):
-        plane.statistics(USER)
-    names = [s["name"] for s in plane.statistics(ROOT)["model_stats"]]
+        await plane.statistics(USER)
+    names = [s["name"] for s in (await plane.statistics(ROOT))["model_stats"]]
     assert names == ["double", "echo", "slow", "types"]
     with pytest.raises(Forbidden, match="repository endpoints need an admin key"):
         plane.repository_caller(USER, "double")
-    assert plane.model_config(USER, "double", None)["name"] == "double"  # config: not admin
+    assert (await plane.model_config(USER, "double", None))["name"] == "double"  # config: not admin
 
 
 async def test_load_passes_the_parameters_values_on(plane: DataPlane) -> None:
@@ -190,10 +190,10 @@ async def test_load_passes_the_parameters_values_on(plane: DataPlane) -> None:
     await plane.load_model(ROOT, "echo", {"config": '{"max_batch_size": 4}'}, "grpc")
 
 
-def test_metrics_need_an_admin_key_only_when_configured(engine: FakeEngine) -> None:
+async def test_metrics_need_an_admin_key_only_when_configured(engine: FakeEngine) -> None:
     open_plane = DataPlane(engine, Settings())  # type: ignore[arg-type]
-    assert b"sluice_requests" in open_plane.metrics({})
+    assert b"sluice_requests" in await open_plane.metrics({})
     locked = DataPlane(engine, Settings(metrics=MetricsSettings(require_key=True)))  # type: ignore[arg-type]
     with pytest.raises(Forbidden, match=r"/metrics \(metrics.require_key\) needs an admin key"):
-        locked.metrics(USER)
-    assert b"sluice_requests" in locked.metrics(ROOT)
+        await locked.metrics(USER)
+    assert b"sluice_requests" in await locked.metrics(ROOT)

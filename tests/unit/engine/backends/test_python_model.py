@@ -192,7 +192,7 @@ async def test_without_the_setting_model_py_is_never_imported(tmp_path: Path) ->
     try:
         with pytest.raises(ModelNotReady) as caught:
             engine.registry.resolve("norm", None)
-        index = engine.repository_index()
+        index = await engine.repository_index()
     finally:
         await engine.close()
     assert "allow_python_models: true (--allow-python-models" in caught.value.message
