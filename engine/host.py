@@ -79,7 +79,7 @@ class _Peer:
     def __init__(
         self,
         transport: asyncio.Transport,
-        slots: WorkerSlots | None,
+        slots: WorkerSlots,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.transport = transport
@@ -190,17 +190,12 @@ class EngineHost:
             if state != self._state:
                 self._state = state
                 for peer in self._peers:
-                    if peer.slots is not None:
-                        peer.send(Kind.STATE, state)
+                    peer.send(Kind.STATE, state)
 
     # -- connections -----------------------------------------------------------------------------
 
     def _welcome(self, transport: asyncio.Transport, index: object) -> _Peer:
         assert self._loop is not None  # connections arrive only once serve() has run
-        if index is None:  # a connection for calls only, with no arena (workers call on theirs)
-            peer = _Peer(transport, None, self._loop)
-            self._peers.add(peer)
-            return peer
         if type(index) is not int or not 0 <= index < len(self.workers):
             raise ProtocolError(f"no worker slot {index!r}")
         slots = self.workers[index]
@@ -223,30 +218,29 @@ class EngineHost:
         for task in peer.tasks.values():
             task.cancel()
         slots = peer.slots
-        if slots is not None:
-            for offset in peer.out_slots:
-                slots.out_allocator.free(offset)
-            peer.out_slots.clear()
-            if slots.peer is peer:
-                slots.peer = None
-            if all(w.peer is None for w in self.workers):
-                self.no_workers.set()
+        for offset in peer.out_slots:
+            slots.out_allocator.free(offset)
+        peer.out_slots.clear()
+        if slots.peer is peer:
+            slots.peer = None
+        if all(w.peer is None for w in self.workers):
+            self.no_workers.set()
 
     def _dispatch(self, peer: _Peer, kind: Kind, message: Any) -> None:
-        if kind is Kind.INFER and peer.slots is not None:
+        if kind is Kind.INFER:
             self._infer(peer, peer.slots, message)
         elif kind is Kind.CANCEL:
             task = peer.tasks.get(message["id"])
             if task is not None:
                 task.cancel()
-        elif kind is Kind.FREE_OUT and peer.slots is not None:
+        elif kind is Kind.FREE_OUT:
             for offset in message["slots"]:
                 if offset in peer.out_slots:
                     peer.out_slots.discard(offset)
                     peer.slots.out_allocator.free(offset)
         elif kind is Kind.CALL:
             self._spawn(peer, message["id"], self._call(peer, message))
-        elif kind is Kind.GENERATE and peer.slots is not None:
+        elif kind is Kind.GENERATE:
             request = GenerateRequest.from_wire(message["request"])
             rid = message.get("request_id")
             rid = rid if isinstance(rid, str) else None
@@ -403,8 +397,7 @@ class EngineHost:
     def _fresh_state(self) -> dict[str, Any]:
         self._state = self.state()
         for peer in self._peers:
-            if peer.slots is not None:
-                peer.send(Kind.STATE, self._state)
+            peer.send(Kind.STATE, self._state)
         return self._state
 
     def _events(self, message: dict[str, Any]) -> None:

@@ -457,3 +457,16 @@ async def test_freed_answer_slots_ride_on_the_next_request_or_go_within_a_bound(
     # With nothing else to send, the frees still go, within FREE_DELAY_S.
     await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0, timeout_s=1.0)
     assert [kind for kind, _ in FrameBuffer().feed(writes[-1])] == [Kind.FREE_OUT]
+
+
+@pytest.mark.parametrize("slot", [None, -1, 1, "0", True])
+async def test_a_hello_without_a_worker_slot_of_its_own_is_refused(rig: Rig, slot: object) -> None:
+    # Every connection is a worker slot's, with its arenas: one naming none (what the blocking
+    # calls' socket was) or another is closed at once, unanswered.
+    reader, writer = await asyncio.open_unix_connection(rig.path)
+    try:
+        writer.write(frame(Kind.HELLO, {"worker": slot}))
+        assert await asyncio.wait_for(reader.read(1 << 16), 5) == b""
+        assert rig.host.workers[0].connections == 0
+    finally:
+        writer.close()

@@ -22,12 +22,12 @@ from engine.shm import Arena
 from engine.wire import FrameBuffer, Kind, frame
 from tests.unit.engine.test_remote import until
 
-STATE = {"ready": True, "draining": False, "models": ["tiny"], "generative": ["tiny"]}
+STATE = {"draining": False, "models": ["tiny"], "generative": ["tiny"]}
 
 
 class ScriptedEngine:
     """Answers HELLO with WELCOME and records every other frame; `send` writes frames to the
-    worker's main connection."""
+    worker's connection."""
 
     def __init__(self) -> None:
         self.received: list[tuple[Kind, Any]] = []
@@ -40,9 +40,8 @@ class ScriptedEngine:
         while data := await reader.read(65536):
             for kind, message in frames.feed(data):
                 if kind is Kind.HELLO:
-                    if message["worker"] is not None:
-                        self.writer = writer
-                        writer.write(frame(Kind.WELCOME, {"held": [], "state": STATE}))
+                    self.writer = writer
+                    writer.write(frame(Kind.WELCOME, {"held": [], "state": STATE}))
                 else:
                     self.received.append((kind, message))
 
