@@ -397,18 +397,20 @@ class RemoteEngine:
 
     async def call(self, method: str, *args: Any, events: dict[str, Any] | None = None) -> Any:
         """The engine's answer to `method(*args)` (engine/host.py), awaited on this worker's
-        connection: BackendError naming the call if none comes within CALL_TIMEOUT_S (the call
-        is withdrawn; a late answer finds no caller and is dropped, never taken for another
-        call's). `events` (front-end counts) go in a frame just before the call's, so the engine
-        has counted them when it answers."""
+        connection. None within CALL_TIMEOUT_S is Overloaded (503 with Retry-After: the engine
+        is slow or stopped, not broken) naming the call; the call is withdrawn, and a late answer
+        finds no caller and is dropped, never taken for another call's. `events` (front-end
+        counts) go in a frame just before the call's, so the engine has counted them when it
+        answers."""
         if events is not None:
             self._send(Kind.EVENTS, events)
         try:
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 return await self._request(Kind.CALL, {"method": method, "args": list(args)})
         except TimeoutError:
-            raise errors.BackendError(
-                f"the engine process did not answer '{method}' within {CALL_TIMEOUT_S:g} s"
+            raise errors.Overloaded(
+                f"the engine process did not answer '{method}' within {CALL_TIMEOUT_S:g} s; "
+                "retry shortly"
             ) from None
 
     def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:

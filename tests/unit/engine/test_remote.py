@@ -21,7 +21,6 @@ import engine.remote
 from engine.demo import mlp_model, write_demo_repository
 from engine.engine import Engine
 from engine.errors import (
-    BackendError,
     InvalidInput,
     ModelNotFound,
     Overloaded,
@@ -266,7 +265,7 @@ async def test_a_call_that_timed_out_does_not_answer_the_next_one(
             return await answer(method, args)
 
         monkeypatch.setattr(rig.host, "_method", slow_metadata)
-        with pytest.raises(BackendError, match=r"did not answer 'model_metadata' within 0.2 s"):
+        with pytest.raises(Overloaded, match=r"did not answer 'model_metadata' within 0.2 s"):
             await remote.model_metadata("demo")
         gate.set()
         stats = await remote.statistics("demo")
