@@ -46,7 +46,7 @@ from engine.shm import (
 )
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
-from engine.validate import InputCheck, check_inputs
+from engine.validate import InputCheck, check_inputs, check_load_parameters
 from engine.wire import FrameBuffer, Kind, ProtocolError, frame
 
 log = logging.getLogger("sluice.worker")
@@ -58,6 +58,9 @@ FREE_DELAY_S = 0.002
 """Freed answer slots ride on the next frame to the engine, or go on their own after this long:
 a frame of frees alone woke the engine process for nothing else (43% of its reads under HTTP
 load, where a response is freed when it is sent, not when the next request is)."""
+
+NESTED = "a value nests lists or objects deeper than 254 levels"
+"""Why a request cannot be passed to the engine: orjson's depth limit (the wire is JSON)."""
 
 CALL_TIMEOUT_S = 10.0
 """A call to the engine (metadata, statistics, readiness...) is given up after this long: an
@@ -205,31 +208,36 @@ class RemoteEngine:
         offset, size, described = await place_tensors(
             self.allocator, self.inputs, request.inputs, "this worker's request arena"
         )
+        message = {
+            "slot": offset,
+            "size": size,
+            "inputs": described,
+            "request": {
+                "model_name": request.model_name,
+                "datatypes": request.datatypes,
+                "model_version": request.model_version,
+                "id": request.id,
+                "outputs": request.outputs,
+                "parameters": request.parameters,
+                "priority": request.priority,
+                "timeout_s": request.timeout_s,
+                "arrived": request.arrived,  # CLOCK_MONOTONIC is the same in every process
+                "tenant": request.tenant,
+                "request_id": request_id.get(),  # the engine's log lines name it too
+                # The engine's stage spans join this request's trace.
+                "trace": None if self.tracing is None else self.tracing.traceparent(),
+            },
+        }
+        try:
+            call = self._call(Kind.INFER, message, "the request")
+        except BaseException:
+            self.allocator.free(offset)  # never sent: the slot is still this worker's
+            raise
         # From here the slot is the engine's until it says FREE_IN.
         self._infers += 1
         self._idle.clear()
         try:
-            message = {
-                "slot": offset,
-                "size": size,
-                "inputs": described,
-                "request": {
-                    "model_name": request.model_name,
-                    "datatypes": request.datatypes,
-                    "model_version": request.model_version,
-                    "id": request.id,
-                    "outputs": request.outputs,
-                    "parameters": request.parameters,
-                    "priority": request.priority,
-                    "timeout_s": request.timeout_s,
-                    "arrived": request.arrived,  # CLOCK_MONOTONIC is the same in every process
-                    "tenant": request.tenant,
-                    "request_id": request_id.get(),  # the engine's log lines name it too
-                    # The engine's stage spans join this request's trace.
-                    "trace": None if self.tracing is None else self.tracing.traceparent(),
-                },
-            }
-            result = await self._request(Kind.INFER, message)
+            result = await self._answer(*call)
         finally:
             self._infers -= 1
             if not self._infers:
@@ -267,12 +275,15 @@ class RemoteEngine:
         if self.engine_gone.is_set():
             raise errors.ShuttingDown("the engine process is gone")
         assert self._loop is not None
-        stream = RemoteStream(next(self._ids), self._loop, self._stream_ended)
+        stream_id = next(self._ids)
+        message = {"id": stream_id, "request": request.to_wire(), "request_id": request_id.get()}
+        data = self._encoded(Kind.GENERATE, message, "the generation request")
+        stream = RemoteStream(stream_id, self._loop, self._stream_ended)
         self._streams[stream.id] = stream
         self._infers += 1  # a stream counts as a request in flight until it ends (drain)
         self._idle.clear()
-        message = {"id": stream.id, "request": request.to_wire(), "request_id": request_id.get()}
-        self._send(Kind.GENERATE, message)
+        self._outbox.append(data)
+        self._schedule_flush()
         try:
             await stream.started
         except BaseException:
@@ -300,15 +311,27 @@ class RemoteEngine:
         if self._free_out:  # nothing else went meanwhile
             self._schedule_flush()
 
-    async def _request(self, kind: Kind, message: dict[str, Any]) -> Any:
+    async def _request(self, kind: Kind, message: dict[str, Any], what: str = "the call") -> Any:
+        return await self._answer(*self._call(kind, message, what))
+
+    def _call(
+        self, kind: Kind, message: dict[str, Any], what: str
+    ) -> tuple[int, asyncio.Future[Any]]:
+        """Send `message` as a call whose answer resolves the future; the caller's error, with
+        nothing sent or registered, when the channel cannot carry it (see `_encoded`)."""
         if self.engine_gone.is_set():
             raise errors.ShuttingDown("the engine process is gone")
         call_id = next(self._ids)
         message["id"] = call_id
+        data = self._encoded(kind, message, what)
         assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = future
-        self._send(kind, message)
+        self._outbox.append(data)
+        self._schedule_flush()
+        return call_id, future
+
+    async def _answer(self, call_id: int, future: asyncio.Future[Any]) -> Any:
         try:
             return await future
         except asyncio.CancelledError:
@@ -321,6 +344,20 @@ class RemoteEngine:
     def _send(self, kind: Kind, payload: Any) -> None:
         self._outbox.append(frame(kind, payload))
         self._schedule_flush()
+
+    @staticmethod
+    def _encoded(kind: Kind, payload: Any, what: str) -> bytes:
+        """`payload` as a frame, or the client's error (InvalidInput) when it holds a value JSON
+        cannot (bytes, nesting past orjson's depth limit). Tensors travel in the arena; what a
+        frame carries is the rest of the request (parameters, id, output names, a prompt)."""
+        try:
+            data = frame(kind, payload)
+        except TypeError as exc:  # orjson: bytes, nesting past its depth limit, ...
+            why = NESTED if "Recursion" in str(exc) else str(exc)
+            raise errors.InvalidInput(
+                f"{what} cannot be passed to the engine process: {why}"
+            ) from None
+        return data
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled and self._loop is not None:
@@ -490,6 +527,9 @@ class RemoteEngine:
     async def load_model(
         self, name: str, parameters: Mapping[str, Any] | Collection[str] = ()
     ) -> None:
+        # Refused here as the engine would refuse them: what passes is names and a config text,
+        # which the channel carries (a value it cannot, bytes or deep nesting, never reaches it).
+        check_load_parameters(parameters)
         # The values go too: Triton's `config` parameter carries the model config.
         given = dict(parameters) if isinstance(parameters, Mapping) else list(parameters)
         self._state = await self._request(

@@ -27,6 +27,7 @@ from engine.errors import (
     PayloadTooLarge,
     RateLimited,
 )
+from engine.generation.service import GenerateRequest
 from engine.host import EngineHost
 from engine.remote import RemoteEngine
 from engine.settings import Settings, load_settings
@@ -469,3 +470,36 @@ async def test_a_hello_without_a_worker_slot_of_its_own_is_refused(rig: Rig, slo
         assert rig.host.workers[0].connections == 0
     finally:
         writer.close()
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_request_the_channel_cannot_carry_is_invalid_input_and_holds_nothing(
+    rig: Rig,
+) -> None:
+    """What JSON cannot hold (bytes, nesting past orjson's 254 levels) raised TypeError from the
+    frame encoder after the call was registered: a 500, and a generation stayed counted in flight,
+    so a drain waited its whole bound. A load answered 500 where one process answers 400."""
+    remote = await rig.remote()
+    for parameters in ({"config": b"\xff"}, {"x": nested(300)}):
+        with pytest.raises(InvalidInput) as in_process:
+            await rig.engine.load_model("demo", parameters)
+        with pytest.raises(InvalidInput) as through_worker:
+            await remote.load_model("demo", parameters)
+        assert through_worker.value.message == in_process.value.message
+    x = np.zeros((1, 16), np.float32)
+    deep = InferRequest("demo", {"x": x}, {"x": "FP32"}, parameters={"tag": nested(300)})
+    with pytest.raises(InvalidInput, match="nests lists or objects deeper than 254 levels"):
+        await remote.infer(deep)
+    assert remote.allocator.used_bytes == 0  # its slot, never sent, is free again
+    stop = GenerateRequest("demo", None, "hi", options={"stop": nested(300)})
+    with pytest.raises(InvalidInput, match="the generation request cannot be passed"):
+        await remote.generate(stop)
+    assert (remote._pending, remote._streams, remote._idle.is_set()) == ({}, {}, True)
+    answer = await remote.infer(request(x))  # the connection serves on
+    assert answer.outputs["probabilities"].shape == (1, 10)
