@@ -47,7 +47,7 @@ from engine.shm import (
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs, check_load_parameters
-from engine.wire import FrameBuffer, Kind, ProtocolError, frame
+from engine.wire import HEADER, MAX_FRAME_BYTES, FrameBuffer, Kind, ProtocolError, frame
 
 log = logging.getLogger("sluice.worker")
 
@@ -347,9 +347,11 @@ class RemoteEngine:
 
     @staticmethod
     def _encoded(kind: Kind, payload: Any, what: str) -> bytes:
-        """`payload` as a frame, or the client's error (InvalidInput) when it holds a value JSON
-        cannot (bytes, nesting past orjson's depth limit). Tensors travel in the arena; what a
-        frame carries is the rest of the request (parameters, id, output names, a prompt)."""
+        """`payload` as a frame, or the client's error when the channel cannot carry it: a value
+        JSON cannot hold (InvalidInput), or a frame past MAX_FRAME_BYTES (PayloadTooLarge), which
+        the engine would take for a broken peer and end the connection every request of this
+        worker shares. Tensors travel in the arena; what a frame carries is the rest of the
+        request (parameters, id, output names, a prompt)."""
         try:
             data = frame(kind, payload)
         except TypeError as exc:  # orjson: bytes, nesting past its depth limit, ...
@@ -357,6 +359,14 @@ class RemoteEngine:
             raise errors.InvalidInput(
                 f"{what} cannot be passed to the engine process: {why}"
             ) from None
+        size = len(data) - HEADER.size
+        if size > MAX_FRAME_BYTES:
+            raise errors.PayloadTooLarge(
+                size,
+                MAX_FRAME_BYTES,
+                message=f"{what} takes {size} bytes as a message to the engine process (its "
+                f"tensors aside), more than the {MAX_FRAME_BYTES} bytes such a message may hold",
+            )
         return data
 
     def _schedule_flush(self) -> None:

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.demo import write_demo_repository
+from engine.wire import MAX_FRAME_BYTES
 from server.binary import HEADER_LENGTH
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
@@ -178,3 +179,20 @@ def test_load_parameters_json_cannot_carry_answer_as_one_process(pair: Pair) -> 
     codes = pair.call("RepositoryModelLoad", load)
     same(codes)
     assert codes[0][0] == "INVALID_ARGUMENT"
+
+
+def test_a_request_past_the_engine_channel_is_413_and_the_worker_serves_on(pair: Pair) -> None:
+    """11 MiB of control characters in a gRPC string parameter (80 MiB allowed) is 66 MiB as
+    JSON: the engine closed the worker's connection, the worker restarted, and every request it
+    had in flight failed. Its own answer now says why; one process, which sends nothing, serves
+    it."""
+    message = pb.ModelInferRequest(model_name="demo")
+    message.inputs.add(name="x", datatype="FP32", shape=[1, 16])
+    message.raw_input_contents.append(bytes(64))
+    message.parameters["tag"].string_param = "\x01" * (11 << 20)
+    one, two = pair.call("ModelInfer", message)
+    assert one[0] == "OK"
+    assert two[0] == "RESOURCE_EXHAUSTED"
+    assert f"more than the {MAX_FRAME_BYTES} bytes such a message may hold" in two[1]
+    del message.parameters["tag"]
+    assert pair.call("ModelInfer", message)[1][0] == "OK"

@@ -34,7 +34,7 @@ from engine.settings import Settings, load_settings
 from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
 from engine.types import InferRequest
-from engine.wire import FrameBuffer, Kind, frame
+from engine.wire import MAX_FRAME_BYTES, FrameBuffer, Kind, frame
 from tests.models import write_model
 
 
@@ -503,3 +503,19 @@ async def test_a_request_the_channel_cannot_carry_is_invalid_input_and_holds_not
     assert (remote._pending, remote._streams, remote._idle.is_set()) == ({}, {}, True)
     answer = await remote.infer(request(x))  # the connection serves on
     assert answer.outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_request_past_the_frame_limit_is_refused_not_the_connection(rig: Rig) -> None:
+    """A request within max_request_bytes made a control frame past MAX_FRAME_BYTES (a large
+    parameter; gRPC strings grow 6x as JSON escapes): the engine took the worker for a broken
+    peer and closed its connection, failing every request of the worker, which restarted."""
+    remote = await rig.remote()
+    x = np.zeros((1, 16), np.float32)
+    big = InferRequest("demo", {"x": x}, {"x": "FP32"}, parameters={"tag": "\x01" * (11 << 20)})
+    with pytest.raises(PayloadTooLarge, match=f"more than the {MAX_FRAME_BYTES} bytes"):
+        await remote.infer(big)
+    del big
+    assert remote.allocator.used_bytes == 0
+    answer = await remote.infer(request(x))
+    assert answer.outputs["probabilities"].shape == (1, 10)
+    assert remote.live
