@@ -254,7 +254,7 @@ class EngineHost:
     def _spawn(self, peer: _Peer, call_id: int, work: Any) -> None:
         task = peer.loop.create_task(work)
         peer.tasks[call_id] = task
-        task.add_done_callback(lambda _: peer.tasks.pop(call_id, None))
+        task.add_done_callback(lambda done: _finished(peer, call_id, done))
 
     # -- inference -------------------------------------------------------------------------------
 
@@ -438,6 +438,21 @@ class _HostProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self.peer is not None:
             self.host._gone(self.peer)
+
+
+def _finished(peer: _Peer, call_id: int, task: asyncio.Task[None]) -> None:
+    """Forget a finished call, and take a cancelled one's CancelledError from its task. A task
+    keeps that error until someone asks for it, and the error can lead back to the task: one
+    cancelled (its worker's CANCEL) while the request's deadline had already passed carries the
+    batcher's TimeoutError as its context, whose traceback holds asyncio.timeout's frame, whose
+    Timeout holds the task. Only the cyclic collector, which the engine process runs seldom
+    (server.tune_gc), would free that cycle, and its frames hold the request's inputs: the
+    worker's in-arena slots stayed taken until the arena was full and every request on the
+    worker was refused 503."""
+    peer.tasks.pop(call_id, None)
+    if task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()  # hands over (and drops) the task's reference to its CancelledError
 
 
 def _started(engine: Engine) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import httpx
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from server.binary import HEADER_LENGTH
 from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.integration import test_bad_input_corpus as corpus
-from tests.integration.test_workers import worker_samples
+from tests.integration.test_workers import wait_for, worker_samples
 from tests.models import identity_model, write_datatype_models, write_model
 from tests.servers import ServerProcess
 
@@ -196,3 +197,25 @@ def test_a_request_past_the_engine_channel_is_413_and_the_worker_serves_on(pair:
     assert f"more than the {MAX_FRAME_BYTES} bytes such a message may hold" in two[1]
     del message.parameters["tag"]
     assert pair.call("ModelInfer", message)[1][0] == "OK"
+
+
+def test_calls_cancelled_past_their_deadline_leave_no_arena_slot_taken(pair: Pair) -> None:
+    """A gRPC deadline that passes while the request's batch runs: each such call held its
+    in-arena slot until the engine's collector ran (rarely), so enough of them filled the
+    worker's arena and it answered every request after them 503."""
+    _, two = pair.servers
+    message = pb.ModelInferRequest(model_name="slow")
+    message.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    message.raw_input_contents.append(np.ones((2, 4), np.float32).tobytes())
+    stub = pair.stubs[1]
+    for _ in range(6):
+        with pytest.raises(grpc.RpcError) as late:
+            stub.ModelInfer(message, timeout=0.2)  # the batch runs 0.4 s
+        assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def used() -> set[float]:
+        return {value for name, value in worker_samples(two).items()
+                if name.startswith("sluice_worker_arena_used_bytes")}  # fmt: skip
+
+    wait_for(lambda: used() == {0}, f"every arena slot freed ({used()})", timeout_s=5)
+    assert stub.ModelInfer(message, timeout=30).model_name == "slow"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import shutil
 import tempfile
@@ -519,3 +520,54 @@ async def test_a_request_past_the_frame_limit_is_refused_not_the_connection(rig:
     answer = await remote.infer(request(x))
     assert answer.outputs["probabilities"].shape == (1, 10)
     assert remote.live
+
+
+SLOW_PY = """
+import time
+
+
+class Slow:
+    def load(self, config):
+        pass
+
+    def infer(self, inputs):
+        time.sleep(0.4)
+        return {"y": inputs["x"]}
+"""
+SLOW_CONFIG = """backend: python
+max_batch_size: 8
+python:
+  inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
+  outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
+"""
+
+
+async def test_a_call_cancelled_past_its_deadline_frees_its_slot_without_the_collector(
+    tmp_path: Path, socket_dir: str
+) -> None:
+    """A gRPC call whose deadline passed while its batch ran: the engine's timeout fired, then
+    the worker's CANCEL cancelled the engine's task inside that TimeoutError's handler. The
+    task's CancelledError then led, through asyncio.timeout's frame, back to the task: a cycle
+    holding the request's inputs, which the engine process collects seldom (tune_gc). Each such
+    call kept its in-arena slot until the arena was full and the worker answered only 503."""
+    (tmp_path / "models" / "slow" / "1").mkdir(parents=True)
+    (tmp_path / "models" / "slow" / "1" / "model.py").write_text(SLOW_PY)
+    (tmp_path / "models" / "slow" / "config.yaml").write_text(SLOW_CONFIG)
+    settings = load_settings(model_repository=tmp_path / "models", allow_python_models=True)
+    rig = Rig(settings, os.path.join(socket_dir, "engine.sock"), 1, 1 << 20)
+    await rig.start()
+    gc.disable()  # as rarely as the engine process collects: not within this test
+    try:
+        remote = await rig.remote()
+        x = np.ones((2, 4), np.float32)
+        late = InferRequest("slow", {"x": x}, {"x": "FP32"}, timeout_s=0.1)
+        call = asyncio.create_task(remote.infer(late))
+        await asyncio.sleep(0.2)  # its deadline has passed; its batch runs until 0.4 s
+        call.cancel()  # the gRPC deadline: the worker's handler is cancelled
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await until(lambda: not rig.host.workers[0].held_in, timeout_s=2.0)
+        await until(lambda: remote.allocator.used_bytes == 0)
+    finally:
+        gc.enable()
+        await rig.close()
