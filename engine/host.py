@@ -36,7 +36,15 @@ from engine.shm import (
 )
 from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata
-from engine.wire import FrameBuffer, Kind, ProtocolError, error_payload, frame
+from engine.wire import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    FrameBuffer,
+    Kind,
+    ProtocolError,
+    error_payload,
+    frame,
+)
 
 log = logging.getLogger("sluice.host")
 
@@ -95,7 +103,21 @@ class _Peer:
     def send(self, kind: Kind, payload: Any) -> None:
         if self.closed:
             return
-        self._outbox.append(frame(kind, payload))
+        data = frame(kind, payload)
+        size = len(data) - HEADER.size
+        if size > MAX_FRAME_BYTES:
+            # The worker would take it for a broken peer and end the connection every request
+            # of the worker shares: the call it answers gets an error instead.
+            call_id = payload.get("id") if isinstance(payload, dict) else None
+            if type(call_id) is not int:
+                log.error("not sent to a worker: a %s frame of %d bytes", kind.name, size)
+                return
+            failed = errors.BackendError(
+                f"the engine process's answer takes {size} bytes, more than the "
+                f"{MAX_FRAME_BYTES} bytes a message to a worker may hold"
+            )
+            data = frame(Kind.ERROR, error_payload(call_id, failed))
+        self._outbox.append(data)
         self._schedule()
 
     def free_in(self, offset: int) -> None:

@@ -18,10 +18,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+import engine.host
 import engine.remote
+import engine.wire
 from engine.demo import mlp_model, write_demo_repository
 from engine.engine import Engine
 from engine.errors import (
+    BackendError,
     InvalidInput,
     ModelNotFound,
     Overloaded,
@@ -571,3 +574,20 @@ async def test_a_call_cancelled_past_its_deadline_frees_its_slot_without_the_col
     finally:
         gc.enable()
         await rig.close()
+
+
+async def test_an_answer_past_the_frame_limit_fails_its_call_not_the_connection(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker takes a frame past MAX_FRAME_BYTES for a broken peer and ends the connection
+    # every request of the worker shares (a model's config can be that large: it came in a load).
+    remote = await rig.remote()
+    # A config is more than this, a result less; the worker's limit as the engine's.
+    monkeypatch.setattr(engine.wire, "MAX_FRAME_BYTES", 600)
+    monkeypatch.setattr(engine.host, "MAX_FRAME_BYTES", 600, raising=False)
+    with pytest.raises(BackendError, match=r"answer takes \d+ bytes, more than the 600 bytes"):
+        await remote.model_config("demo")
+    x = np.ones((1, 16), np.float32)
+    answer = await remote.infer(request(x))  # the connection serves on
+    assert answer.outputs["probabilities"].shape == (1, 10)
+    assert remote.live
