@@ -193,14 +193,19 @@ class Batcher:
                 async with asyncio.timeout(deadline - time.monotonic()):
                     return await asyncio.shield(item.future)
             except TimeoutError:
-                if item.state == RUNNING:
-                    return await asyncio.shield(item.future)
-                self.queue.cancel(item)
-                _leave(item)
-                raise DeadlinePassed(
-                    f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
-                    f"past its {limit} of {deadline - start:.3f} s; it was not run"
-                ) from None
+                pass
+            # Past the deadline, and out of the handler: a CancelledError raised in it would carry
+            # the TimeoutError as its context, whose traceback holds the Timeout, which holds this
+            # task, which keeps its CancelledError until someone asks for it (a server's request
+            # task, nobody): a cycle only the collector frees, and the inputs with it.
+            if item.state == RUNNING:
+                return await asyncio.shield(item.future)
+            self.queue.cancel(item)
+            _leave(item)
+            raise DeadlinePassed(
+                f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
+                f"past its {limit} of {deadline - start:.3f} s; it was not run"
+            )
         except asyncio.CancelledError:
             # The client left: a queued request is withdrawn and never computed (a running one
             # leaves the batcher with its batch).

@@ -351,18 +351,21 @@ class Engine:
             return await self._coalescer.run(flight, compute_and_store), False
         joined = asyncio.ensure_future(self._coalescer.run(flight, compute_and_store))
         try:
-            async with asyncio.timeout(deadline - time.monotonic()):
-                return await asyncio.shield(joined), False
-        except TimeoutError:
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    return await asyncio.shield(joined), False
+            except TimeoutError:
+                pass
+            # Out of the handler, as in Batcher.submit: a CancelledError raised in it would carry
+            # the TimeoutError, and through its traceback this task, in a cycle with the inputs.
             running = self._running_flights.get(flight)
             if running is not None and running.is_set():
                 return await joined, False
-            joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
             raise DeadlineExceeded(
                 f"request to {model.label} waited past its timeout in the queue; it was not run"
-            ) from None
+            )
         except BaseException:
-            joined.cancel()
+            joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
             raise
 
     # -- metadata --------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -194,6 +196,34 @@ async def test_a_cached_request_whose_timeout_passes_while_it_runs_gets_its_answ
     held.gate.set()
     answer = await asyncio.wait_for(asked, 5)
     assert answer.outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_cached_caller_who_left_past_its_timeout_holds_no_inputs(engine: Engine) -> None:
+    """Its inputs are let go once its computation is over, without the cyclic collector (which
+    the server runs seldom): the caller waited for the running computation inside the timeout's
+    `except TimeoutError`, so its CancelledError carried the TimeoutError as its context, whose
+    traceback held asyncio.timeout's Timeout, which held the task, which kept the CancelledError
+    (a server's request task is never asked for it)."""
+    held = HeldRuns(engine)
+    x = np.ones((1, 16), np.float32)
+    alive = weakref.ref(x)
+    gc.disable()
+    try:
+        asked = asyncio.create_task(engine.infer(request(x, 0.05)))
+        del x
+        await asyncio.wait_for(held.entered.wait(), 5)
+        await asyncio.sleep(0.1)  # the timeout passes while the batch runs
+        asked.cancel()  # the client leaves
+        await asyncio.wait([asked])
+        assert asked.cancelled()
+        del asked
+        held.gate.set()
+        deadline = time.monotonic() + 5  # the computation ends in its own task
+        while alive() is not None:
+            assert time.monotonic() < deadline, "the request's inputs are still held"
+            await asyncio.sleep(0.005)
+    finally:
+        gc.enable()
 
 
 async def test_a_concurrency_slot_is_held_until_a_left_request_s_batch_is_over(
