@@ -170,3 +170,32 @@ def write_datatype_models(
     for name, model in models.items():
         write_model(repo_dir, name, model, config_yaml)
     return models
+
+
+SLEEPING_PY = """
+import time
+
+
+class Sleeping:
+    def load(self, config):
+        self.seconds = float(config["parameters"]["seconds"])
+
+    def infer(self, inputs):
+        time.sleep(self.seconds)
+        return {"y": inputs["x"]}
+"""
+
+
+def write_sleeping_model(repo: Path, name: str = "slow", seconds: float = 0.4) -> Path:
+    """A Python model (`allow_python_models`) whose every batch takes `seconds`: y = x, FP32
+    [-1, 4], batches of up to 8. For tests that need a request to be running for a while."""
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(SLEEPING_PY)
+    (folder / "config.yaml").write_text(
+        "backend: python\nmax_batch_size: 8\n"
+        f"python:\n  parameters: {{seconds: {seconds}}}\n"
+        "  inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+        "  outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]\n"
+    )
+    return folder

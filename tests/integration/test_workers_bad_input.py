@@ -26,7 +26,12 @@ from server.proto import grpc_service_pb2 as pb
 from server.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.integration import test_bad_input_corpus as corpus
 from tests.integration.test_workers import wait_for, worker_samples
-from tests.models import identity_model, write_datatype_models, write_model
+from tests.models import (
+    identity_model,
+    write_datatype_models,
+    write_model,
+    write_sleeping_model,
+)
 from tests.servers import ServerProcess
 
 ARENA_BYTES = 1 << 20  # the smallest allowed: a request can pass it
@@ -34,24 +39,6 @@ DIFFERENTIAL = settings(
     max_examples=40, deadline=None, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )  # fmt: skip
-SLOW_PY = """
-import time
-
-
-class Slow:
-    def load(self, config):
-        pass
-
-    def infer(self, inputs):
-        time.sleep(0.4)
-        return {"y": inputs["x"]}
-"""
-SLOW_CONFIG = """backend: python
-max_batch_size: 8
-python:
-  inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
-  outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
-"""
 
 
 class Pair:
@@ -86,9 +73,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     write_demo_repository(repo)
     write_datatype_models(repo)
     write_model(repo, "cached", identity_model("FP32"), "cache:\n  enabled: true\n")
-    (repo / "slow" / "1").mkdir(parents=True)
-    (repo / "slow" / "1" / "model.py").write_text(SLOW_PY)
-    (repo / "slow" / "config.yaml").write_text(SLOW_CONFIG)
+    write_sleeping_model(repo)
     common = ("--model-repository", str(repo), "--allow-python-models", "--drain-timeout-s", "10")
     env = {"SLUICE_WORKER_ARENA_BYTES": str(ARENA_BYTES)}
     one = ServerProcess(*common, env=env, log_path=root / "one.log").start()

@@ -39,7 +39,7 @@ from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
 from engine.types import InferRequest
 from engine.wire import MAX_FRAME_BYTES, FrameBuffer, Kind, frame
-from tests.models import write_model
+from tests.models import write_model, write_sleeping_model
 
 
 def request(x: np.ndarray, model: str = "demo") -> InferRequest:
@@ -525,26 +525,6 @@ async def test_a_request_past_the_frame_limit_is_refused_not_the_connection(rig:
     assert remote.live
 
 
-SLOW_PY = """
-import time
-
-
-class Slow:
-    def load(self, config):
-        pass
-
-    def infer(self, inputs):
-        time.sleep(0.4)
-        return {"y": inputs["x"]}
-"""
-SLOW_CONFIG = """backend: python
-max_batch_size: 8
-python:
-  inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]
-  outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]
-"""
-
-
 async def test_a_call_cancelled_past_its_deadline_frees_its_slot_without_the_collector(
     tmp_path: Path, socket_dir: str
 ) -> None:
@@ -553,9 +533,7 @@ async def test_a_call_cancelled_past_its_deadline_frees_its_slot_without_the_col
     task's CancelledError then led, through asyncio.timeout's frame, back to the task: a cycle
     holding the request's inputs, which the engine process collects seldom (tune_gc). Each such
     call kept its in-arena slot until the arena was full and the worker answered only 503."""
-    (tmp_path / "models" / "slow" / "1").mkdir(parents=True)
-    (tmp_path / "models" / "slow" / "1" / "model.py").write_text(SLOW_PY)
-    (tmp_path / "models" / "slow" / "config.yaml").write_text(SLOW_CONFIG)
+    write_sleeping_model(tmp_path / "models")
     settings = load_settings(model_repository=tmp_path / "models", allow_python_models=True)
     rig = Rig(settings, os.path.join(socket_dir, "engine.sock"), 1, 1 << 20)
     await rig.start()
