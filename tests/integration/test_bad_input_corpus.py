@@ -11,6 +11,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -41,13 +42,19 @@ CORPUS = settings(
 )
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    root = tmp_path_factory.mktemp("corpus")
+def corpus_repository(root: Path) -> Path:
+    """The corpus's models: the demo, an identity model per datatype, and one with the cache."""
     repo = root / "repo"
     write_demo_repository(repo)
     write_datatype_models(repo)
     write_model(repo, "cached", identity_model("FP32"), "cache:\n  enabled: true\n")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    root = tmp_path_factory.mktemp("corpus")
+    repo = corpus_repository(root)
     process = ServerProcess("--model-repository", str(repo), log_path=root / "server.log")
     process.start()
     yield process

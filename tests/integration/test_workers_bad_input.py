@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.demo import write_demo_repository
 from engine.wire import MAX_FRAME_BYTES
 from server.binary import HEADER_LENGTH
 from server.proto import grpc_service_pb2 as pb
@@ -27,9 +26,6 @@ from server.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.integration import test_bad_input_corpus as corpus
 from tests.integration.test_workers import wait_for, worker_samples
 from tests.models import (
-    identity_model,
-    write_datatype_models,
-    write_model,
     write_sleeping_model,
 )
 from tests.servers import ServerProcess
@@ -69,10 +65,7 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     root = tmp_path_factory.mktemp("workers-corpus")
-    repo = root / "repo"
-    write_demo_repository(repo)
-    write_datatype_models(repo)
-    write_model(repo, "cached", identity_model("FP32"), "cache:\n  enabled: true\n")
+    repo = corpus.corpus_repository(root)
     write_sleeping_model(repo)
     common = ("--model-repository", str(repo), "--allow-python-models", "--drain-timeout-s", "10")
     env = {"SLUICE_WORKER_ARENA_BYTES": str(ARENA_BYTES)}
