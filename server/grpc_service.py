@@ -57,6 +57,14 @@ class Context(Protocol):
         """Metadata sent with the status."""
         ...
 
+    def set_code(self, code: grpc.StatusCode) -> None:
+        """The status the call ends with once its handler returns."""
+        ...
+
+    def set_details(self, details: str) -> None:
+        """The status message the call ends with."""
+        ...
+
     async def abort(
         self, code: grpc.StatusCode, details: str = "", trailing_metadata: Trailing = ()
     ) -> NoReturn:
@@ -72,7 +80,7 @@ Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 Method = Callable[["GrpcService", Req, Context, Metadata], Awaitable[Resp]]
 """A servicer method as written here: it also gets the call's metadata, read once."""
-Handler = Callable[["GrpcService", Req, Context], Awaitable[Resp]]
+Handler = Callable[["GrpcService", Req, Context], Awaitable[Resp | None]]
 """A servicer method as grpc calls it."""
 INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
 UNIMPLEMENTED_LOG_INTERVAL_S = 60.0
@@ -84,11 +92,26 @@ writing, before its status is sent anyway."""
 
 async def abort(context: Context, exc: EngineError) -> NoReturn:
     """End the call with the error's status code, message and trailing metadata."""
+    await context.abort(grpc_code(exc), exc.message, trailing_metadata=_trailing(exc))
+
+
+def fail(context: Context, exc: EngineError) -> None:
+    """Set the error's status code, message and trailing metadata for the call to end with when
+    its handler returns. Unlike `abort`, nothing is raised: grpc keeps the AbortError that abort
+    raises in the call's state, which the error's traceback holds (a cycle), and one raised while
+    an engine error is handled holds that error as its context, whose traceback holds every frame
+    of the request, its inputs too, until the cyclic collector runs (seldom: see tune_gc)."""
+    context.set_code(grpc_code(exc))
+    context.set_details(exc.message)
+    context.set_trailing_metadata(_trailing(exc))
+
+
+def _trailing(exc: EngineError) -> Trailing:
     metadata = tuple((key.lower(), value) for key, value in error_headers(exc).items())
     rid = request_id.get()
-    if rid is not None:  # abort's metadata replaces what was set before: repeat the id
+    if rid is not None:  # this metadata replaces what was set before: repeat the id
         metadata = (*metadata, ("x-request-id", rid))
-    await context.abort(grpc_code(exc), exc.message, trailing_metadata=metadata)
+    return metadata
 
 
 def metadata(context: Context) -> Metadata:
@@ -101,21 +124,22 @@ def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
     statuses; anything else is logged and answered INTERNAL."""
 
     @functools.wraps(method)
-    async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp:
+    async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp | None:
         self._clock.last_call_at = time.monotonic()
         caller = metadata(context)
         token = request_id.set(_bind_request_id(context, caller))
         try:
             return await method(self, request, context, caller)
         except EngineError as exc:
-            await abort(context, exc)
+            fail(context, exc)
         except grpc.aio.AbortError:
             raise
         except Exception:  # a bug (inference's own are logged and mapped by the data plane)
             log.exception("gRPC %s failed", method.__name__)
-            await abort(context, BackendError(INTERNAL_ERROR))
+            fail(context, BackendError(INTERNAL_ERROR))
         finally:
             request_id.reset(token)
+        return None  # the status set above ends the call; grpc sends no message with it
 
     return wrapper
 

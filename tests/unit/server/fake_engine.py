@@ -224,7 +224,10 @@ class FakeEngine:
         self.requests.append(request)
         if self.fail_next is not None:
             exc, self.fail_next = self.fail_next, None
-            raise exc
+            try:
+                raise exc
+            finally:
+                del exc  # this frame is in the error's traceback: it must not hold the error
         session = self._session(request.model_name, request.model_version)
         meta = self._metadata(request.model_name)
         for spec in meta.inputs:

@@ -4,9 +4,11 @@ Runtime sessions at the engine-facade seam)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import struct
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -253,6 +255,33 @@ async def test_engine_errors_map_to_status_and_trailing_metadata(
     error = await _status(stub.ModelInfer(request))
     assert error.code() == grpc.StatusCode.INTERNAL
     assert error.details() == "internal error"
+
+
+async def test_a_refused_call_leaves_no_cycle_holding_its_inputs(
+    stub: Stub, engine: FakeEngine
+) -> None:
+    """An engine error was answered by context.abort inside the handler's `except`: grpc keeps
+    the AbortError it raises in the call's state, which its traceback holds (a cycle), and the
+    AbortError held the engine's error as its context, whose traceback held every frame of the
+    request. The inputs waited for the cyclic collector, which the server runs seldom."""
+    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
+    gc.collect()
+    gc.disable()
+    try:
+        engine.fail_next = Overloaded("queue of model 'double' is full (64 rows)")
+        error = await _status(stub.ModelInfer(request))
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+        assert error.details() == "queue of model 'double' is full (64 rows)"
+        inputs = weakref.ref(engine.requests.pop().inputs["x"])
+        # grpc's accept loop keeps the latest call's state until the next call arrives.
+        assert (await stub.ServerLive(pb.ServerLiveRequest())).live is True
+        for _ in range(100):  # the refused call's task ends just after the client has its status
+            if inputs() is None:
+                break
+            await asyncio.sleep(0.01)  # polling a condition
+        assert inputs() is None, "the refused call's inputs are kept until the collector runs"
+    finally:
+        gc.enable()
 
 
 async def test_parameters_deadline_and_tenant_reach_the_engine(
