@@ -163,8 +163,10 @@ class ModelRegistry:
         if name not in self._models and name not in self.repository.names():
             raise ModelNotFound(name, available=self.repository.names())
         async with self._lock(name):
-            await self._retire(list(self._models.pop(name, {}).values()))
+            # Forgotten with the versions, not after their drain: meanwhile a new request is
+            # told the model is unknown, not that a reload that changed nothing failed.
             self._clear_failed(name)
+            await self._retire(list(self._models.pop(name, {}).values()))
             self._configs.pop(name, None)
 
     def _require_control(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from engine.demo import write_demo_repository
 from engine.engine import Engine
-from engine.errors import InvalidInput, ModelNotReady
+from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.settings import load_settings
 from engine.types import InferRequest
 
@@ -95,6 +95,32 @@ async def test_a_failed_reload_of_the_serving_version_keeps_readiness(
         await explicit.load_model("demo")
     assert explicit.ready is True
     assert await explicit.model_ready("demo") is True
+
+
+async def test_a_model_unloading_after_a_failed_reload_is_unknown_not_failed(
+    explicit: Engine, repo: Path
+) -> None:
+    """The unload retired the versions before it forgot the failed reload: while its queued
+    requests were answered, new ones were told the model had failed to load (503), which it
+    had not (its version served until the unload)."""
+    (repo / "demo" / "1" / "model.onnx").write_bytes(b"half a model")
+    with pytest.raises(InvalidInput, match="failed to load model 'demo'"):
+        await explicit.load_model("demo")
+    batcher = served(explicit).batcher
+    batcher.pause()
+    queued = asyncio.create_task(explicit.infer(request()))
+    while not batcher.queue.requests:  # noqa: ASYNC110 (the queue has no event)
+        await asyncio.sleep(0)
+    unloading = asyncio.create_task(explicit.unload_model("demo"))
+    while explicit.registry.has("demo"):  # noqa: ASYNC110 (the unload retires the version)
+        await asyncio.sleep(0)
+    try:
+        with pytest.raises(ModelNotFound, match="unknown model 'demo'"):
+            explicit.registry.resolve("demo", None)
+    finally:
+        batcher.resume()
+        await unloading
+    assert (await queued).model_version == "1"  # the queued request is answered
 
 
 async def test_a_broken_new_version_keeps_the_old_one_serving(explicit: Engine, repo: Path) -> None:
