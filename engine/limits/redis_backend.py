@@ -180,6 +180,10 @@ class RedisBackend:
             if call.done() and not call.cancelled():
                 call.exception()  # it ended just before: retrieved, so never reported
             raise
+        finally:
+            # The call's task keeps the error it ended with, whose traceback holds this frame:
+            # a cycle (until the collector runs) unless this frame lets go of the task.
+            del call
 
     async def _charge_by_deadline(
         self, tenant: str, checks: Sequence[Check], units: int
@@ -191,7 +195,12 @@ class RedisBackend:
             if deadline_us is None:
                 break
             args = self._args(checks, units, CHARGE, deadline_us=deadline_us)
-            outcome, late = await self._call(tenant, checks, args)
+            try:
+                outcome, late = await self._call(tenant, checks, args)
+            except (RedisError, OSError) as exc:
+                # Without redis-py's frames: one holds the asyncio.timeout of its read, which
+                # holds this task, which keeps this error (a cycle, until the collector runs).
+                raise exc.with_traceback(None)  # noqa: B904 (the same error, re-raised)
             if not late:
                 return replace(outcome, repaired=repaired + outcome.repaired)
             repaired += outcome.repaired
@@ -228,6 +237,8 @@ class RedisBackend:
                     self._on_late_refund()
         except (TimeoutError, RedisError, OSError, BackendUnavailable):
             pass
+        finally:
+            del call  # as in _charge: its error's traceback holds this frame
 
     def _args(
         self,

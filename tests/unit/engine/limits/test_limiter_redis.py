@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
 from collections import Counter
@@ -229,6 +230,73 @@ async def test_a_request_refused_in_a_redis_stall_is_not_charged_when_redis_resu
         # The stalled script has run once Redis counts one more EVALSHA.
         assert await eventually(lambda: evalsha_calls(client), sent + 1) == sent + 1
         assert await stored(client, config) == (5 - charged, charged)
+
+
+def charge_tasks() -> int:
+    """Admission calls' tasks still in memory, collectable garbage included. By exact type, not
+    isinstance: that reads `__class__`, which some objects (torch's deprecated aliases) warn on."""
+    return sum(
+        type(o) is asyncio.Task and o.get_coro().__qualname__ == "RedisBackend._charge_by_deadline"
+        for o in gc.get_objects()
+    )
+
+
+async def test_an_admission_that_ran_past_its_deadline_leaves_no_cycle(
+    redis_process: RedisProcess,
+) -> None:
+    """The call that runs a refused admission ended with an error (the script ran late) that its
+    task keeps, whose traceback held the frame waiting for it, which held the task: each
+    admission refused in a Redis stall stayed in memory until the cyclic collector ran."""
+    config = stall_settings(redis_process.url, fail_open=False)
+    async with (
+        aclosing(build_limiter(config)) as limiter,
+        Redis.from_url(redis_process.url) as client,
+    ):
+        (await limiter.admit("acme", "m")).release()
+        sent = await evalsha_calls(client)
+        gc.collect()
+        gc.disable()
+        try:
+            redis_process.pause()
+            try:
+                with pytest.raises(Overloaded):
+                    await limiter.admit("acme", "m")
+            finally:
+                redis_process.resume()
+            assert await eventually(lambda: evalsha_calls(client), sent + 1) == sent + 1
+
+            async def left() -> int:
+                return charge_tasks()
+
+            assert await eventually(left, 0) == 0
+        finally:
+            gc.enable()
+
+
+async def test_an_admission_refused_as_redis_went_away_leaves_no_cycle(
+    redis_process: RedisProcess,
+) -> None:
+    """As above, for the call's connection error: the admission that waited for the call kept
+    the task, whose error's traceback held that admission's frame."""
+    tenants = {"acme": {"rate_per_s": 0.001, "burst": 5}}
+    config = settings(
+        redis_process.url, tenants=tenants, fail_open=False, redis_retry_interval_s=0.05
+    )
+    async with aclosing(build_limiter(config)) as limiter:
+        (await limiter.admit("acme", "m")).release()
+        gc.collect()
+        gc.disable()
+        try:
+            redis_process.stop()
+            with pytest.raises(Overloaded, match="Connection closed by server"):
+                await limiter.admit("acme", "m")  # its connection breaks while it reads
+            assert charge_tasks() == 0
+            await asyncio.sleep(0.1)  # past the retry interval: the next call connects
+            with pytest.raises(Overloaded, match="Connect"):
+                await limiter.admit("acme", "m")  # its connection is refused
+            assert charge_tasks() == 0
+        finally:
+            gc.enable()
 
 
 async def test_a_refused_request_whose_late_reply_says_charged_is_refunded(
