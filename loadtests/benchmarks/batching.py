@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from loadtests.benchmarks.harness import free_port as free_port  # other benchmarks import it here
-from loadtests.benchmarks.harness import markdown_table, pinned, require, serving
+from loadtests.benchmarks.harness import markdown_table, pinned, require, serving, write_results
 from loadtests.benchmarks.models import MODELS, write_repository
 
 SERVER_CORE, CLIENT_CORE = "0", "1"
@@ -151,9 +151,7 @@ def main() -> None:
                                          "concurrency": concurrency, **result})  # fmt: skip
                             print(json.dumps(rows[-1]), flush=True)
     report = {"limits": limits, "rows": rows, "machine": machine()}
-    (args.out / "batching.json").write_text(json.dumps(report, indent=1))
-    (args.out / "batching.md").write_text(table(report, args))
-    print(table(report, args))
+    write_results(args.out, "batching", report, table(report, args))
 
 
 def machine() -> dict[str, Any]:

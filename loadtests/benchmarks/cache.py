@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from loadtests.benchmarks.batching import CLIENT_CORE, free_port, machine, pinned, server, wrk
+from loadtests.benchmarks.harness import write_results
 from loadtests.benchmarks.models import MODELS, write_repository
 
 CONCURRENCY = 16
@@ -89,11 +90,7 @@ def main() -> None:
             redis.terminate()
             redis.wait(10)
     report = {"rows": rows, "machine": machine(), "concurrency": CONCURRENCY}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cache.json").write_text(json.dumps(report, indent=1))
-    text = table(report, args.seconds)
-    (args.out / "cache.md").write_text(text)
-    print(text)
+    write_results(args.out, "cache", report, table(report, args.seconds))
 
 
 def table(report: dict[str, Any], seconds: float) -> str:

@@ -38,6 +38,7 @@ from loadtests.benchmarks.harness import (
     require,
     running,
     sluice_command,
+    write_results,
 )
 from loadtests.benchmarks.models import MLP_SIZES, write_repository
 from server.proto import grpc_service_pb2 as pb
@@ -160,9 +161,7 @@ def main() -> None:
         "rounds": rounds, "machine": machine(),
         "command": "python -m loadtests.benchmarks.grpc_floor " + " ".join(sys.argv[1:]),
     }  # fmt: skip
-    (args.out / "grpc_floor.json").write_text(json.dumps(report, indent=1))
-    (args.out / "grpc_floor.md").write_text(table(report))
-    print(table(report))
+    write_results(args.out, "grpc_floor", report, table(report))
 
 
 def table(report: dict[str, Any]) -> str:

@@ -9,6 +9,7 @@ has used, and the markdown tables of their results pages.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -154,3 +156,12 @@ def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]]) -> 
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
     return lines
+
+
+def write_results(out: Path, name: str, report: dict[str, Any], table: str) -> None:
+    """A benchmark's results in `out`: NAME.json (every measurement) and NAME.md (its table,
+    which is printed too)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(report, indent=1))
+    (out / f"{name}.md").write_text(table)
+    print(table)

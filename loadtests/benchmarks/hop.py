@@ -35,7 +35,7 @@ from engine.settings import load_settings
 from engine.shm import Arena
 from engine.types import InferRequest, InferResponse
 from loadtests.benchmarks.batching import machine
-from loadtests.benchmarks.harness import markdown_table, spread
+from loadtests.benchmarks.harness import markdown_table, spread, write_results
 from loadtests.benchmarks.models import MODELS, write_repository
 from server.server import tune_gc
 
@@ -139,10 +139,7 @@ def main() -> None:
         rows = uvloop.run(measure(repo, sock, args.rounds, args.requests))
     report = {"rows": rows, "machine": machine(), "rounds": args.rounds,
               "requests": args.requests}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hop.json").write_text(json.dumps(report, indent=1))
-    (args.out / "hop.md").write_text(table(report))
-    print(table(report))
+    write_results(args.out, "hop", report, table(report))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,14 @@ import numpy as np
 import orjson
 
 from loadtests.benchmarks.batching import SERVER_CORE, machine, wrk
-from loadtests.benchmarks.harness import cpu_s, markdown_table, require, serving, spread
+from loadtests.benchmarks.harness import (
+    cpu_s,
+    markdown_table,
+    require,
+    serving,
+    spread,
+    write_results,
+)
 from loadtests.benchmarks.models import MODELS, write_repository
 from server import codec, json_header
 
@@ -163,11 +170,7 @@ def main() -> None:
     report = {"decode": decode, "rows": rows, "machine": machine(), "seconds": args.seconds,
               "concurrency": CONCURRENCY, "ratios": ratios(rows, "throughput"),
               "per_core_ratios": ratios(rows, "per_core")}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "json_cost.json").write_text(json.dumps(report, indent=1))
-    text = table(report)
-    (args.out / "json_cost.md").write_text(text)
-    print(text)
+    write_results(args.out, "json_cost", report, table(report))
 
 
 def table(report: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import tempfile
@@ -26,6 +25,7 @@ import numpy as np
 from engine.engine import Engine
 from engine.settings import load_settings
 from engine.types import InferRequest
+from loadtests.benchmarks.harness import write_results
 
 BATCHES = (1, 8, 32, 64)
 CONCURRENCY = (1, 16, 64)
@@ -105,10 +105,7 @@ def main() -> None:
         limits = [{"batch": b, "texts_per_s": direct(repo, texts, b)} for b in BATCHES]
         rows = [asyncio.run(served(repo, texts, c)) for c in CONCURRENCY]
     report = {"limits": limits, "rows": rows, "texts": args.texts, "machine": machine()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "pipeline.json").write_text(json.dumps(report, indent=1))
-    (args.out / "pipeline.md").write_text(table(report))
-    print(table(report))
+    write_results(args.out, "pipeline", report, table(report))
 
 
 def machine() -> dict[str, Any]:

@@ -26,6 +26,7 @@ from loadtests.benchmarks.harness import (
     markdown_table,
     running,
     sluice_command,
+    write_results,
 )
 from loadtests.benchmarks.models import write_repository
 
@@ -116,11 +117,7 @@ def main() -> None:
             rows.append({"config": name, **result})
             print(json.dumps(rows[-1]), flush=True)
     report = {"rows": rows, "raw_one_thread": single, "cores": cores, "machine": machine()}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sizing.json").write_text(json.dumps(report, indent=1))
-    text = table(report, args.seconds)
-    (args.out / "sizing.md").write_text(text)
-    print(text)
+    write_results(args.out, "sizing", report, table(report, args.seconds))
 
 
 def table(report: dict[str, Any], seconds: float) -> str:

@@ -28,6 +28,7 @@ import httpx
 import numpy as np
 
 from loadtests.benchmarks.batching import CLIENT_CORE, SERVER_CORE, machine, pinned, server
+from loadtests.benchmarks.harness import write_results
 
 CONCURRENCY = 32
 BATCHES = (8, 16, 32, 64, 128)
@@ -243,9 +244,7 @@ def main() -> None:
             }
             rounds.append(record)
     report = {"rounds": rounds, "machine": machine(), "concurrency": CONCURRENCY}
-    (args.out / "text_pipeline.json").write_text(json.dumps(report, indent=1))
-    (args.out / "text_pipeline.md").write_text(table(report))
-    print(table(report))
+    write_results(args.out, "text_pipeline", report, table(report))
 
 
 def table(report: dict[str, Any]) -> str:

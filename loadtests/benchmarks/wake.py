@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.benchmarks.batching import machine
-from loadtests.benchmarks.harness import markdown_table, spread
+from loadtests.benchmarks.harness import markdown_table, spread, write_results
 
 
 def round_trips(first: int, second: int, count: int) -> dict[str, float]:
@@ -105,10 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = measure(sorted(os.sched_getaffinity(0)), args.rounds, args.count)
     report = {"rows": rows, "machine": machine(), "rounds": args.rounds, "count": args.count}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "wake.json").write_text(json.dumps(report, indent=1))
-    (args.out / "wake.md").write_text(table(report))
-    print(table(report))
+    write_results(args.out, "wake", report, table(report))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from loadtests.benchmarks.harness import (
     running,
     sluice_command,
     spread,
+    write_results,
 )
 from loadtests.benchmarks.models import write_repository
 
@@ -180,9 +181,7 @@ def main() -> None:
     report = {"rows": rows, "machine": machine(), "server_cores": args.server_cores,
               "client_cores": args.client_cores, "seconds": args.seconds,
               "rounds": args.rounds, "name": args.name}  # fmt: skip
-    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=1))
-    (args.out / f"{args.name}.md").write_text(table(report))
-    print(table(report))
+    write_results(args.out, args.name, report, table(report))
 
 
 def table(report: dict[str, Any]) -> str:
