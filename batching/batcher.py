@@ -139,6 +139,7 @@ class Batcher:
         self._probe_every = 1  # idle batches from one probe for company to the next (_gather)
         self._until_probe = 1
         self._last_put = 0.0  # when the newest request was queued
+        self._ready: Callable[[], bool] | None = None  # while the owner waits out a window
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -185,7 +186,8 @@ class Batcher:
                 on_leave()
             raise
         self._last_put = now
-        self._wakeup.set()
+        if self._ready is None or self._ready():
+            self._wakeup.set()
         try:
             if deadline is None:
                 return await item.future
@@ -362,23 +364,23 @@ class Batcher:
         if policy.dispatch_when_idle and not self._running:
             await self._gather(head, window_end)
             return
-        while head.state == QUEUED and not self._flushing and self._gate.is_set():
-            if policy.dispatch_when_idle and not self._running:
-                return  # the batch that was running has finished: go now
+
+        def ready() -> bool:
             rows = self.queue.group_rows(head.group)
-            if (
-                rows >= policy.max_batch_size
+            return (
+                head.state != QUEUED
+                or rows >= policy.max_batch_size
                 or rows >= largest_preferred
                 or rows in policy.preferred_batch_sizes
-            ):
-                return
+            )
+
+        while not ready() and not self._flushing and self._gate.is_set():
+            if policy.dispatch_when_idle and not self._running:
+                return  # the batch that was running has finished: go now
             remaining = window_end - time.monotonic()
             if remaining <= 0:
                 return
-            self._wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
+            await self._wait(ready, remaining)
 
     async def _gather(self, head: Pending, window_end: float) -> None:
         """An idle model's batch: sent at once, unless callers have been coming together. A
@@ -400,24 +402,42 @@ class Batcher:
         policy = self.policy
         if policy.auto:
             window_end = min(window_end, head.enqueued + AUTO_GATHER_S)
+
+        def full() -> bool:
+            return self.queue.group_rows(head.group) >= policy.max_batch_size
+
+        def ready() -> bool:
+            return head.state != QUEUED or self.queue.requests >= want or full()
+
         while head.state == QUEUED and not self._flushing and self._gate.is_set():
             callers = self.queue.requests
-            full = self.queue.group_rows(head.group) >= policy.max_batch_size
+            full_now = full()
             end = window_end
             if probing and callers >= self._company:
                 end = min(end, self._last_put + GROW_WAIT_S)
             remaining = end - time.monotonic()
-            if callers >= want or full or remaining <= 0:
+            if callers >= want or full_now or remaining <= 0:
                 if probing:
-                    found = callers >= want or full
+                    found = callers >= want or full_now
                     self._probe_every = 1 if found else min(2 * self._probe_every, GROW_EVERY)
                     self._until_probe = self._probe_every
                 self._company = callers
                 return
-            self._wakeup.clear()
+            await self._wait(ready, remaining)
+
+    async def _wait(self, ready: Callable[[], bool], remaining: float) -> None:
+        """Wait out a batch window: until a queued request makes `ready()` true, something else
+        wakes the owner (a batch ends, a drain), or `remaining` seconds pass. A request that
+        leaves `ready()` false does not wake it: grpc.aio hands calls to the loop one loop turn
+        apart, and waking the owner for each (a task step and a timer) cost every call ~10 µs."""
+        self._wakeup.clear()
+        self._ready = ready
+        try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
                     await self._wakeup.wait()
+        finally:
+            self._ready = None
 
     async def _execute(self, batch: list[Pending]) -> None:
         try:

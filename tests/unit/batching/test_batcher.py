@@ -6,6 +6,7 @@ import asyncio
 import gc
 import time
 import weakref
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -618,4 +619,36 @@ async def test_observer_gets_each_stage_of_a_padded_batch_timed_apart() -> None:
     assert timings.infer_s >= 0.03
     assert 0 < timings.input_s < 0.03
     assert 0 < timings.output_s < 0.03
+    await batcher.close()
+
+
+class CountingEvent(asyncio.Event):
+    """asyncio.Event counting its waits: the batcher's owner waits on its wakeup event once per
+    time it is woken."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    async def wait(self) -> Literal[True]:
+        self.waits += 1
+        return await super().wait()
+
+
+@pytest.mark.parametrize("dispatch_when_idle", [True, False])
+async def test_a_request_that_does_not_end_the_window_does_not_wake_the_owner(
+    recorder: Recorder, dispatch_when_idle: bool
+) -> None:
+    """Every queued request woke the batcher's owner, which found the batch still short and
+    waited again: a task step and a timer per request, ~10 µs of each gRPC call (grpc.aio hands
+    calls over one loop turn apart, so no two shared a wake-up). It is woken when the batch can
+    go (or its window ends), so it waits a few times a batch, not once a request."""
+    batcher = make(
+        recorder, max_batch_size=16, max_queue_delay_s=0.05, dispatch_when_idle=dispatch_when_idle
+    )
+    wakeup = batcher._wakeup = CountingEvent()
+    await hand_over(batcher, callers=16, calls=1600)
+    requests_per_batch = 1600 / len(recorder.batches)
+    assert requests_per_batch >= 4, [len(b) for b in recorder.batches]
+    assert wakeup.waits / len(recorder.batches) <= 3, (wakeup.waits, len(recorder.batches))
     await batcher.close()
