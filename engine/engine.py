@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import shutil
 import tempfile
@@ -47,7 +46,6 @@ from engine.triton_config import triton_config
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import (
     InputCheck,
-    check_inputs,
     check_load_parameters,
     check_request,
     check_unload_parameters,
@@ -393,15 +391,7 @@ class Engine:
         return self._input_check(name, version)
 
     def _input_check(self, name: str, version: str | None) -> InputCheck:
-        """The check front-ends run on the shapes and datatypes a request declares, before
-        decoding any tensor data (the engine checks the decoded arrays again)."""
-        model = self.registry.resolve(name, version)
-        return functools.partial(
-            check_inputs,
-            inputs=model.backend.inputs,
-            max_batch_size=model.max_batch_size,
-            label=model.label,
-        )
+        return self.registry.resolve(name, version).input_check
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
         return self._serves(name, version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import time
@@ -22,6 +23,7 @@ from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
 from engine.stats import ModelStats
 from engine.types import TensorSpec
+from engine.validate import InputCheck, check_inputs
 
 log = logging.getLogger("sluice.model")
 
@@ -220,9 +222,20 @@ class LoadedModel:
     generator: Generator | None = None
     """The generation scheduler and text of a generative model (config `generative:`)."""
 
-    @property
+    @functools.cached_property
     def label(self) -> str:
         return f"model '{self.name}' version {self.version}"
+
+    @functools.cached_property
+    def input_check(self) -> InputCheck:
+        """The check front-ends run on the shapes and datatypes a request declares, before
+        decoding any tensor data (the engine checks the decoded arrays again)."""
+        return functools.partial(
+            check_inputs,
+            inputs=self.backend.inputs,
+            max_batch_size=self.max_batch_size,
+            label=self.label,
+        )
 
     def inputs(self) -> tuple[TensorSpec, ...]:
         return self.backend.inputs

@@ -147,7 +147,11 @@ def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
 def _bind_request_id(context: Context, caller: Metadata) -> str:
     """The call's request id (the caller's `x-request-id` if sane), also sent back as trailing
     metadata."""
-    given = next((v for k, v in caller if k == "x-request-id"), None)
+    given = None
+    for key, value in caller:  # a loop: a generator would cost more than the search
+        if key == "x-request-id":
+            given = value
+            break
     rid = choose_request_id(given if isinstance(given, str) else None)
     context.set_trailing_metadata((("x-request-id", rid),))
     return rid

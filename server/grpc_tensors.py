@@ -115,14 +115,15 @@ def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = Non
     """The engine's request for a ModelInferRequest; InvalidInput names what is malformed.
     `check` sees every input's declared shape and datatype before any array is built."""
     raw = request.raw_input_contents
-    if raw and len(raw) != len(request.inputs):
+    tensors = list(request.inputs)  # protobuf builds a wrapper per element at each iteration
+    if raw and len(raw) != len(tensors):
         raise InvalidInput(
-            f"request has {len(request.inputs)} inputs but {len(raw)} raw_input_contents "
+            f"request has {len(tensors)} inputs but {len(raw)} raw_input_contents "
             "entries; send raw contents for every input or for none"
         )
     shapes: dict[str, tuple[int, ...]] = {}
     datatypes: dict[str, str] = {}
-    for tensor in request.inputs:  # the metadata first: no array for a request that is refused
+    for tensor in tensors:  # the metadata first: no array for a request that is refused
         name, datatype = tensor.name, tensor.datatype
         if name in shapes:
             raise InvalidInput(f"input '{name}' is given twice")
@@ -139,7 +140,7 @@ def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = Non
     if check is not None:
         check(shapes, datatypes)
     inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(request.inputs):
+    for index, tensor in enumerate(tensors):
         name, datatype, shape = tensor.name, tensor.datatype, shapes[tensor.name]
         if raw:
             buffer = memoryview(raw[index])
@@ -147,7 +148,7 @@ def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = Non
         else:
             inputs[name] = _typed(tensor, datatype, shape)
     outputs = []
-    for output in request.outputs:
+    for output in request.outputs if len(request.outputs) else ():  # len: no iterator built
         output_params = parameters(output.parameters)
         if "classification" in output_params:
             raise InvalidInput(
