@@ -35,6 +35,8 @@ class EngineError(Exception):
 
     retry_after_s: float | None = None
     headers: Mapping[str, str] = {}
+    param: str | None = None
+    """The request field the error is about, when it is about one (OpenAI's error `param`)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -49,7 +51,14 @@ class EngineError(Exception):
 
 
 class InvalidInput(EngineError):
-    """The request is malformed or does not fit the model."""
+    """The request is malformed or does not fit the model.
+
+    `param` names the one request field at fault, where there is one, as OpenAI's API does
+    ("temperature", "messages[0].role")."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFound(EngineError):

@@ -87,17 +87,16 @@ def mount_openai(app: FastAPI, engine: object) -> None:
         app.include_router(generate_router(front, generation))
 
 
+def _error_object(exc: EngineError, kind: str) -> dict[str, Any]:
+    """OpenAI's error object; `param` names the request field at fault, where there is one."""
+    return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": None}}
+
+
 def openai_error(exc: EngineError) -> Response:
     status = http_status(exc)
-    body = {
-        "error": {
-            "message": exc.message,
-            "type": ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error"),
-            "param": None,
-            "code": None,
-        }
-    }
-    return Response(orjson.dumps(body), status, error_headers(exc), "application/json")
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+    body = orjson.dumps(_error_object(exc, kind))
+    return Response(body, status, error_headers(exc), "application/json")
 
 
 def _json(body: Any) -> Response:
@@ -114,12 +113,25 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
+ABSENT = object()
+"""What `body.get(key, ABSENT)` gives for a field the request left out: refused as missing,
+where an explicit null is refused as null."""
+
+
+def _refused(param: str, allowed: str, value: object) -> InvalidInput:
+    """InvalidInput for request field `param`, which must be `allowed`: "<param> must be
+    <allowed>; got <value as sent>", or "<param> is required: <allowed>" when it was left out."""
+    if value is ABSENT:
+        return InvalidInput(f"{param} is required: {allowed}", param)
+    return InvalidInput(f"{param} must be {allowed}; got {received(value)}", param)
+
+
 def caller(engine: FrontEnd, headers: Headers, name: object) -> str | None:
-    """The tenant of a caller allowed to generate with model `name` (its API key's principal):
-    authentication comes before anything else is read of the request; ShuttingDown while
-    draining."""
+    """The tenant of a caller allowed to generate with model `name` (its API key's principal;
+    ABSENT when the request left it out): authentication comes before anything else is read of
+    the request; ShuttingDown while draining."""
     if not isinstance(name, str) or not name:
-        raise InvalidInput(f"model must be a model name (string); got {received(name)}")
+        raise _refused("model", "a model name (string)", name)
     tenant = authenticate_headers(engine.authenticator, headers, name).tenant
     if engine.draining:
         raise ShuttingDown()
@@ -150,11 +162,11 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     for key, unused in UNSUPPORTED.items():
         value = body.get(key)
         if not any(type(value) is type(u) and value == u for u in unused):
-            raise InvalidInput(f"{key} is not supported by this server; got {received(value)}")
+            raise InvalidInput(f"{key} is not supported by this server; got {received(value)}", key)
     if body.get("n") not in (None, 1):
-        raise InvalidInput(f"n must be 1 (one choice per request); got {received(body['n'])}")
+        raise _refused("n", "1 (one choice per request)", body["n"])
     if body.get("best_of") not in (None, 1):
-        raise InvalidInput(f"best_of must be 1; got {received(body['best_of'])}")
+        raise _refused("best_of", "1", body["best_of"])
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     completion = body.get("max_completion_tokens")
     if completion is not None and "max_tokens" not in options:
@@ -164,7 +176,7 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _prompt(body: dict[str, Any]) -> Any:
-    prompt = body.get("prompt")
+    prompt = body.get("prompt", ABSENT)
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str) or (
@@ -173,41 +185,31 @@ def _prompt(body: dict[str, Any]) -> Any:
         # The ids are checked against the model's vocabulary by the service, one past 64 bits
         # (a double, as JSON hands it over) too: it is an id out of range, not a wrong kind.
         return prompt
-    raise InvalidInput(
-        "prompt must be a string or a list of token ids (one prompt per request); "
-        f"got {received(prompt)}"
-    )
+    raise _refused("prompt", "a string or a list of token ids (one prompt per request)", prompt)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
+    messages = body.get("messages", ABSENT)
     if not isinstance(messages, list) or not messages:
-        raise InvalidInput(
-            "messages must be a non-empty list of {role, content} objects; "
-            f"got {received(messages)}"
-        )
+        raise _refused("messages", "a non-empty list of {role, content} objects", messages)
     out = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise InvalidInput(
-                f"messages[{index}] must be an object with role and content; "
-                f"got {received(message)}"
-            )
-        role = message.get("role")  # an absent role is shown as null
+            raise _refused(f"messages[{index}]", "an object with role and content", message)
+        role = message.get("role", ABSENT)
         if role not in ROLES:
-            raise InvalidInput(
-                f"messages[{index}].role must be one of {', '.join(ROLES)}; got {received(role)}"
-            )
-        content = message.get("content")
+            raise _refused(f"messages[{index}].role", f"one of {', '.join(ROLES)}", role)
+        content = message.get("content", ABSENT)
         if isinstance(content, list) and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
             for p in content
         ):
             content = "".join(part["text"] for part in content)  # OpenAI's text parts
         if not isinstance(content, str):
-            raise InvalidInput(
-                f"messages[{index}].content must be a string or a list of text parts "
-                f"({{type: text, text}}); this model takes text only; got {received(content)}"
+            raise _refused(
+                f"messages[{index}].content",
+                "a string or a list of text parts ({type: text, text}); this model takes text only",
+                content,
             )
         out.append({**message, "content": content})
     return out
@@ -220,7 +222,7 @@ def _streamed(body: dict[str, Any]) -> bool:
     if stream is None:
         return False
     if not isinstance(stream, bool):
-        raise InvalidInput(f"stream must be true or false; got {received(stream)}")
+        raise _refused("stream", "true or false", stream)
     return stream
 
 
@@ -295,7 +297,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
     async def complete(request: Request, chat: bool) -> Response:
         try:
             body = await _body(request)
-            tenant = caller(engine, request.headers, body.get("model"))
+            tenant = caller(engine, request.headers, body.get("model", ABSENT))
             options = _options(body)
             prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
             stream = _streamed(body)
@@ -347,8 +349,7 @@ async def _stream(tokens: TokenStream, answer: Completion) -> AsyncIterator[byte
         first = True
         async for chunk in tokens.chunks():
             if chunk.error is not None:
-                yield _sse({"error": {"message": chunk.error.message, "type": "server_error",
-                                      "param": None, "code": None}})  # fmt: skip
+                yield _sse(_error_object(chunk.error, "server_error"))
                 break
             if chunk.text or first or chunk.finish_reason is not None:
                 event = answer.chunk(chunk.text, chunk.finish_reason, first)

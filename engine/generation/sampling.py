@@ -34,14 +34,16 @@ class SamplingParams:
 
 def _number(name: str, value: object, low: float, high: float, integer: bool = False) -> None:
     if integer and past_64_bits(value):  # as JSON hands one over: out of range, not a fraction
-        raise InvalidInput(f"{name} must be from {low} to {high}; got {shown(value)}")
+        raise InvalidInput(f"{name} must be from {low} to {high}; got {shown(value)}", name)
     kind = "an integer" if integer else "a number"
     ok = isinstance(value, int) if integer else isinstance(value, int | float)
     if isinstance(value, bool) or not ok:
-        raise InvalidInput(f"{name} must be {kind} from {low} to {high}; got {received(value)}")
+        raise InvalidInput(
+            f"{name} must be {kind} from {low} to {high}; got {received(value)}", name
+        )
     assert isinstance(value, int | float)
     if not low <= value <= high:
-        raise InvalidInput(f"{name} must be from {low} to {high}; got {value}")
+        raise InvalidInput(f"{name} must be from {low} to {high}; got {value}", name)
 
 
 def check_max_tokens(value: object, name: str = "max_tokens") -> None:
@@ -65,7 +67,7 @@ def sampling_params(
     _number("top_k", top_k, 0, 2**31 - 1, integer=True)
     _number("top_p", top_p, 0, 1)
     if top_p == 0:
-        raise InvalidInput("top_p must be above 0 and at most 1; got 0")
+        raise InvalidInput("top_p must be above 0 and at most 1; got 0", "top_p")
     if seed is not None:
         _number("seed", seed, 0, MAX_SEED, integer=True)
     stops: tuple[str, ...]
@@ -76,10 +78,12 @@ def sampling_params(
     elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
         stops = tuple(stop)
     else:
-        raise InvalidInput(f"stop must be a string or a list of strings; got {received(stop)}")
+        raise InvalidInput(
+            f"stop must be a string or a list of strings; got {received(stop)}", "stop"
+        )
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
         raise InvalidInput(
-            f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings; got {list(stops)!r}"
+            f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings; got {list(stops)!r}", "stop"
         )
     return SamplingParams(
         max_tokens=int(max_tokens),  # type: ignore[call-overload]

@@ -165,12 +165,14 @@ def prompt_ids(generator: Generator, prompt: object) -> list[int]:
         bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
             raise InvalidInput(
-                f"prompt token {shown(bad[0])} is not in the vocabulary (0 to {vocab - 1})"
+                f"prompt token {shown(bad[0])} is not in the vocabulary (0 to {vocab - 1})",
+                "prompt",
             )
         return list(prompt)
     raise InvalidInput(
         "prompt must be a string or a list of token ids (one prompt per request); "
-        f"got {received(prompt)}"
+        f"got {received(prompt)}",
+        "prompt",
     )
 
 

@@ -59,7 +59,9 @@ class ModelText:
                 **{k: v for k, v in self.special.items() if v is not None},
             )
         except TemplateError as exc:
-            raise InvalidInput(f"the chat template cannot render these messages: {exc}") from exc
+            raise InvalidInput(
+                f"the chat template cannot render these messages: {exc}", "messages"
+            ) from exc
 
 
 def _raise(message: str) -> None:

@@ -181,47 +181,63 @@ def test_openai_client_completion_with_seed_repeats(served: tuple[ServerProcess,
 
 
 @pytest.mark.parametrize(
-    ("body", "status", "message"),
+    ("body", "status", "message", "param"),
     [
         ({"model": "tiny", "prompt": [5] * 70, "max_tokens": 3}, 400,
-         "the prompt has 70 tokens; the model's context is 64 tokens"),
-        ({"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'"),
+         "the prompt has 70 tokens; the model's context is 64 tokens", None),
+        # OpenAI's 404 for an unknown model has a null param too (its code is model_not_found).
+        ({"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'", None),
         ({"model": "tiny", "prompt": "a", "temperature": 5}, 400,
-         "temperature must be from 0 to 2; got 5"),
-        ({"model": "tiny", "prompt": "a", "top_p": 2}, 400, "top_p must be from 0 to 1"),
-        ({"model": "tiny", "prompt": "a", "max_tokens": -1}, 400, "max_tokens must be from 1"),
-        ({"model": "tiny", "prompt": {"x": 1}}, 400, "prompt must be a string or a list"),
+         "temperature must be from 0 to 2; got 5", "temperature"),
+        ({"model": "tiny", "prompt": "a", "top_p": 2}, 400, "top_p must be from 0 to 1", "top_p"),
+        ({"model": "tiny", "prompt": "a", "max_tokens": -1}, 400, "max_tokens must be from 1",
+         "max_tokens"),
+        ({"model": "tiny", "prompt": "a", "max_completion_tokens": 0}, 400,
+         "max_completion_tokens must be from 1", "max_completion_tokens"),
+        ({"model": "tiny", "prompt": {"x": 1}}, 400, "prompt must be a string or a list",
+         "prompt"),
         ({"model": "tiny", "prompt": [1, 10**6]}, 400,
-         "prompt token 1000000 is not in the vocabulary (0 to 394)"),
+         "prompt token 1000000 is not in the vocabulary (0 to 394)", "prompt"),
         # Integers past 64 bits (the parser reads them as doubles) are named by their side, not
         # by the double's digits (1.8446744073709552e+19) nor as a wrong kind.
         ({"model": "tiny", "prompt": [1, 2**64]}, 400,
-         "prompt token 2^64 or more is not in the vocabulary (0 to 394)"),
+         "prompt token 2^64 or more is not in the vocabulary (0 to 394)", "prompt"),
         ({"model": "tiny", "prompt": "a", "n": 2**64}, 400,
-         "n must be 1 (one choice per request); got 2^64 or more"),
+         "n must be 1 (one choice per request); got 2^64 or more", "n"),
         ({"model": "tiny", "prompt": "a", "best_of": -(2**64)}, 400,
-         "best_of must be 1; got below -2^63"),
+         "best_of must be 1; got below -2^63", "best_of"),
         # So are fields of the wrong kind (they showed the double's digits or Python's None).
         ({"model": 2**64, "prompt": "a"}, 400,
-         "model must be a model name (string); got 2^64 or more"),
-        ({"prompt": "a"}, 400, "model must be a model name (string); got null"),
+         "model must be a model name (string); got 2^64 or more", "model"),
+        ({"model": None, "prompt": "a"}, 400, "model must be a model name (string); got null",
+         "model"),
+        # A required field left out is named as missing, not as the null it never sent.
+        ({"prompt": "a"}, 400, "model is required: a model name (string)", "model"),
+        ({"model": "tiny"}, 400,
+         "prompt is required: a string or a list of token ids (one prompt per request)",
+         "prompt"),
         ({"model": "tiny", "prompt": "a", "stream": -(2**64)}, 400,
-         "stream must be true or false; got below -2^63"),
+         "stream must be true or false; got below -2^63", "stream"),
         ({"model": "tiny", "prompt": 2**64}, 400,
          "prompt must be a string or a list of token ids (one prompt per request); "
-         "got 2^64 or more"),
+         "got 2^64 or more", "prompt"),
         ({"model": "tiny", "prompt": "a", "stop": [2**64]}, 400,
-         "stop must be a string or a list of strings; got [2^64 or more]"),
+         "stop must be a string or a list of strings; got [2^64 or more]", "stop"),
         ({"model": "tiny", "prompt": "a", "logprobs": 5}, 400,
-         "logprobs is not supported by this server; got 5"),
-        ({"model": "tiny", "prompt": "a", "echo": True}, 400, "echo is not supported"),
-        ({"model": "tiny", "prompt": "a", "suffix": "X"}, 400, "suffix is not supported"),
+         "logprobs is not supported by this server; got 5", "logprobs"),
+        ({"model": "tiny", "prompt": "a", "echo": True}, 400, "echo is not supported", "echo"),
+        ({"model": "tiny", "prompt": "a", "suffix": "X"}, 400, "suffix is not supported",
+         "suffix"),
         ({"model": "tiny", "prompt": "a", "presence_penalty": 50}, 400,
-         "presence_penalty is not supported"),
+         "presence_penalty is not supported", "presence_penalty"),
     ],
 )  # fmt: skip
 def test_bad_input_is_an_openai_error_object(
-    served: tuple[ServerProcess, Path], body: dict[str, Any], status: int, message: str
+    served: tuple[ServerProcess, Path],
+    body: dict[str, Any],
+    status: int,
+    message: str,
+    param: str | None,
 ) -> None:
     server, _ = served
     reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=10)
@@ -229,6 +245,23 @@ def test_bad_input_is_an_openai_error_object(
     error = reply.json()["error"]
     assert message in error["message"]
     assert set(error) == {"message", "type", "param", "code"}
+    assert error["param"] == param
+
+
+def test_the_openai_client_sees_the_field_at_fault(served: tuple[ServerProcess, Path]) -> None:
+    from openai import BadRequestError, OpenAI
+
+    server, _ = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(BadRequestError) as refused:
+        client.completions.create(model="tiny", prompt="a", temperature=5)
+    assert refused.value.param == "temperature"
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}, {"role": "banana", "content": "x"}],  # type: ignore[list-item,misc]
+        )
+    assert refused.value.param == "messages[1].role"
 
 
 def test_max_tokens_past_the_context_is_clamped_to_length(
@@ -310,29 +343,38 @@ def wait_for(server: ServerProcess, name: str, value: float) -> None:
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("extra", "message", "param"),
     [
-        ({"logprobs": True}, "logprobs is not supported"),
+        ({"logprobs": True}, "logprobs is not supported", "logprobs"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
-         "tools is not supported"),
-        ({"response_format": {"type": "json_object"}}, "response_format is not supported"),
+         "tools is not supported", "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format is not supported",
+         "response_format"),
         ({"messages": [{"role": "banana", "content": "hi"}]},
-         "messages[0].role must be one of system, developer, user, assistant, tool; got 'banana'"),
+         "messages[0].role must be one of system, developer, user, assistant, tool; got 'banana'",
+         "messages[0].role"),
         ({"messages": [{"role": 2**64, "content": "hi"}]},
          "messages[0].role must be one of system, developer, user, assistant, tool; "
-         "got 2^64 or more"),
+         "got 2^64 or more", "messages[0].role"),
         ({"messages": [{"role": None, "content": "hi"}]},
-         "messages[0].role must be one of system, developer, user, assistant, tool; got null"),
+         "messages[0].role must be one of system, developer, user, assistant, tool; got null",
+         "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "hi"}, {"content": "hi"}]},
+         "messages[1].role is required: one of system, developer, user, assistant, tool",
+         "messages[1].role"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content is required: a string",
+         "messages[0].content"),
     ],
 )  # fmt: skip
 def test_chat_parameters_it_cannot_honour_are_refused_not_ignored(
-    served: tuple[ServerProcess, Path], extra: dict[str, Any], message: str
+    served: tuple[ServerProcess, Path], extra: dict[str, Any], message: str, param: str
 ) -> None:
     server, _ = served
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     reply = httpx.post(f"{server.url}/v1/chat/completions", json=body | extra, timeout=10)
     assert reply.status_code == 400
     assert message in reply.json()["error"]["message"]
+    assert reply.json()["error"]["param"] == param
 
 
 def test_values_that_ask_for_nothing_are_taken(served: tuple[ServerProcess, Path]) -> None:

@@ -211,20 +211,27 @@ def test_grpc_stream_infer_is_token_identical(
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "status", "message"),
+    ("path", "body", "status", "message", "param"),
     [
         ("/v1/completions", {"model": "tiny", "prompt": [5] * 70, "max_tokens": 3}, 400,
-         "the prompt has 70 tokens; the model's context is 64 tokens"),
-        ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'"),
+         "the prompt has 70 tokens; the model's context is 64 tokens", None),
+        ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'", None),
+        # Checked in the engine process: the field it names comes back with the message.
         ("/v1/completions", {"model": "tiny", "prompt": "a", "top_p": 2}, 400,
-         "top_p must be from 0 to 1"),
+         "top_p must be from 0 to 1", "top_p"),
         ("/v2/models/tiny/generate", {"text_input": "a", "temperature": 5}, 400,
-         "temperature must be from 0 to 2; got 5"),
-        ("/v2/models/nope/generate_stream", {"text_input": "a"}, 404, "unknown model 'nope'"),
+         "temperature must be from 0 to 2; got 5", None),
+        ("/v2/models/nope/generate_stream", {"text_input": "a"}, 404, "unknown model 'nope'",
+         None),
     ],
 )  # fmt: skip
 def test_errors_keep_their_bodies(
-    server: ServerProcess, path: str, body: dict[str, Any], status: int, message: str
+    server: ServerProcess,
+    path: str,
+    body: dict[str, Any],
+    status: int,
+    message: str,
+    param: str | None,
 ) -> None:
     reply = httpx.post(f"{server.url}{path}", json=body, timeout=10)
     assert reply.status_code == status, reply.text
@@ -232,6 +239,7 @@ def test_errors_keep_their_bodies(
     if path.startswith("/v1"):
         assert set(error) == {"message", "type", "param", "code"}
         assert message in error["message"]
+        assert error["param"] == param
     else:
         assert set(reply.json()) == {"error"}
         assert message in error

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
-from engine.errors import RateLimited, ShuttingDown
+from engine.errors import InvalidInput, RateLimited, ShuttingDown
 from engine.generation.service import GenerateRequest
 from engine.remote import RemoteEngine
 from engine.settings import load_settings
 from engine.shm import Arena
-from engine.wire import FrameBuffer, Kind, frame
+from engine.wire import FrameBuffer, Kind, error_payload, frame
 from tests.unit.engine.test_remote import until
 
 STATE = {"draining": False, "models": ["tiny"], "generative": ["tiny"]}
@@ -132,6 +132,20 @@ async def test_an_engine_error_before_the_stream_is_raised_as_the_same_error(
         await task
     assert (refused.value.message, refused.value.retry_after_s) == ("slow down", 2.0)
     assert engine.sent_by_worker(Kind.CANCEL) == []
+
+
+async def test_an_error_keeps_the_request_field_it_names(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    # The engine process checks sampling; OpenAI's error `param` was lost on the way back.
+    remote, engine = wired
+    task = asyncio.create_task(remote.generate(ask()))
+    await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
+    call_id = engine.sent_by_worker(Kind.GENERATE)[0]["id"]
+    engine.send(Kind.ERROR, error_payload(call_id, InvalidInput("top_p must be ...", "top_p")))
+    with pytest.raises(InvalidInput) as refused:
+        await task
+    assert (refused.value.message, refused.value.param) == ("top_p must be ...", "top_p")
 
 
 async def test_leaving_early_cancels_and_late_frames_are_ignored(

@@ -82,3 +82,23 @@ def test_a_parameter_of_the_wrong_kind_is_named_as_sent(options: str, message: s
     with pytest.raises(InvalidInput) as caught:
         sampling_params(**({"max_tokens": 1} | orjson.loads(options)))
     assert caught.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("options", "param"),
+    [
+        ('{"max_tokens": 0}', "max_tokens"),
+        ('{"temperature": 5}', "temperature"),
+        ('{"top_k": 2.5}', "top_k"),
+        ('{"top_p": 0}', "top_p"),
+        ('{"top_p": 2}', "top_p"),
+        ('{"seed": 18446744073709551616}', "seed"),
+        ('{"stop": 5}', "stop"),
+        ('{"stop": ["a", "b", "c", "d", "e"]}', "stop"),
+    ],
+)
+def test_a_refused_parameter_is_named_in_param(options: str, param: str) -> None:
+    # OpenAI's error object carries it as `param` (it was always null).
+    with pytest.raises(InvalidInput) as caught:
+        sampling_params(**({"max_tokens": 1} | orjson.loads(options)))
+    assert caught.value.param == param

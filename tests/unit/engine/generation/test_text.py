@@ -81,8 +81,9 @@ def test_a_template_that_refuses_the_messages_is_invalid_input(tmp_path: Path) -
         "{% endif %}{{ messages[0]['content'] }}"
     )
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(InvalidInput, match="first must be user"):
+    with pytest.raises(InvalidInput, match="first must be user") as refused:
         ModelText(tmp_path).chat_prompt([{"role": "system", "content": "x"}])
+    assert refused.value.param == "messages"  # OpenAI's error param
 
 
 def test_no_chat_template_points_to_completions(tmp_path: Path) -> None:
