@@ -8,7 +8,8 @@ The machine may be shared, so the floor and sluice are measured alternately for 
 rounds; the table gives each figure's median and range, and sluice's calls/s as a ratio of the
 floor's in the same round. Writes grpc_floor.json and grpc_floor.md. Needs taskset.
 
-    python -m loadtests.benchmarks.grpc_floor --serve-floor PORT    (the floor server alone)
+    python -m loadtests.benchmarks.grpc_floor --serve-floor PORT [--request-id] [--uvloop]
+        (the floor server alone)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import grpc
 import httpx
 import numpy as np
+import uvloop
 
 from loadtests.benchmarks.batching import SERVER_CORE, grpc_load, machine
 from loadtests.benchmarks.harness import (
@@ -46,9 +48,11 @@ from server.proto import grpc_service_pb2_grpc as pb_grpc
 
 MODEL = "mlp"
 CONCURRENCY = 16
-KINDS = ("floor", "floor+id", "sluice", "sluice-window")
+KINDS = ("floor", "floor+id", "floor+id-uvloop", "sluice", "sluice-window")
 """`floor+id` is the floor that also reads the call's metadata and deadline and sends a request
 id as trailing metadata, as every sluice call does: what those grpc calls cost by themselves.
+`floor+id-uvloop` is that floor on uvloop's event loop, which sluice runs on (the floor is
+grpc.aio's default, asyncio's own loop): what the same grpc work costs under sluice's loop.
 `sluice-window` is sluice with `dispatch_when_idle: false`: each batch waits its 2 ms window
 instead of leaving at once when the model is idle, so calls share batches."""
 
@@ -89,7 +93,8 @@ def started(kind: str, repos: dict[str, Path]) -> Iterator[tuple[str, int, str]]
         command = sluice_command(repos[kind], http_port, port)
     else:
         command = [sys.executable, "-m", "loadtests.benchmarks.grpc_floor", "--serve-floor",
-                   str(port), *(["--request-id"] if kind == "floor+id" else [])]  # fmt: skip
+                   str(port), *(["--request-id"] if kind.startswith("floor+id") else []),
+                   *(["--uvloop"] if kind.endswith("uvloop") else [])]  # fmt: skip
     target = f"127.0.0.1:{port}"
     with running(pinned(SERVER_CORE, *command), lambda: _answers(target), f"{kind} server") as p:
         yield target, p.pid, f"http://127.0.0.1:{http_port}"
@@ -127,9 +132,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--serve-floor", type=int, metavar="PORT")
     parser.add_argument("--request-id", action="store_true", help="with --serve-floor: floor+id")
+    parser.add_argument("--uvloop", action="store_true", help="with --serve-floor: on uvloop")
     args = parser.parse_args()
     if args.serve_floor is not None:
-        asyncio.run(serve_floor(args.serve_floor, args.request_id))
+        run = uvloop.run if args.uvloop else asyncio.run
+        run(serve_floor(args.serve_floor, args.request_id))
         return
     require("taskset")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -197,7 +204,8 @@ def table(report: dict[str, Any]) -> str:
         "`of the floor`: calls/s over the floor's in the same round. Server CPU per call is the "
         "server process's user + system time (every thread) over the calls it answered, so it "
         "holds when the machine is shared. `floor+id` also reads the call's metadata and "
-        "deadline and sends an `x-request-id` trailer, as every sluice call does. "
+        "deadline and sends an `x-request-id` trailer, as every sluice call does; "
+        "`floor+id-uvloop` is that floor on uvloop, the event loop sluice runs on. "
         "`sluice-window`: the same sluice with `dispatch_when_idle: false`, so every batch waits "
         "its 2 ms window. By default an idle model sends a batch at once unless its callers have "
         "been coming together (grpc.aio hands the loop one call at a time): then it waits for as "
