@@ -30,6 +30,10 @@ from batching import errors as batching
 log = logging.getLogger("sluice.engine")
 
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+"""The code of InvalidInput for a prompt that does not fit the model's context."""
+
+
 class EngineError(Exception):
     """Base of every error the engine reports to a client."""
 
@@ -37,6 +41,9 @@ class EngineError(Exception):
     headers: Mapping[str, str] = {}
     param: str | None = None
     """The request field the error is about, when it is about one (OpenAI's error `param`)."""
+    code: str | None = None
+    """OpenAI's error `code` for this error where OpenAI's API sends one (`model_not_found`,
+    `context_length_exceeded`); None where it sends null."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -54,15 +61,18 @@ class InvalidInput(EngineError):
     """The request is malformed or does not fit the model.
 
     `param` names the one request field at fault, where there is one, as OpenAI's API does
-    ("temperature", "messages[0].role")."""
+    ("temperature", "messages[0].role"); `code` is OpenAI's for the error, where it has one."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code
 
 
 class ModelNotFound(EngineError):
     """No such model, or no such version of it."""
+
+    code = "model_not_found"
 
     def __init__(
         self, name: str, version: str | None = None, available: Sequence[str] = ()
@@ -92,6 +102,8 @@ class Forbidden(EngineError):
 class RateLimited(EngineError):
     """The tenant sent more than its rate allows; retry after `retry_after_s`."""
 
+    code = "rate_limit_exceeded"
+
     def __init__(
         self, message: str, retry_after_s: float, headers: Mapping[str, str] | None = None
     ) -> None:
@@ -102,6 +114,8 @@ class RateLimited(EngineError):
 
 class QuotaExceeded(RateLimited):
     """The tenant used its daily or monthly quota."""
+
+    code = "insufficient_quota"
 
 
 class Overloaded(EngineError):

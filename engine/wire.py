@@ -35,7 +35,7 @@ class Kind(enum.IntEnum):
     GENERATE = 7  # {"id", "request": GenerateRequest.to_wire(), "request_id"}
     WELCOME = 11  # {"held": [[offset, nbytes]...], "state": {...}}
     RESULT = 12  # {"id", "slot", "outputs": [descriptor...], "response": {...}}
-    ERROR = 13  # {"id", "error": class name, "message", "retry_after_s", "headers", "param"}
+    ERROR = 13  # {"id", "error": class name, "message", "retry_after_s", "headers", param, code}
     FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
     REPLY = 15  # {"id", "result"}
     STATE = 16  # {"draining", "models", "generative": [model...], "generation", "server"}
@@ -56,6 +56,7 @@ def error_payload(call_id: int, exc: errors.EngineError) -> dict[str, Any]:
         "retry_after_s": exc.retry_after_s,
         "headers": dict(exc.headers),
         "param": exc.param,
+        "code": exc.code,
     }
 
 

@@ -25,7 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from engine.auth import Authenticator, authenticate_headers
 from engine.datatypes import past_64_bits, received
-from engine.errors import EngineError, InvalidInput, ShuttingDown
+from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, InvalidInput, ShuttingDown
 from engine.generation.sampling import check_max_tokens
 from engine.generation.scheduler import Chunk
 from engine.generation.service import (
@@ -41,7 +41,7 @@ ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
-    404: "not_found_error",
+    404: "invalid_request_error",  # OpenAI's unknown model (code model_not_found)
     429: "rate_limit_error",
 }
 Headers = Mapping[str, str]
@@ -87,15 +87,21 @@ def mount_openai(app: FastAPI, engine: object) -> None:
         app.include_router(generate_router(front, generation))
 
 
-def _error_object(exc: EngineError, kind: str) -> dict[str, Any]:
-    """OpenAI's error object; `param` names the request field at fault, where there is one."""
-    return {"error": {"message": exc.message, "type": kind, "param": exc.param, "code": None}}
+def _error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, Any]:
+    """OpenAI's error object: `param` names the request field at fault and `code` is OpenAI's
+    for the error, where there is one. A prompt past the context is context_length_exceeded on
+    `messages` for a chat, as OpenAI's chat completions answer it; its completions send neither
+    a param nor a code for it."""
+    param, code = exc.param, exc.code
+    if code == CONTEXT_LENGTH_EXCEEDED:
+        param, code = ("messages", code) if chat else (None, None)
+    return {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
 
 
-def openai_error(exc: EngineError) -> Response:
+def openai_error(exc: EngineError, chat: bool = True) -> Response:
     status = http_status(exc)
     kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
-    body = orjson.dumps(_error_object(exc, kind))
+    body = orjson.dumps(_error_object(exc, kind, chat))
     return Response(body, status, error_headers(exc), "application/json")
 
 
@@ -304,7 +310,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             generate = GenerateRequest(body["model"], tenant, prompt, messages, options)
             tokens = await generation.generate(generate)
         except EngineError as exc:
-            return openai_error(exc)
+            return openai_error(exc, chat)
         answer = Completion(chat, str(body["model"]), tokens.prompt_tokens)
         if stream:
             return StreamingResponse(_stream(tokens, answer), media_type="text/event-stream",
@@ -312,7 +318,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
         chunks = await until_disconnected(request, tokens)
         last = chunks[-1]
         if last.error is not None:
-            return openai_error(last.error)
+            return openai_error(last.error, chat)
         text = "".join(chunk.text for chunk in chunks)
         return _json(answer.whole(text, last.finish_reason, tokens.completion_tokens))
 

@@ -26,7 +26,14 @@ from typing import Literal
 
 import numpy as np
 
-from engine.errors import BackendError, EngineError, InvalidInput, Overloaded, ShuttingDown
+from engine.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    BackendError,
+    EngineError,
+    InvalidInput,
+    Overloaded,
+    ShuttingDown,
+)
 from engine.generation.config import GenerativeOptions
 from engine.generation.kv_cache import CacheLayout, KVCacheManager, Slot
 from engine.generation.prefix_cache import PrefixCache
@@ -134,7 +141,8 @@ class GenerationScheduler:
         if len(prompt) >= context:
             raise InvalidInput(
                 f"the prompt has {len(prompt)} tokens; the model's context is {context} tokens "
-                f"(prompt and completion together), so a prompt may have at most {context - 1}"
+                f"(prompt and completion together), so a prompt may have at most {context - 1}",
+                code=CONTEXT_LENGTH_EXCEEDED,
             )
         max_tokens = min(params.max_tokens, context - len(prompt))
         if not self.cache.fits_ever(len(prompt) + max_tokens):

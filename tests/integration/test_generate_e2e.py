@@ -132,7 +132,8 @@ def test_rate_limit_in_tokens_charges_prompt_and_completion(
         second = httpx.post(url, json={"model": "tiny", "prompt": ten, "max_tokens": 30})
         assert second.status_code == 429
         assert "Retry-After" in second.headers
-        assert second.json()["error"]["type"] == "rate_limit_error"
+        error = second.json()["error"]
+        assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
         huge = httpx.post(url, json={"model": "tiny", "prompt": ten, "max_tokens": 50})
         assert huge.status_code == 400
         assert "request of 60 tokens exceeds" in huge.json()["error"]["message"]

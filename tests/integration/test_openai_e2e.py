@@ -264,6 +264,60 @@ def test_the_openai_client_sees_the_field_at_fault(served: tuple[ServerProcess, 
     assert refused.value.param == "messages[1].role"
 
 
+LONG_CHAT = [{"role": "user", "content": "the lazy dog " * 30}]  # past the 64-token context
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param", "code"),
+    [
+        # As OpenAI answers them: its unknown model is an invalid_request_error (it was
+        # not_found_error), code model_not_found; a chat past the context names messages.
+        ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, None, "model_not_found"),
+        ("/v1/chat/completions", {"model": "nope", "messages": LONG_CHAT}, 404, None,
+         "model_not_found"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": LONG_CHAT}, 400, "messages",
+         "context_length_exceeded"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": LONG_CHAT, "stream": True}, 400,
+         "messages", "context_length_exceeded"),
+        # OpenAI's completions answer a prompt past the context with neither.
+        ("/v1/completions", {"model": "tiny", "prompt": [5] * 70}, 400, None, None),
+        ("/v1/completions", {"model": "tiny", "prompt": "a", "temperature": 5}, 400,
+         "temperature", None),
+    ],
+)  # fmt: skip
+def test_an_error_has_openai_code_and_type(
+    served: tuple[ServerProcess, Path],
+    path: str,
+    body: dict[str, Any],
+    status: int,
+    param: str | None,
+    code: str | None,
+) -> None:
+    server, _ = served
+    reply = httpx.post(f"{server.url}{path}", json=body, timeout=10)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, code)
+
+
+def test_the_openai_client_sees_the_code(served: tuple[ServerProcess, Path]) -> None:
+    # LangChain and others tell context overflow by err.code (it was always None).
+    from openai import BadRequestError, NotFoundError, OpenAI
+
+    server, _ = served
+    client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", messages=LONG_CHAT)  # type: ignore[arg-type]
+    assert (refused.value.code, refused.value.type) == (
+        "context_length_exceeded",
+        "invalid_request_error",
+    )
+    assert refused.value.param == "messages"
+    with pytest.raises(NotFoundError) as missing:
+        client.chat.completions.create(model="nope", messages=LONG_CHAT)  # type: ignore[arg-type]
+    assert (missing.value.code, missing.value.type) == ("model_not_found", "invalid_request_error")
+
+
 def test_max_tokens_past_the_context_is_clamped_to_length(
     served: tuple[ServerProcess, Path],
 ) -> None:

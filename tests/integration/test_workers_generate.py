@@ -211,18 +211,23 @@ def test_grpc_stream_infer_is_token_identical(
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "status", "message", "param"),
+    ("path", "body", "status", "message", "param", "code"),
     [
         ("/v1/completions", {"model": "tiny", "prompt": [5] * 70, "max_tokens": 3}, 400,
-         "the prompt has 70 tokens; the model's context is 64 tokens", None),
-        ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'", None),
+         "the prompt has 70 tokens; the model's context is 64 tokens", None, None),
+        # The engine process's scheduler refuses it: OpenAI's code comes back with it.
+        ("/v1/chat/completions",
+         {"model": "tiny", "messages": [{"role": "user", "content": "the lazy dog " * 30}]},
+         400, "the model's context is 64 tokens", "messages", "context_length_exceeded"),
+        ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'", None,
+         "model_not_found"),
         # Checked in the engine process: the field it names comes back with the message.
         ("/v1/completions", {"model": "tiny", "prompt": "a", "top_p": 2}, 400,
-         "top_p must be from 0 to 1", "top_p"),
+         "top_p must be from 0 to 1", "top_p", None),
         ("/v2/models/tiny/generate", {"text_input": "a", "temperature": 5}, 400,
-         "temperature must be from 0 to 2; got 5", None),
+         "temperature must be from 0 to 2; got 5", None, None),
         ("/v2/models/nope/generate_stream", {"text_input": "a"}, 404, "unknown model 'nope'",
-         None),
+         None, None),
     ],
 )  # fmt: skip
 def test_errors_keep_their_bodies(
@@ -232,6 +237,7 @@ def test_errors_keep_their_bodies(
     status: int,
     message: str,
     param: str | None,
+    code: str | None,
 ) -> None:
     reply = httpx.post(f"{server.url}{path}", json=body, timeout=10)
     assert reply.status_code == status, reply.text
@@ -239,7 +245,7 @@ def test_errors_keep_their_bodies(
     if path.startswith("/v1"):
         assert set(error) == {"message", "type", "param", "code"}
         assert message in error["message"]
-        assert error["param"] == param
+        assert (error["param"], error["code"]) == (param, code)
     else:
         assert set(reply.json()) == {"error"}
         assert message in error
@@ -393,6 +399,7 @@ def test_a_token_limit_is_exact_across_the_workers(
             timeout=10,
         )
         assert over.status_code == 429, over.text
-        assert over.json()["error"]["type"] == "rate_limit_error"
+        error = over.json()["error"]
+        assert (error["type"], error["code"]) == ("rate_limit_error", "insufficient_quota")
     finally:
         process.stop()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from engine.errors import InvalidInput, RateLimited, ShuttingDown
+from engine.errors import CONTEXT_LENGTH_EXCEEDED, InvalidInput, RateLimited, ShuttingDown
 from engine.generation.service import GenerateRequest
 from engine.remote import RemoteEngine
 from engine.settings import load_settings
@@ -146,6 +146,20 @@ async def test_an_error_keeps_the_request_field_it_names(
     with pytest.raises(InvalidInput) as refused:
         await task
     assert (refused.value.message, refused.value.param) == ("top_p must be ...", "top_p")
+
+
+async def test_an_error_keeps_its_openai_code(wired: tuple[RemoteEngine, ScriptedEngine]) -> None:
+    # A prompt past the context is refused by the engine process's scheduler; the code OpenAI's
+    # clients test for context overflow was lost on the way back.
+    remote, engine = wired
+    task = asyncio.create_task(remote.generate(ask()))
+    await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
+    call_id = engine.sent_by_worker(Kind.GENERATE)[0]["id"]
+    too_long = InvalidInput("the prompt has 70 tokens", code=CONTEXT_LENGTH_EXCEEDED)
+    engine.send(Kind.ERROR, error_payload(call_id, too_long))
+    with pytest.raises(InvalidInput) as refused:
+        await task
+    assert (refused.value.param, refused.value.code) == (None, CONTEXT_LENGTH_EXCEEDED)
 
 
 async def test_leaving_early_cancels_and_late_frames_are_ignored(

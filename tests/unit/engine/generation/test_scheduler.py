@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.errors import InvalidInput, Overloaded, ShuttingDown
+from engine.errors import CONTEXT_LENGTH_EXCEEDED, InvalidInput, Overloaded, ShuttingDown
 from engine.generation.sampling import sampling_params
 from engine.generation.scheduler import Chunk, GenSequence
 from engine.model import LoadedModel, load_model
@@ -240,8 +240,9 @@ async def test_prompt_past_the_context_is_invalid_and_names_both_lengths(
     model: LoadedModel,
 ) -> None:
     assert model.generator is not None
-    with pytest.raises(InvalidInput, match=r"prompt has 64 tokens; the model's context is 64"):
+    with pytest.raises(InvalidInput, match=r"prompt has 64 tokens; the model's context is 64") as e:
         model.generator.start([5] * 64, sampling_params(4))
+    assert e.value.code == CONTEXT_LENGTH_EXCEEDED  # what OpenAI's clients test for
 
 
 async def test_max_tokens_past_the_context_is_clamped_with_finish_reason_length(
