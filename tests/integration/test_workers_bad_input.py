@@ -97,33 +97,6 @@ def same(answers: list[Any]) -> None:
     assert two == one, f"one process: {one!r:.300}; workers: {two!r:.300}"
 
 
-TIMED_US = 60_000_000
-"""A valid `timeout` under this many µs may pass or not by how fast the host is at that moment:
-the two servers would differ by timing (one 200, one 504; or two 504s that name the times they
-measured), not by what they are. The corpus's requests carry 0 (none) instead; an invalid
-timeout is refused alike, whatever the timing, and stays."""
-
-
-def untimed(body: Any) -> Any:
-    """`body` (a JSON request) with a valid timeout that could pass set to none."""
-    parameters = body.get("parameters") if isinstance(body, dict) else None
-    if isinstance(parameters, dict):
-        value = parameters.get("timeout")
-        if type(value) is int and 0 < value < TIMED_US:
-            parameters["timeout"] = 0
-    return body
-
-
-def untimed_message(message: Any) -> Any:
-    """The same for a gRPC ModelInferRequest."""
-    if "timeout" in message.parameters:
-        parameter = message.parameters["timeout"]
-        kind = parameter.WhichOneof("parameter_choice")
-        if kind in ("int64_param", "uint64_param") and 0 < getattr(parameter, kind) < TIMED_US:
-            setattr(parameter, kind, 0)
-    return message
-
-
 # -- the corpus, answer for answer ------------------------------------------------------------
 
 
@@ -131,7 +104,7 @@ def untimed_message(message: Any) -> Any:
 @given(case=corpus.near_valid())
 def test_json_requests_answer_as_one_process(pair: Pair, case: Any) -> None:
     model, body, _, _ = case
-    same(pair.post(f"/v2/models/{model}/infer", corpus.dumps(untimed(body))))
+    same(pair.post(f"/v2/models/{model}/infer", corpus.dumps(corpus.untimed(body))))
 
 
 @DIFFERENTIAL
@@ -139,7 +112,7 @@ def test_json_requests_answer_as_one_process(pair: Pair, case: Any) -> None:
 def test_malformed_json_requests_answer_as_one_process(
     pair: Pair, model: str, body: dict[str, Any]
 ) -> None:
-    same(pair.post(f"/v2/models/{model}/infer", corpus.dumps(untimed(body))))
+    same(pair.post(f"/v2/models/{model}/infer", corpus.dumps(corpus.untimed(body))))
 
 
 @DIFFERENTIAL
@@ -153,14 +126,14 @@ def test_binary_requests_answer_as_one_process(
     data = data[:extra] if extra < 0 else data + bytes(extra)
     del tensor["data"]
     tensor["parameters"] = {"binary_data_size": len(data)}
-    header = corpus.dumps(untimed(body))
+    header = corpus.dumps(corpus.untimed(body))
     same(pair.post(f"/v2/models/{model}/infer", header + data, {HEADER_LENGTH: str(len(header))}))
 
 
 @DIFFERENTIAL
 @given(message=corpus.grpc_requests())
 def test_grpc_requests_answer_as_one_process(pair: Pair, message: Any) -> None:
-    same(pair.call("ModelInfer", untimed_message(message)))
+    same(pair.call("ModelInfer", corpus.untimed_message(message)))
 
 
 # -- what only a worker carries ---------------------------------------------------------------
