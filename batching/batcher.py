@@ -59,6 +59,11 @@ its window runs to the head's deadline, and callers who come together are a few 
 apart (without this, a lone caller after a crowd waited most of its latency target)."""
 
 
+def _reserve(predicted_s: float) -> float:
+    """How long before a deadline a batch predicted to take `predicted_s` must start."""
+    return predicted_s + max(predicted_s * SLACK, MIN_RESERVE_S)
+
+
 @dataclass(frozen=True, slots=True)
 class BatchPolicy:
     """How one model version's requests are batched. `max_batch_size` 0 runs each request alone."""
@@ -286,19 +291,25 @@ class Batcher:
                 return batch
 
     def _window_end(self, head: Pending, rows: int) -> float:
-        """When the batch led by `head` must go. Fixed: the delay after the head arrived. Auto:
-        the latest start at which a batch of `rows` still meets the head's deadline after its
-        predicted compute (no deadline: one such batch's time after arrival); while the cost is
-        not fitted yet, at once (the first batches are what teaches it)."""
+        """When the batch led by `head` must go. Fixed: the delay after the head arrived, or
+        sooner if the head's deadline comes first: then at the latest start that still meets
+        it (a window past it would answer the head DeadlinePassed unrun on an idle model; with
+        no fitted cost yet, MIN_RESERVE_S before it). Auto: the latest start at which a batch
+        of `rows` still meets the head's deadline after its predicted compute (no deadline: one
+        such batch's time after arrival); while the cost is not fitted yet, at once (the first
+        batches are what teaches it)."""
         delay = self.policy.max_queue_delay_s
-        if not isinstance(delay, str):
-            return head.enqueued + delay
         predicted = self.cost.predict(rows)
+        if not isinstance(delay, str):
+            end = head.enqueued + delay
+            if head.deadline is None:
+                return end
+            return min(end, head.deadline - _reserve(predicted or 0.0))
         if predicted is None:
             return head.enqueued
         if head.deadline is None:
             return head.enqueued + predicted
-        return head.deadline - predicted - max(predicted * SLACK, MIN_RESERVE_S)
+        return head.deadline - _reserve(predicted)
 
     def _meet_deadlines(self, batch: list[Pending]) -> list[Pending]:
         """Shed what cannot make it, then top the batch up from the queue, and again while that

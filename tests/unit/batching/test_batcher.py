@@ -317,6 +317,26 @@ async def test_deadline_in_queue_answers_and_never_runs(recorder: Recorder) -> N
     await batcher.close()
 
 
+@pytest.mark.parametrize("dispatch_when_idle", [True, False])
+async def test_a_batch_window_never_outlasts_its_first_requests_deadline(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, dispatch_when_idle: bool
+) -> None:
+    """A fixed window ran its whole delay whatever the head's deadline: a request whose timeout
+    was shorter than the window was answered DeadlinePassed unrun by a model with nothing else
+    to do (one sent alone over JSON with a 484 µs timeout, when a probe for company held it up
+    to 1 ms). The window now ends at the latest start that still meets the head's deadline."""
+    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 5.0)  # a probe would wait the window
+    batcher = make(
+        recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=dispatch_when_idle
+    )
+    batcher._company = 2  # an idle batch waits for company (the callers of the last one)
+    deadline = time.monotonic() + batcher_module.MIN_RESERVE_S + 0.05
+    answer = await asyncio.wait_for(batcher.submit(rows(3), 1, deadline=deadline), 10)
+    assert int(answer["y"][0, 0]) == 6  # run, not DeadlinePassed after its 52 ms
+    assert recorder.batches == [[3]]
+    await batcher.close()
+
+
 async def test_running_request_is_not_cut_off_by_its_deadline(recorder: Recorder) -> None:
     recorder.gate = asyncio.Event()
     batcher = make(recorder, max_batch_size=1)
