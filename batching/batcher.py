@@ -417,15 +417,20 @@ class Batcher:
         def full() -> bool:
             return self.queue.group_rows(head.group) >= policy.max_batch_size
 
-        def ready() -> bool:
-            return head.state != QUEUED or self.queue.requests >= want or full()
+        def end_now() -> float:
+            # A probe that has its company waits for one caller more only GROW_WAIT_S past the
+            # newest's arrival.
+            if probing and self.queue.requests >= self._company:
+                return min(window_end, self._last_put + GROW_WAIT_S)
+            return window_end
+
+        def ready() -> bool:  # or the end came nearer: the caller that completed the company
+            return head.state != QUEUED or self.queue.requests >= want or full() or end_now() < end
 
         while head.state == QUEUED and not self._flushing and self._gate.is_set():
             callers = self.queue.requests
             full_now = full()
-            end = window_end
-            if probing and callers >= self._company:
-                end = min(end, self._last_put + GROW_WAIT_S)
+            end = end_now()
             remaining = end - time.monotonic()
             if callers >= want or full_now or remaining <= 0:
                 if probing:

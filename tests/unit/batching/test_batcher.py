@@ -192,6 +192,24 @@ async def test_callers_all_in_the_batch_are_seldom_held_for_one_more(
     await batcher.close()
 
 
+async def test_a_probe_waits_past_the_caller_that_completes_its_company_not_its_window(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe (an idle batch waiting for one caller more than the last batch brought) waits
+    GROW_WAIT_S past the newest caller once its company has come, else up to its window. When
+    callers stopped waking the batcher unless the batch could go, the caller that completed
+    the company did not wake it either: the probe slept to the window's end (5 s here; this
+    module's test of seldom-held callers took 35 s instead of 0.4)."""
+    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 0.05)
+    batcher = make(recorder, max_batch_size=16, max_queue_delay_s=5.0)
+    batcher._company = 2  # the last idle batch had two callers; this batch probes for a third
+    first = await submit_all(batcher, [rows(1)])
+    second = await submit_all(batcher, [rows(2)])
+    await asyncio.wait_for(asyncio.gather(*first, *second), 2.0)
+    assert recorder.batches == [[1, 2]]
+    await batcher.close()
+
+
 async def test_a_lone_caller_is_not_held_for_company(recorder: Recorder) -> None:
     """One caller at a time: never waits for a window, however many calls it makes; after a
     crowd leaves, one batch waits its window before the model sends at once again."""
