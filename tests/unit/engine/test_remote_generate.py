@@ -134,32 +134,29 @@ async def test_an_engine_error_before_the_stream_is_raised_as_the_same_error(
     assert engine.sent_by_worker(Kind.CANCEL) == []
 
 
-async def test_an_error_keeps_the_request_field_it_names(
-    wired: tuple[RemoteEngine, ScriptedEngine],
+@pytest.mark.parametrize(
+    "refused_by_engine",
+    [
+        InvalidInput("top_p must be ...", "top_p"),  # the engine process checks sampling
+        InvalidInput("the prompt has 70 tokens", code=CONTEXT_LENGTH_EXCEEDED),  # its scheduler
+    ],
+    ids=["param", "code"],
+)
+async def test_an_error_keeps_its_openai_param_and_code(
+    wired: tuple[RemoteEngine, ScriptedEngine], refused_by_engine: InvalidInput
 ) -> None:
-    # The engine process checks sampling; OpenAI's error `param` was lost on the way back.
+    # OpenAI's error `param` and `code` (which clients test to tell context overflow) were lost
+    # on the way back from the engine process.
     remote, engine = wired
     task = asyncio.create_task(remote.generate(ask()))
     await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
     call_id = engine.sent_by_worker(Kind.GENERATE)[0]["id"]
-    engine.send(Kind.ERROR, error_payload(call_id, InvalidInput("top_p must be ...", "top_p")))
+    engine.send(Kind.ERROR, error_payload(call_id, refused_by_engine))
     with pytest.raises(InvalidInput) as refused:
         await task
-    assert (refused.value.message, refused.value.param) == ("top_p must be ...", "top_p")
-
-
-async def test_an_error_keeps_its_openai_code(wired: tuple[RemoteEngine, ScriptedEngine]) -> None:
-    # A prompt past the context is refused by the engine process's scheduler; the code OpenAI's
-    # clients test for context overflow was lost on the way back.
-    remote, engine = wired
-    task = asyncio.create_task(remote.generate(ask()))
-    await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
-    call_id = engine.sent_by_worker(Kind.GENERATE)[0]["id"]
-    too_long = InvalidInput("the prompt has 70 tokens", code=CONTEXT_LENGTH_EXCEEDED)
-    engine.send(Kind.ERROR, error_payload(call_id, too_long))
-    with pytest.raises(InvalidInput) as refused:
-        await task
-    assert (refused.value.param, refused.value.code) == (None, CONTEXT_LENGTH_EXCEEDED)
+    got = refused.value
+    sent = refused_by_engine
+    assert (got.message, got.param, got.code) == (sent.message, sent.param, sent.code)
 
 
 async def test_leaving_early_cancels_and_late_frames_are_ignored(
