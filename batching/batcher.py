@@ -3,8 +3,11 @@
 A batch is sent when it holds `max_batch_size` rows, when it reaches a preferred size, or when
 `max_queue_delay_s` has passed since its first request was queued — or at once when no batch of
 the model is running (`dispatch_when_idle`): waiting then only adds latency, and requests that
-arrive while it runs form the next batch by themselves. Up to `instances` batches run
-at once. A request is never split across batches; requests whose shapes differ are batched apart.
+arrive while it runs form the next batch by themselves. A window ends sooner when a queued
+request's deadline needs it, at the latest start that still meets it; a request of a higher level
+whose shape differs from the batch's ends it at once, unsent, and its own batch goes first. Up to
+`instances` batches run at once. A request is never split across batches; requests whose shapes
+differ are batched apart.
 
 `max_queue_delay_s` "auto" plans the window from a deadline instead: the batcher fits what a
 batch of n rows costs from its own recent batches (`batching.cost`) and waits for more rows only
@@ -21,7 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
+import math
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -144,7 +151,15 @@ class Batcher:
         self._probe_every = 1  # idle batches from one probe for company to the next (_gather)
         self._until_probe = 1
         self._last_put = 0.0  # when the newest request was queued
-        self._ready: Callable[[], bool] | None = None  # while the owner waits out a window
+        # While the owner waits out a window: the batch's head, whether a request queued now
+        # lets the batch go, and the deadline before which one must wake the owner.
+        self._head: Pending | None = None
+        self._ready: Callable[[], bool] | None = None
+        self._wake_before = -math.inf
+        # The queued requests' deadlines, soonest first (entries of those gone are dropped when
+        # they come up, or when they outnumber the queue; a weak reference holds no inputs).
+        self._due: list[tuple[float, int, weakref.ref[Pending]]] = []
+        self._order = itertools.count()
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
@@ -191,7 +206,9 @@ class Batcher:
                 on_leave()
             raise
         self._last_put = now
-        if self._ready is None or self._ready():
+        if deadline is not None:
+            self._due_at(item, deadline)
+        if self._wakes(item):
             self._wakeup.set()
         try:
             if deadline is None:
@@ -207,7 +224,7 @@ class Batcher:
             # task, nobody): a cycle only the collector frees, and the inputs with it.
             if item.state == RUNNING:
                 return await asyncio.shield(item.future)
-            self.queue.cancel(item)
+            self._withdraw(item)
             _leave(item)
             raise DeadlinePassed(
                 f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
@@ -216,7 +233,7 @@ class Batcher:
         except asyncio.CancelledError:
             # The client left: a queued request is withdrawn and never computed (a running one
             # leaves the batcher with its batch).
-            self.queue.cancel(item)
+            self._withdraw(item)
             item.future.cancel()
             if item.state != RUNNING:
                 _leave(item)
@@ -225,6 +242,48 @@ class Batcher:
             # An error raised from the future keeps this frame in its traceback: not the item,
             # whose future holds the error (a cycle only the collector would break).
             del item
+
+    def _due_at(self, item: Pending, deadline: float) -> None:
+        due = self._due
+        heapq.heappush(due, (deadline, next(self._order), weakref.ref(item)))
+        if len(due) > 2 * self.queue.requests + 64:
+            self._due = [entry for entry in due if _queued(entry[2]())]
+            heapq.heapify(self._due)
+
+    def _soonest_deadline(self) -> float | None:
+        """The earliest deadline of a queued request; None when none has one."""
+        due = self._due
+        while due and not _queued(due[0][2]()):
+            heapq.heappop(due)
+        return due[0][0] if due else None
+
+    def _wakes(self, item: Pending) -> bool:
+        """Whether queuing `item` wakes the owner: unless it waits out a window that `item`
+        leaves as it was (the batch cannot go yet, `item` is not due before the window ends and
+        does not outrank its head in another group)."""
+        head, ready = self._head, self._ready
+        if head is None or ready is None:
+            return True
+        return (
+            ready()
+            or (item.deadline is not None and item.deadline < self._wake_before)
+            or (item.priority < head.priority and item.group != head.group)
+        )
+
+    def _withdraw(self, item: Pending) -> None:
+        """Take a request whose caller left (or whose deadline passed) out of the queue; its
+        batch goes without it, at once if it was the first."""
+        self.queue.cancel(item)
+        if item is self._head:
+            self._wakeup.set()
+
+    def _outranked(self, head: Pending) -> bool:
+        """Whether a queued request of a higher level than `head`'s is in another group: its
+        batch goes first."""
+        if head.priority == 1:
+            return False  # nothing outranks level 1
+        first = self.queue.head()
+        return first is not None and first.priority < head.priority and first.group != head.group
 
     def pause(self) -> None:
         """Test hook: stop forming batches (queued requests wait) until resume()."""
@@ -281,9 +340,8 @@ class Batcher:
             if not self.batched:
                 batch = self.queue.take(head.group, max_rows=head.rows, max_requests=1)
             else:
-                await self._fill_window(head)
-                if not self._gate.is_set():
-                    continue
+                if not await self._fill_window(head) or not self._gate.is_set():
+                    continue  # paused, or a request that outranks the head came
                 batch = self.queue.take(head.group, policy.max_batch_size)
             if policy.auto:
                 batch = self._meet_deadlines(batch)
@@ -291,25 +349,26 @@ class Batcher:
                 return batch
 
     def _window_end(self, head: Pending, rows: int) -> float:
-        """When the batch led by `head` must go. Fixed: the delay after the head arrived, or
-        sooner if the head's deadline comes first: then at the latest start that still meets
-        it (a window past it would answer the head DeadlinePassed unrun on an idle model; with
-        no fitted cost yet, MIN_RESERVE_S before it). Auto: the latest start at which a batch
-        of `rows` still meets the head's deadline after its predicted compute (no deadline: one
-        such batch's time after arrival); while the cost is not fitted yet, at once (the first
-        batches are what teaches it)."""
+        """When the batch led by `head` must go: at its window's end, or sooner if a queued
+        request's deadline comes first: then at the latest start that still meets it after a
+        batch of `rows`' predicted compute (a window past it would answer that request
+        DeadlinePassed unrun on an idle model; with no fitted cost yet, MIN_RESERVE_S before it).
+        Fixed: the window is the delay after the head arrived. Auto: it runs to that latest
+        start, or with no deadline queued, one such batch's time after the head arrived; while
+        the cost is not fitted yet, the batch goes at once (the first batches are what teach
+        it)."""
         delay = self.policy.max_queue_delay_s
         predicted = self.cost.predict(rows)
         if not isinstance(delay, str):
             end = head.enqueued + delay
-            if head.deadline is None:
-                return end
-            return min(end, head.deadline - _reserve(predicted or 0.0))
-        if predicted is None:
+        elif predicted is None:
             return head.enqueued
-        if head.deadline is None:
-            return head.enqueued + predicted
-        return head.deadline - _reserve(predicted)
+        else:
+            end = head.enqueued + predicted if head.deadline is None else math.inf
+        soonest = self._soonest_deadline()
+        if soonest is None:
+            return end
+        return min(end, soonest - _reserve(predicted or 0.0))
 
     def _meet_deadlines(self, batch: list[Pending]) -> list[Pending]:
         """Shed what cannot make it, then top the batch up from the queue, and again while that
@@ -367,14 +426,14 @@ class Batcher:
             batch = [other for other in batch if other is not item]
         return batch
 
-    async def _fill_window(self, head: Pending) -> None:
-        """Wait until the head's group can make a full or preferred batch, or its window ends."""
+    async def _fill_window(self, head: Pending) -> bool:
+        """Wait until the head's group can make a full or preferred batch, or its window ends;
+        False when a request that outranks the head comes first (see `_outranked`)."""
         policy = self.policy
         largest_preferred = max(policy.preferred_batch_sizes, default=policy.max_batch_size)
-        window_end = self._window_end(head, min(largest_preferred, policy.max_batch_size))
+        rows = min(largest_preferred, policy.max_batch_size)
         if policy.dispatch_when_idle and not self._running:
-            await self._gather(head, window_end)
-            return
+            return await self._gather(head, rows)
 
         def ready() -> bool:
             rows = self.queue.group_rows(head.group)
@@ -387,13 +446,16 @@ class Batcher:
 
         while not ready() and not self._flushing and self._gate.is_set():
             if policy.dispatch_when_idle and not self._running:
-                return  # the batch that was running has finished: go now
-            remaining = window_end - time.monotonic()
-            if remaining <= 0:
-                return
-            await self._wait(ready, remaining)
+                return True  # the batch that was running has finished: go now
+            if self._outranked(head):
+                return False
+            end = self._window_end(head, rows)
+            if end <= time.monotonic():
+                return True
+            await self._wait(head, ready, end, rows)
+        return True
 
-    async def _gather(self, head: Pending, window_end: float) -> None:
+    async def _gather(self, head: Pending, rows: int) -> bool:
         """An idle model's batch: sent at once, unless callers have been coming together. A
         front-end may hand requests over one at a time, hundreds of µs apart (grpc.aio accepts
         one call per wake of its poller), so a model idle between them would run every request
@@ -404,20 +466,21 @@ class Batcher:
         noticed and grows, and all a lone caller ever waits. A probe that finds its caller is
         followed by another at the next batch, so company climbs a caller a batch while callers
         keep coming; one that does not doubles the batches to the next, up to GROW_EVERY, so a
-        model whose callers are all in its batch seldom waits for one that cannot come."""
+        model whose callers are all in its batch seldom waits for one that cannot come.
+        False when a request that outranks the head comes first (see `_outranked`)."""
         self._until_probe -= 1
         probing = self._until_probe <= 0
         want = self._company + probing
         if want <= 1:
-            return
+            return True
         policy = self.policy
-        if policy.auto:
-            window_end = min(window_end, head.enqueued + AUTO_GATHER_S)
 
         def full() -> bool:
             return self.queue.group_rows(head.group) >= policy.max_batch_size
 
-        def end_now() -> float:
+        def end_now(window_end: float) -> float:
+            if policy.auto:
+                window_end = min(window_end, head.enqueued + AUTO_GATHER_S)
             # A probe that has its company waits for one caller more only GROW_WAIT_S past the
             # newest's arrival.
             if probing and self.queue.requests >= self._company:
@@ -425,35 +488,47 @@ class Batcher:
             return window_end
 
         def ready() -> bool:  # or the end came nearer: the caller that completed the company
-            return head.state != QUEUED or self.queue.requests >= want or full() or end_now() < end
+            return (
+                head.state != QUEUED
+                or self.queue.requests >= want
+                or full()
+                or end_now(window_end) < end
+            )
 
         while head.state == QUEUED and not self._flushing and self._gate.is_set():
+            if self._outranked(head):
+                return False
             callers = self.queue.requests
             full_now = full()
-            end = end_now()
-            remaining = end - time.monotonic()
-            if callers >= want or full_now or remaining <= 0:
+            window_end = self._window_end(head, rows)
+            end = end_now(window_end)
+            if callers >= want or full_now or end <= time.monotonic():
                 if probing:
                     found = callers >= want or full_now
                     self._probe_every = 1 if found else min(2 * self._probe_every, GROW_EVERY)
                     self._until_probe = self._probe_every
                 self._company = callers
-                return
-            await self._wait(ready, remaining)
+                return True
+            await self._wait(head, ready, end, rows)
+        return True
 
-    async def _wait(self, ready: Callable[[], bool], remaining: float) -> None:
-        """Wait out a batch window: until a queued request makes `ready()` true, something else
-        wakes the owner (a batch ends, a drain), or `remaining` seconds pass. A request that
-        leaves `ready()` false does not wake it: grpc.aio hands calls to the loop one loop turn
-        apart, and waking the owner for each (a task step and a timer) cost every call ~10 µs."""
+    async def _wait(self, head: Pending, ready: Callable[[], bool], end: float, rows: int) -> None:
+        """Wait out the window of the batch led by `head`: until a queued request makes `ready()`
+        true or is due before `end` (a batch of `rows`' predicted compute before it), something
+        else wakes the owner (a batch ends, a drain, the head leaves), or `end` comes. A request
+        that changes none of these does not wake it: grpc.aio hands calls to the loop one loop
+        turn apart, and waking the owner for each (a task step and a timer) cost every call
+        ~10 µs."""
         self._wakeup.clear()
-        self._ready = ready
+        self._head, self._ready = head, ready
+        self._wake_before = end + _reserve(self.cost.predict(rows) or 0.0)
         try:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):
+                async with asyncio.timeout(end - time.monotonic()):
                     await self._wakeup.wait()
         finally:
-            self._ready = None
+            self._head = self._ready = None
+            self._wake_before = -math.inf
 
     async def _execute(self, batch: list[Pending]) -> None:
         try:
@@ -518,6 +593,10 @@ class Batcher:
         # server runs it seldom), keeping the inputs (under --workers, an arena slot) meanwhile.
         below = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
         return BatchFailed(message, exc.with_traceback(below))
+
+
+def _queued(item: Pending | None) -> bool:
+    return item is not None and item.state == QUEUED
 
 
 def _leave(item: Pending) -> None:

@@ -16,7 +16,7 @@ from batching.errors import QueueFull
 QUEUED, RUNNING, CANCELLED = "queued", "running", "cancelled"
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Pending:
     """One request waiting for a batch. Its future exists before it is queued."""
 

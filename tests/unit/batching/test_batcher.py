@@ -690,3 +690,61 @@ async def test_a_request_that_does_not_end_the_window_does_not_wake_the_owner(
     assert requests_per_batch >= 4, [len(b) for b in recorder.batches]
     assert wakeup.waits / len(recorder.batches) <= 3, (wakeup.waits, len(recorder.batches))
     await batcher.close()
+
+
+@pytest.mark.parametrize("dispatch_when_idle", [True, False])
+@pytest.mark.parametrize("width", [2, 5], ids=["same group", "other group"])
+async def test_a_later_request_due_before_the_window_ends_is_run_in_time(
+    recorder: Recorder, monkeypatch: pytest.MonkeyPatch, dispatch_when_idle: bool, width: int
+) -> None:
+    """Only the first request's deadline bounded a window: one queued behind it with a shorter
+    timeout waited out the whole delay and was answered DeadlinePassed unrun, by a model with
+    nothing else to do. A window now ends at the latest start that meets every queued deadline."""
+    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 5.0)  # a probe would wait the window
+    batcher = make(
+        recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=dispatch_when_idle
+    )
+    batcher._company = 3  # an idle batch waits for company (the callers of the last one)
+    first = await submit_all(batcher, [rows(1)])
+    deadline = time.monotonic() + batcher_module.MIN_RESERVE_S + 0.05
+    urgent = await asyncio.wait_for(batcher.submit(rows(2, width=width), 1, deadline=deadline), 2)
+    assert int(urgent["y"][0, 0]) == 4  # run, not DeadlinePassed after its 52 ms
+    await asyncio.wait_for(first[0], 10)
+    assert sorted(map(sorted, recorder.batches)) == ([[1, 2]] if width == 2 else [[1], [2]])
+    await batcher.close()
+
+
+@pytest.mark.parametrize("dispatch_when_idle", [True, False])
+async def test_a_higher_level_in_another_group_does_not_wait_out_a_lower_levels_window(
+    recorder: Recorder, dispatch_when_idle: bool
+) -> None:
+    """The owner waited out the window of the head it had picked, so a level-1 request of
+    another shape arriving meanwhile waited behind a level-2 batch for the whole delay. A request
+    that outranks the head in another group now ends the head's window: its own batch goes
+    first (here at once, at its preferred size), the lower level's window goes on."""
+    batcher = make(
+        recorder,
+        max_batch_size=8,
+        preferred_batch_sizes=(4,),
+        max_queue_delay_s=5.0,
+        priority_levels=2,
+        dispatch_when_idle=dispatch_when_idle,
+    )
+    batcher._company = 3
+    low = await submit_all(batcher, [rows(1), rows(3)], priority=2)
+    await asyncio.wait_for(batcher.submit(rows(2, count=4, width=5), 4, priority=1), 2)
+    assert recorder.batches == [[2, 2, 2, 2]]
+    await batcher.close()
+    answers = await asyncio.gather(*low, return_exceptions=True)
+    assert all(isinstance(answer, BatcherClosed) for answer in answers)
+
+
+async def test_a_window_whose_first_request_leaves_ends_for_the_rest(recorder: Recorder) -> None:
+    """A head withdrawn by its caller did not wake the owner, so the requests behind it waited
+    out its window: the rest of the batch now goes when the head leaves."""
+    batcher = make(recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=False)
+    tasks = await submit_all(batcher, [rows(1), rows(2), rows(3)])
+    tasks[0].cancel()
+    await asyncio.wait_for(asyncio.gather(*tasks[1:]), 2)
+    assert recorder.batches == [[2, 3]]
+    await batcher.close()
