@@ -11,10 +11,11 @@ differ are batched apart.
 
 `max_queue_delay_s` "auto" plans the window from a deadline instead: the batcher fits what a
 batch of n rows costs from its own recent batches (`batching.cost`) and waits for more rows only
-while the oldest queued request, after the predicted compute, still meets its deadline (its own
-timeout, else `latency_target_s` after it was queued). A request that can no longer meet its
+while the soonest deadline queued (a request's own timeout, else `latency_target_s` after it was
+queued) can still be met after the predicted compute. A request that can no longer meet its
 deadline when its batch forms is answered DeadlinePassed without being run (it is "shed"), and
-the batch is topped up from the queue with what the deadlines of those left still allow.
+the batch is topped up from the queue with what the deadlines of those left still allow
+(`batching.deadlines`).
 
 Requests are answered with batching.errors (QueueFull, BatcherClosed, DeadlinePassed,
 BatchFailed); the engine translates them (engine.errors.from_batching).
@@ -24,35 +25,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import itertools
 import math
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-import numpy as np
-
 from batching.assembly import Padding, SplitError, Tensors, concat, group_key, split
 from batching.cost import BatchCost
+from batching.deadlines import Deadlines, reserve
 from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed
-from batching.queue import QUEUED, RUNNING, Pending, RequestQueue
+from batching.queue import QUEUED, RUNNING, Pending, RequestQueue, leave, settle
 
 RunBatch = Callable[[Tensors], Awaitable[Tensors]]
 
 AUTO = "auto"
 """`max_queue_delay_s` that plans each batch window from deadlines and the fitted batch cost."""
 
-SLACK = 0.25
-"""Part of the predicted compute kept in reserve when planning against a deadline (the fit is a
-mean, and the loop needs time to hand the batch over)..."""
-MIN_RESERVE_S = 0.002
-"""...and at least this much: a busy event loop wakes a few milliseconds late."""
-PROBE_AFTER_S = 1.0
-"""With no batch run for this long, the next one runs unshed: shedding on a fit that only runs
-could correct (one slow batch, a noisy neighbour) would otherwise shed everything forever."""
 GROW_EVERY = 256
 """At most this many batches an idle model sends apart, one waits for one caller more than the
 last brought: how it notices that callers come together (see `_gather`). After such a probe
@@ -64,11 +53,6 @@ AUTO_GATHER_S = 0.002
 """With delay "auto", how long past its head's arrival an idle batch waits for company at most:
 its window runs to the head's deadline, and callers who come together are a few loop turns
 apart (without this, a lone caller after a crowd waited most of its latency target)."""
-
-
-def _reserve(predicted_s: float) -> float:
-    """How long before a deadline a batch predicted to take `predicted_s` must start."""
-    return predicted_s + max(predicted_s * SLACK, MIN_RESERVE_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +128,7 @@ class Batcher:
         self._flushing = False  # drain(): batches go out without waiting for their window
         self.cost = BatchCost()
         """What a batch costs here, fitted from the batches this batcher ran."""
-        self.shed = 0
-        """Requests answered DeadlinePassed unrun because their batch could not meet it."""
-        self._last_ran = time.monotonic()  # when a batch last finished (or the batcher started)
+        self.deadlines = Deadlines(self.queue, self.cost, policy.max_batch_size, label)
         self._company = 1  # callers an idle batch waits for: how many the last one gathered
         self._probe_every = 1  # idle batches from one probe for company to the next (_gather)
         self._until_probe = 1
@@ -156,15 +138,16 @@ class Batcher:
         self._head: Pending | None = None
         self._ready: Callable[[], bool] | None = None
         self._wake_before = -math.inf
-        # The queued requests' deadlines, soonest first (entries of those gone are dropped when
-        # they come up, or when they outnumber the queue; a weak reference holds no inputs).
-        self._due: list[tuple[float, int, weakref.ref[Pending]]] = []
-        self._order = itertools.count()
         self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
 
     @property
     def batched(self) -> bool:
         return self.policy.max_batch_size > 0
+
+    @property
+    def shed(self) -> int:
+        """Requests answered DeadlinePassed unrun because their batch could not meet it."""
+        return self.deadlines.shed
 
     async def submit(
         self,
@@ -207,7 +190,7 @@ class Batcher:
             raise
         self._last_put = now
         if deadline is not None:
-            self._due_at(item, deadline)
+            self.deadlines.add(item, deadline)
         if self._wakes(item):
             self._wakeup.set()
         try:
@@ -225,7 +208,7 @@ class Batcher:
             if item.state == RUNNING:
                 return await asyncio.shield(item.future)
             self._withdraw(item)
-            _leave(item)
+            leave(item)
             raise DeadlinePassed(
                 f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
                 f"past its {limit} of {deadline - start:.3f} s; it was not run"
@@ -236,26 +219,12 @@ class Batcher:
             self._withdraw(item)
             item.future.cancel()
             if item.state != RUNNING:
-                _leave(item)
+                leave(item)
             raise
         finally:
             # An error raised from the future keeps this frame in its traceback: not the item,
             # whose future holds the error (a cycle only the collector would break).
             del item
-
-    def _due_at(self, item: Pending, deadline: float) -> None:
-        due = self._due
-        heapq.heappush(due, (deadline, next(self._order), weakref.ref(item)))
-        if len(due) > 2 * self.queue.requests + 64:
-            self._due = [entry for entry in due if _queued(entry[2]())]
-            heapq.heapify(self._due)
-
-    def _soonest_deadline(self) -> float | None:
-        """The earliest deadline of a queued request; None when none has one."""
-        due = self._due
-        while due and not _queued(due[0][2]()):
-            heapq.heappop(due)
-        return due[0][0] if due else None
 
     def _wakes(self, item: Pending) -> bool:
         """Whether queuing `item` wakes the owner: unless it waits out a window that `item`
@@ -313,7 +282,7 @@ class Batcher:
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
         for item in self.queue.withdraw_all():
-            _settle(item, exc=BatcherClosed("server shut down before this request ran"))
+            settle(item, exc=BatcherClosed("server shut down before this request ran"))
 
     async def _own(self) -> None:
         while True:
@@ -344,15 +313,15 @@ class Batcher:
                     continue  # paused, or a request that outranks the head came
                 batch = self.queue.take(head.group, policy.max_batch_size)
             if policy.auto:
-                batch = self._meet_deadlines(batch)
+                batch = self.deadlines.meet(batch)
             if batch:
                 return batch
 
     def _window_end(self, head: Pending, rows: int) -> float:
         """When the batch led by `head` must go: at its window's end, or sooner if a queued
         request's deadline comes first: then at the latest start that still meets it after a
-        batch of `rows`' predicted compute (a window past it would answer that request
-        DeadlinePassed unrun on an idle model; with no fitted cost yet, MIN_RESERVE_S before it).
+        batch of `rows`' predicted compute (`deadlines.reserve`; a window past it would answer
+        that request DeadlinePassed unrun on an idle model).
         Fixed: the window is the delay after the head arrived. Auto: it runs to that latest
         start, or with no deadline queued, one such batch's time after the head arrived; while
         the cost is not fitted yet, the batch goes at once (the first batches are what teach
@@ -365,66 +334,10 @@ class Batcher:
             return head.enqueued
         else:
             end = head.enqueued + predicted if head.deadline is None else math.inf
-        soonest = self._soonest_deadline()
+        soonest = self.deadlines.soonest()
         if soonest is None:
             return end
-        return min(end, soonest - _reserve(predicted or 0.0))
-
-    def _meet_deadlines(self, batch: list[Pending]) -> list[Pending]:
-        """Shed what cannot make it, then top the batch up from the queue, and again while that
-        sheds more: a batch that shed its late head must not run short while requests wait.
-
-        How far to top up: with a backlog (a full batch still queued behind this one) to the
-        full size, and what cannot make it in a full batch is shed; shrinking the batch to save
-        its head would only push rows into a next batch that is full already, so lateness moves
-        back while every smaller batch costs throughput, which deepens the backlog (the CNN
-        offered 1.5x what it serves ran 3.8-row batches and served 0.64x a fixed delay).
-        Without one, only with as many rows as the deadlines of those in it still allow: what
-        is left fits in the next batch."""
-        policy = self.policy
-        while True:
-            batch = self._shed(batch)
-            if not batch or not self.batched:
-                return batch
-            rows = sum(item.rows for item in batch)
-            room = policy.max_batch_size - rows
-            backlog = self.queue.group_rows(batch[0].group) >= room + policy.max_batch_size
-            deadlines = [item.deadline for item in batch if item.deadline is not None]
-            if deadlines and room > 0 and not backlog:
-                fits = self.cost.rows_within(min(deadlines) - time.monotonic())
-                room = room if fits is None else min(room, fits - rows)
-            more = self.queue.take(batch[0].group, room) if room > 0 else []
-            if not more:
-                return batch
-            batch += more
-
-    def _shed(self, batch: list[Pending]) -> list[Pending]:
-        """Answer DeadlinePassed, without running it, the most urgent request whose deadline
-        falls before the batch's earliest end (`BatchCost.fastest`: a shed cannot be undone, so
-        not on a fit that still remembers a slower machine); the batch shrinks and its end with
-        it, so repeat until every request left can make it."""
-        now = time.monotonic()
-        if now - self._last_ran > PROBE_AFTER_S:
-            return batch  # the fit is stale: this batch runs and refreshes it
-        while batch:
-            predicted = self.cost.fastest(sum(item.rows for item in batch))
-            if predicted is None:
-                return batch
-            late = [i for i in batch if i.deadline is not None and i.deadline < now + predicted]
-            if not late:
-                return batch
-            item = min(late, key=lambda i: i.deadline or now)
-            self.shed += 1
-            left_ms = max(0.0, (item.deadline or now) - now) * 1e3
-            _settle(
-                item,
-                exc=DeadlinePassed(
-                    f"request to {self.label} cannot meet its deadline: {left_ms:.1f} ms left, "
-                    f"its batch would take {predicted * 1e3:.1f} ms; it was not run"
-                ),
-            )
-            batch = [other for other in batch if other is not item]
-        return batch
+        return min(end, soonest - reserve(predicted or 0.0))
 
     async def _fill_window(self, head: Pending) -> bool:
         """Wait until the head's group can make a full or preferred batch, or its window ends;
@@ -521,7 +434,7 @@ class Batcher:
         ~10 µs."""
         self._wakeup.clear()
         self._head, self._ready = head, ready
-        self._wake_before = end + _reserve(self.cost.predict(rows) or 0.0)
+        self._wake_before = end + reserve(self.cost.predict(rows) or 0.0)
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(end - time.monotonic()):
@@ -545,8 +458,8 @@ class Batcher:
             self._wakeup.set()  # a model that went idle may send its next batch at once
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():
-                    _settle(item, exc=BatcherClosed("server shut down while this request ran"))
-                _leave(item)  # one whose caller left while it ran, or skipped by the reruns
+                    settle(item, exc=BatcherClosed("server shut down while this request ran"))
+                leave(item)  # one whose caller left while it ran, or skipped by the reruns
 
     async def _run(self, batch: list[Pending]) -> None:
         rows = sum(item.rows for item in batch)
@@ -564,7 +477,7 @@ class Batcher:
             failed = BatchTimings(assembled - started, ran - assembled, 0.0)
             self._observer.batch_done(rows, len(batch), failed, ok=False)
             if len(batch) == 1:
-                _settle(batch[0], exc=self._backend_error(exc))
+                settle(batch[0], exc=self._backend_error(exc))
                 return
             parts = None
         if parts is None:
@@ -578,10 +491,10 @@ class Batcher:
         finished = time.monotonic()
         timings = BatchTimings(assembled - started, ran - assembled, finished - ran)
         self.cost.observe(rows, finished - started)
-        self._last_ran = finished
+        self.deadlines.last_ran = finished
         self._observer.batch_done(rows, len(batch), timings, ok=True)
         for item, outputs in zip(batch, parts, strict=True):
-            _settle(item, result=outputs)
+            settle(item, result=outputs)
 
     def _backend_error(self, exc: Exception) -> BatchFailed:
         if isinstance(exc, SplitError):
@@ -593,25 +506,3 @@ class Batcher:
         # server runs it seldom), keeping the inputs (under --workers, an arena slot) meanwhile.
         below = exc.__traceback__.tb_next if exc.__traceback__ is not None else None
         return BatchFailed(message, exc.with_traceback(below))
-
-
-def _queued(item: Pending | None) -> bool:
-    return item is not None and item.state == QUEUED
-
-
-def _leave(item: Pending) -> None:
-    left, item.on_leave = item.on_leave, None
-    if left is not None:
-        left()
-
-
-def _settle(
-    item: Pending, result: dict[str, np.ndarray] | None = None, exc: Exception | None = None
-) -> None:
-    _leave(item)
-    if item.future.done():  # the caller already left
-        return
-    if exc is not None:
-        item.future.set_exception(exc)
-    else:
-        item.future.set_result(result or {})

@@ -159,3 +159,23 @@ def _first_fitting(fifo: deque[Pending], group: Hashable, room: int) -> Pending 
             del fifo[index]
             return item
     return None
+
+
+def leave(item: Pending) -> None:
+    """Call the item's `on_leave`, once: the batcher is done with it."""
+    left, item.on_leave = item.on_leave, None
+    if left is not None:
+        left()
+
+
+def settle(
+    item: Pending, result: dict[str, np.ndarray] | None = None, exc: Exception | None = None
+) -> None:
+    """Answer the item's caller with `result` or `exc` (unless it left), and let it leave."""
+    leave(item)
+    if item.future.done():  # the caller already left
+        return
+    if exc is not None:
+        item.future.set_exception(exc)
+    else:
+        item.future.set_result(result or {})

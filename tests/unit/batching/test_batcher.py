@@ -14,6 +14,7 @@ import pytest
 import batching.batcher as batcher_module
 from batching.assembly import Padding
 from batching.batcher import Batcher, BatchPolicy, BatchTimings
+from batching.deadlines import MIN_RESERVE_S
 from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed, QueueFull
 
 Tensors = dict[str, np.ndarray]
@@ -348,7 +349,7 @@ async def test_a_batch_window_never_outlasts_its_first_requests_deadline(
         recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=dispatch_when_idle
     )
     batcher._company = 2  # an idle batch waits for company (the callers of the last one)
-    deadline = time.monotonic() + batcher_module.MIN_RESERVE_S + 0.05
+    deadline = time.monotonic() + MIN_RESERVE_S + 0.05
     answer = await asyncio.wait_for(batcher.submit(rows(3), 1, deadline=deadline), 10)
     assert int(answer["y"][0, 0]) == 6  # run, not DeadlinePassed after its 52 ms
     assert recorder.batches == [[3]]
@@ -706,7 +707,7 @@ async def test_a_later_request_due_before_the_window_ends_is_run_in_time(
     )
     batcher._company = 3  # an idle batch waits for company (the callers of the last one)
     first = await submit_all(batcher, [rows(1)])
-    deadline = time.monotonic() + batcher_module.MIN_RESERVE_S + 0.05
+    deadline = time.monotonic() + MIN_RESERVE_S + 0.05
     urgent = await asyncio.wait_for(batcher.submit(rows(2, width=width), 1, deadline=deadline), 2)
     assert int(urgent["y"][0, 0]) == 4  # run, not DeadlinePassed after its 52 ms
     await asyncio.wait_for(first[0], 10)

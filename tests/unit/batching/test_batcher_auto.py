@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from batching.batcher import PROBE_AFTER_S, Batcher, BatchPolicy
+from batching.batcher import Batcher, BatchPolicy
+from batching.deadlines import PROBE_AFTER_S
 from batching.errors import DeadlinePassed
 
 Tensors = dict[str, np.ndarray]
