@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from engine.errors import Forbidden, InvalidInput, Unauthenticated
+from engine.errors import INVALID_API_KEY, Forbidden, InvalidInput, ModelNotFound, Unauthenticated
 from engine.keys_file import read_keys
 from engine.settings import ApiKey, AuthSettings, SettingsError, TlsSettings
 
@@ -78,7 +78,10 @@ class Principal:
         """Raise Forbidden unless this caller may use `model`."""
         if not self.may_use(model):
             allowed = ", ".join(self.models or ())
-            raise Forbidden(f"tenant '{self.tenant}' may use models [{allowed}]; got '{model}'")
+            raise Forbidden(
+                f"tenant '{self.tenant}' may use models [{allowed}]; got '{model}'",
+                code=ModelNotFound.code,  # OpenAI's 403 for a model a key may not use
+            )
 
     def require_admin(self, group: AdminGroup) -> None:
         """Raise Forbidden if `group` is admin-only here and this caller is not an admin."""
@@ -228,13 +231,15 @@ class Authenticator:
         if found is None:
             raise Unauthenticated(
                 f"unknown API key (digest {_DIGEST_PREFIX}{presented.hex()[:12]}...): it is not "
-                "configured on this server"
+                "configured on this server",
+                code=INVALID_API_KEY,
             )
         if found.expires_at is not None and time.time() >= found.expires_at:
             expired = datetime.fromtimestamp(found.expires_at, UTC).isoformat()
             raise Unauthenticated(
                 f"API key '{found.principal.key_name}' (tenant '{found.principal.tenant}') "
-                f"expired at {expired}"
+                f"expired at {expired}",
+                code=INVALID_API_KEY,
             )
         return found.principal
 

@@ -32,6 +32,8 @@ log = logging.getLogger("sluice.engine")
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
 """The code of InvalidInput for a prompt that does not fit the model's context."""
+INVALID_API_KEY = "invalid_api_key"
+"""The code of Unauthenticated for a key that was sent but is not valid (unknown, expired)."""
 
 
 class EngineError(Exception):
@@ -44,10 +46,15 @@ class EngineError(Exception):
     code: str | None = None
     """OpenAI's error `code` for this error where OpenAI's API sends one (`model_not_found`,
     `context_length_exceeded`); None where it sends null."""
+    type: str | None = None
+    """OpenAI's error `type` where it is not the one of the error's HTTP status (a 429 is typed
+    by what ran out: `requests`, `tokens`, `insufficient_quota`); None where it is."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, *, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        if code is not None:
+            self.code = code
 
     @property
     def retry_after_header(self) -> str | None:
@@ -64,9 +71,8 @@ class InvalidInput(EngineError):
     ("temperature", "messages[0].role"); `code` is OpenAI's for the error, where it has one."""
 
     def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, code=code)
         self.param = param
-        self.code = code
 
 
 class ModelNotFound(EngineError):
@@ -92,30 +98,46 @@ class ModelNotReady(EngineError):
 
 
 class Unauthenticated(EngineError):
-    """No credentials, or unknown credentials."""
+    """No credentials, or unknown credentials.
+
+    `code` is INVALID_API_KEY for a key that was sent and is not valid, None when none was."""
 
 
 class Forbidden(EngineError):
-    """Valid credentials that are not allowed to do this."""
+    """Valid credentials that are not allowed to do this.
+
+    `code` is `model_not_found` for a model the key may not use, as OpenAI answers it."""
 
 
 class RateLimited(EngineError):
-    """The tenant sent more than its rate allows; retry after `retry_after_s`."""
+    """The tenant sent more than its rate allows; retry after `retry_after_s`.
+
+    `type` is what the limit counts, as OpenAI types its 429s: `tokens` for a limit in text
+    tokens, else `requests`."""
 
     code = "rate_limit_exceeded"
+    type = "requests"
 
     def __init__(
-        self, message: str, retry_after_s: float, headers: Mapping[str, str] | None = None
+        self,
+        message: str,
+        retry_after_s: float,
+        headers: Mapping[str, str] | None = None,
+        *,
+        tokens: bool = False,
     ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.headers = dict(headers or {})
+        if tokens:
+            self.type = "tokens"
 
 
 class QuotaExceeded(RateLimited):
     """The tenant used its daily or monthly quota."""
 
     code = "insufficient_quota"
+    type = "insufficient_quota"
 
 
 class Overloaded(EngineError):

@@ -21,7 +21,7 @@ _ERRORS: dict[str, type[errors.EngineError]] = {
 
 
 def rebuild_error(payload: dict[str, Any]) -> errors.EngineError:
-    """The engine's error, of the same class, message, param and code, from an ERROR frame."""
+    """The engine's error, of the same class, message, param, code and type, from an ERROR frame."""
     cls = _ERRORS.get(str(payload.get("error")), errors.BackendError)
     exc = cls.__new__(cls)
     message = str(payload.get("message", "internal error"))
@@ -35,6 +35,8 @@ def rebuild_error(payload: dict[str, Any]) -> errors.EngineError:
     exc.param = param if isinstance(param, str) else None
     code = payload.get("code")
     exc.code = code if isinstance(code, str) else None
+    kind = payload.get("type")
+    exc.type = kind if isinstance(kind, str) else None
     return exc
 
 

@@ -35,7 +35,7 @@ class Kind(enum.IntEnum):
     GENERATE = 7  # {"id", "request": GenerateRequest.to_wire(), "request_id"}
     WELCOME = 11  # {"held": [[offset, nbytes]...], "state": {...}}
     RESULT = 12  # {"id", "slot", "outputs": [descriptor...], "response": {...}}
-    ERROR = 13  # {"id", "error": class name, "message", "retry_after_s", "headers", param, code}
+    ERROR = 13  # {"id", "error": class, "message", "retry_after_s", "headers", param, code, type}
     FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
     REPLY = 15  # {"id", "result"}
     STATE = 16  # {"draining", "models", "generative": [model...], "generation", "server"}
@@ -57,6 +57,7 @@ def error_payload(call_id: int, exc: errors.EngineError) -> dict[str, Any]:
         "headers": dict(exc.headers),
         "param": exc.param,
         "code": exc.code,
+        "type": exc.type,
     }
 
 

@@ -39,11 +39,13 @@ from server.errors import error_headers, http_status
 
 ERROR_TYPES = {
     400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",  # OpenAI's unknown model (code model_not_found)
-    429: "rate_limit_error",
+    # OpenAI types a missing or wrong key, a key not allowed a model and an unknown model so
+    # too (codes null or invalid_api_key, model_not_found); a 429 is typed by the error.
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
 }
+"""OpenAI's error `type` by HTTP status, for errors without a `type` of their own."""
 Headers = Mapping[str, str]
 
 __all__ = ["SAMPLING_KEYS", "FrontEnd", "caller", "generation_of", "mount_openai"]
@@ -100,7 +102,7 @@ def _error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, A
 
 def openai_error(exc: EngineError, chat: bool = True) -> Response:
     status = http_status(exc)
-    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+    kind = exc.type or ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
     body = orjson.dumps(_error_object(exc, kind, chat))
     return Response(body, status, error_headers(exc), "application/json")
 

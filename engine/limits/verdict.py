@@ -106,6 +106,7 @@ def rejection(
         f"{units}, {worst.remaining:.2f} available; retry in {worst.retry_after_s:.3f} s",
         worst.retry_after_s,
         headers(worst),
+        tokens=unit == "tokens",
     )
 
 

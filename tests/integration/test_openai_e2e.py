@@ -23,6 +23,7 @@ from tests.generative import (
     reference_greedy,
     tiny_gpt2,
 )
+from tests.integration.helpers_e2e import Key, write_settings
 from tests.servers import ServerProcess
 
 
@@ -316,6 +317,71 @@ def test_the_openai_client_sees_the_code(served: tuple[ServerProcess, Path]) -> 
     with pytest.raises(NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=LONG_CHAT)  # type: ignore[arg-type]
     assert (missing.value.code, missing.value.type) == ("model_not_found", "invalid_request_error")
+
+
+KEYS = {
+    "other": Key.create("elsewhere", models=["other"]),
+    "rate": Key.create("ratey"),
+    "quota": Key.create("quotay"),
+}
+
+
+@pytest.fixture(scope="module")
+def keyed(
+    tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, Path]
+) -> Iterator[ServerProcess]:
+    """API keys: one limited to another model, one allowed a request (the bucket refills in
+    1,000 s), one allowed a request a day."""
+    root = tmp_path_factory.mktemp("openai-keyed")
+    copy_tiny(tiny_gpt2_built, root)
+    limits = {"ratey": {"rate_per_s": 0.001, "burst": 1}, "quotay": {"quota_per_day": 1}}
+    settings = {"auth": {"keys": [key.entry() for key in KEYS.values()]},
+                "rate_limit": {"tenants": limits}}  # fmt: skip
+    process = ServerProcess(
+        "--config", str(write_settings(root / "server.yaml", settings)),
+        "--model-repository", str(root / "models"), log_path=root / "server.log", grpc=False,
+    ).start(timeout_s=90)  # fmt: skip
+    yield process
+    process.stop()
+
+
+@pytest.mark.parametrize(
+    ("headers", "tries", "status", "kind", "code"),
+    [
+        # As OpenAI answers them: they were typed authentication_error, permission_error and
+        # rate_limit_error (Anthropic's words), and a wrong key had no code.
+        ({}, 1, 401, "invalid_request_error", None),
+        ({"Authorization": "Bearer sk-wrong"}, 1, 401, "invalid_request_error",
+         "invalid_api_key"),
+        (KEYS["other"].bearer(), 1, 403, "invalid_request_error", "model_not_found"),
+        (KEYS["rate"].bearer(), 2, 429, "requests", "rate_limit_exceeded"),
+        (KEYS["quota"].bearer(), 2, 429, "insufficient_quota", "insufficient_quota"),
+    ],
+    ids=["missing key", "wrong key", "model not allowed", "rate", "quota"],
+)  # fmt: skip
+def test_auth_and_limit_errors_are_typed_as_openai_types_them(
+    keyed: ServerProcess,
+    headers: dict[str, str],
+    tries: int,
+    status: int,
+    kind: str,
+    code: str | None,
+) -> None:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    url = f"{keyed.url}/v1/chat/completions"
+    replies = [httpx.post(url, json=body, headers=headers, timeout=10) for _ in range(tries)]
+    assert [reply.status_code for reply in replies] == [200] * (tries - 1) + [status]
+    error = replies[-1].json()["error"]
+    assert (error["type"], error["param"], error["code"]) == (kind, None, code)
+
+
+def test_the_openai_client_sees_a_wrong_key_as_openai_sends_it(keyed: ServerProcess) -> None:
+    from openai import AuthenticationError, OpenAI
+
+    client = OpenAI(base_url=f"{keyed.url}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(AuthenticationError) as refused:
+        client.models.list()
+    assert (refused.value.code, refused.value.type) == ("invalid_api_key", "invalid_request_error")
 
 
 def test_max_tokens_past_the_context_is_clamped_to_length(

@@ -112,6 +112,7 @@ def test_expired_key_says_when_it_expired(tmp_path: Path) -> None:
     assert caught.value.message == (
         "API key 'old' (tenant 'acme') expired at 2020-01-01T00:00:00+00:00"
     )
+    assert caught.value.code == "invalid_api_key"  # OpenAI's code for a revoked key's 401
     assert authenticator.authenticate("new-key").key_name == "new"
 
 

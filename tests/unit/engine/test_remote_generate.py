@@ -14,7 +14,14 @@ from typing import Any
 
 import pytest
 
-from engine.errors import CONTEXT_LENGTH_EXCEEDED, InvalidInput, RateLimited, ShuttingDown
+from engine.errors import (
+    CONTEXT_LENGTH_EXCEEDED,
+    EngineError,
+    InvalidInput,
+    QuotaExceeded,
+    RateLimited,
+    ShuttingDown,
+)
 from engine.generation.service import GenerateRequest
 from engine.remote import RemoteEngine
 from engine.settings import load_settings
@@ -139,24 +146,31 @@ async def test_an_engine_error_before_the_stream_is_raised_as_the_same_error(
     [
         InvalidInput("top_p must be ...", "top_p"),  # the engine process checks sampling
         InvalidInput("the prompt has 70 tokens", code=CONTEXT_LENGTH_EXCEEDED),  # its scheduler
+        RateLimited("over its rate limit of 1 tokens/s", 2.0, tokens=True),  # its limiter
+        QuotaExceeded("used its daily quota", 60.0),
     ],
-    ids=["param", "code"],
+    ids=["param", "code", "tokens", "quota"],
 )
-async def test_an_error_keeps_its_openai_param_and_code(
-    wired: tuple[RemoteEngine, ScriptedEngine], refused_by_engine: InvalidInput
+async def test_an_error_keeps_its_openai_param_code_and_type(
+    wired: tuple[RemoteEngine, ScriptedEngine], refused_by_engine: EngineError
 ) -> None:
     # OpenAI's error `param` and `code` (which clients test to tell context overflow) were lost
-    # on the way back from the engine process.
+    # on the way back from the engine process; so was the `type` of a 429 of a token limit.
     remote, engine = wired
     task = asyncio.create_task(remote.generate(ask()))
     await until(lambda: bool(engine.sent_by_worker(Kind.GENERATE)))
     call_id = engine.sent_by_worker(Kind.GENERATE)[0]["id"]
     engine.send(Kind.ERROR, error_payload(call_id, refused_by_engine))
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(EngineError) as refused:
         await task
-    got = refused.value
-    sent = refused_by_engine
-    assert (got.message, got.param, got.code) == (sent.message, sent.param, sent.code)
+    got, sent = refused.value, refused_by_engine
+    assert type(got) is type(sent)
+    assert (got.message, got.param, got.code, got.type) == (
+        sent.message,
+        sent.param,
+        sent.code,
+        sent.type,
+    )
 
 
 async def test_leaving_early_cancels_and_late_frames_are_ignored(
