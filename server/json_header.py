@@ -158,6 +158,7 @@ def _data_values(text: bytes) -> list[tuple[int, int, int]]:
     """(input index, start, end) of each `data` value of the top-level `inputs` array, found by
     walking the structure token by token and jumping over data values; [] when unsure."""
     cuts: list[tuple[int, int, int]] = []
+    nexts = _Next(text)
     stack: list[tuple[bytes, bytes | None]] = []  # open containers: kind and the key they are at
     key: bytes | None = None
     after_colon = False
@@ -186,7 +187,7 @@ def _data_values(text: bytes) -> list[tuple[int, int, int]]:
         elif punct == b":":
             after_colon = True
             if key == _DATA and len(stack) == 3 and stack[1] == (b"[", _INPUTS):
-                begin, end = _value_span(text, pos)
+                begin, end = _value_span(text, pos, nexts)
                 if begin == end:
                     return []
                 cuts.append((index, begin, end))
@@ -199,7 +200,7 @@ def _data_values(text: bytes) -> list[tuple[int, int, int]]:
     return []
 
 
-def _value_span(text: bytes, pos: int) -> tuple[int, int]:
+def _value_span(text: bytes, pos: int, nexts: _Next) -> tuple[int, int]:
     """Start and end of the object-free value at `pos` (empty when it is not one).
 
     Runs without strings (numbers, the common case) are crossed with bytes.find, at memchr
@@ -208,11 +209,11 @@ def _value_span(text: bytes, pos: int) -> tuple[int, int]:
     while pos < size and text[pos] in b" \t\n\r":
         pos += 1
     end = pos
-    # The next `{`, `}` and `:` from `end`; one before `end` was inside a string, so look again.
-    hard = {char: _find(text, char, pos) for char in (b"{", b"}", b":")}
     while end < size:
-        quote = _find(text, b'"', end)
-        stop = min(quote, *hard.values())
+        quote = nexts(b'"', end)
+        # The next `{`, `}` or `:`: one inside a string is passed over by the regex below, and
+        # looked for again past it.
+        stop = min(quote, nexts(b"{", end), nexts(b"}", end), nexts(b":", end))
         if stop != quote or stop == size:  # a `{`, `}` or `:` ends the value's text here
             end = stop
             break
@@ -225,10 +226,27 @@ def _value_span(text: bytes, pos: int) -> tuple[int, int]:
                 break
             found = string.end()
         end = found
-        hard = {char: at if at >= end else _find(text, char, end) for char, at in hard.items()}
     while end > pos and text[end - 1] in b" \t\n\r,":
         end -= 1
     return pos, end
+
+
+class _Next:
+    """Where each byte next occurs in `text` at or past a position, by memchr, remembered: a
+    walk asks at growing positions, so each byte's scan crosses the text once, not once per
+    value (thousands of small data values before a long string scanned the string each)."""
+
+    __slots__ = ("_at", "_text")
+
+    def __init__(self, text: bytes) -> None:
+        self._text = text
+        self._at: dict[bytes, int] = {}
+
+    def __call__(self, char: bytes, pos: int) -> int:
+        at = self._at.get(char, -1)
+        if at < pos:
+            at = self._at[char] = _find(self._text, char, pos)
+        return at
 
 
 def _find(text: bytes, char: bytes, start: int) -> int:
