@@ -2,12 +2,12 @@
 
 orjson turns a whole body into Python objects at once, so a 40 MB tensor costs hundreds of MB of
 lists and numbers before any check sees that its shape is refused. `loads` finds the `data`
-value of each `inputs` entry of a large body without parsing it (regular expressions, at C
-speed), parses the rest (names, datatypes, shapes, parameters: the header) with orjson, and
-hands back each input's data as `RawData`, parsed once the header is known to fit the model:
-an array of numbers (flat or regularly nested) straight into C numbers by simdjson
-(`RawData.numbers`), with no Python object per value (a Python float costs more than parsing
-it), anything else by orjson.
+value of each `inputs` entry of a large body without parsing it (memchr and regular
+expressions, at C speed), parses the rest (names, datatypes, shapes, parameters: the header)
+with orjson, and hands back each input's data as `RawData`, parsed once the header is known
+to fit the model: an array of numbers (flat or regularly nested) straight into C numbers by
+simdjson (`RawData.numbers`), with no Python object per value (a Python float costs more than
+parsing it), anything else by orjson.
 
 The result is exactly `orjson.loads(body)` with those values deferred: the cut is checked, not
 trusted. Each cut value is replaced by a per-request marker; the header must parse with every
@@ -49,6 +49,7 @@ _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"')
 _CHUNK_BYTES = 4 * 1024 * 1024  # each regex call holds the GIL; this bounds how long
 _MAX_TOKENS = 20_000  # a header with more is unusual: parse the body whole instead
 _INPUTS, _DATA = b'"inputs"', b'"data"'
+_COLON = re.compile(rb"[ \t\n\r]*+:")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +100,17 @@ def loads(body: bytes | memoryview) -> Any:
     if len(body) < LAZY_BYTES:
         return orjson.loads(body)
     text = bytes(body) if isinstance(body, memoryview) else body
-    cuts = _data_values(text)
-    if not cuts:
-        return orjson.loads(body)
+    for find in (_data_keys, _data_values):
+        cuts = find(text)
+        header = _deferred(text, cuts) if cuts else None
+        if header is not None:
+            return header
+    return orjson.loads(body)
+
+
+def _deferred(text: bytes, cuts: list[tuple[int, int, int]]) -> Any:
+    """The body parsed with each cut `data` value a RawData; None unless each cut is exactly the
+    `data` value of the input it names."""
     marker = secrets.token_hex(8)
     pieces: list[bytes] = []
     start = 0
@@ -114,11 +123,32 @@ def loads(body: bytes | memoryview) -> Any:
         inputs = header["inputs"]
         for number, (index, begin, end) in enumerate(cuts):
             if inputs[index]["data"] != f"{marker}:{number}":
-                return orjson.loads(body)
+                return None
             inputs[index]["data"] = RawData(text, begin, end)
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
-        return orjson.loads(body)  # the cut was wrong, or the body is: orjson says which
+        return None  # the cut was wrong, or the body is (orjson then says where)
     return header
+
+
+def _data_keys(text: bytes) -> list[tuple[int, int, int]]:
+    """The cuts of a body in the common layout, where each input has one `data` key, in order,
+    and no other key is named "data": each `"data":` found by memchr, its value crossed as in
+    the walk; cheaper than the walk (`_data_values`: a regex and a Python step per token of the
+    header, 16 µs for the CNN's), which runs when these cuts are not the body's."""
+    cuts: list[tuple[int, int, int]] = []
+    nexts = _Next(text)
+    pos = 0
+    while (at := text.find(_DATA, pos)) >= 0:
+        colon = _COLON.match(text, at + len(_DATA))
+        pos = at + len(_DATA)
+        if colon is None:
+            continue
+        begin, end = _value_span(text, colon.end(), nexts)
+        if begin == end:
+            return []
+        cuts.append((len(cuts), begin, end))
+        pos = end
+    return cuts
 
 
 def _regular_buffer(parser: simdjson.Parser, text: bytes, kind: NumberKind) -> bytes | None:

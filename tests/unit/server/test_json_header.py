@@ -41,6 +41,22 @@ def test_data_of_a_large_body_is_deferred() -> None:
     assert resolved(parsed) == document
 
 
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"name": "b", "parameters": {"binary_data_size": 8}},  # no data: the indexes shift
+        {"name": "p", "parameters": {"data": [9]}, "data": [1]},  # "data" elsewhere first
+    ],
+)
+def test_data_is_deferred_in_any_layout(first: dict[str, Any]) -> None:
+    """The common layout (one `data` key an input, in order) is cut by finding each `"data":`;
+    any other by the walk over the header's structure."""
+    document = {"inputs": [first, {"name": "x", "data": [[1.5, 2], [3, 4]]}]}
+    parsed = loads(body_of(document, spaced=False))
+    assert isinstance(parsed["inputs"][1]["data"], RawData)
+    assert resolved(parsed) == document
+
+
 def test_string_data_longer_than_a_scan_chunk() -> None:
     words = ["a" * 999 + '"', "{x}: [y]", "b" * 3_000_000, *(["c:d"] * 200_000)]
     document = {"inputs": [{"name": "s", "data": words, "shape": [len(words)]},
