@@ -68,6 +68,10 @@ engine busy loading, overloaded or stopped answers its caller with an error, not
 unloads are not bounded: they take as long as the model takes."""
 
 
+CHECK_TRIES = 3
+"""How often an input check is asked for while the loaded models keep changing under the call."""
+
+
 def _specs(items: list[Any]) -> tuple[TensorSpec, ...]:
     return tuple(
         TensorSpec(item[0], item[1], tuple(item[2]), tuple(item[3]) if len(item) > 3 else ())
@@ -488,15 +492,24 @@ class RemoteEngine:
         return self._checks
 
     async def _fetch_check(self, name: str, version: str | None) -> InputCheck:
-        spec = await self.call("input_spec", name, version)
-        check: InputCheck = functools.partial(
-            check_inputs,
-            inputs=_specs(spec["inputs"]),
-            max_batch_size=spec["max_batch_size"],
-            label=spec["label"],
-        )
-        self._current_checks()[(name, version)] = check  # the generation it answered in
-        return check
+        """The check as the engine answers it, kept for the generation it answered in. The
+        engine computes an answer before any state push it sends after it, but the worker may
+        read both at once (its loop was busy) and take the push first: a generation that
+        changed while the call was out may have been answered with the model it replaced, so
+        it is asked again rather than kept under the new generation."""
+        for _ in range(CHECK_TRIES):
+            asked_in = self._state.get("generation")
+            spec = await self.call("input_spec", name, version)
+            check: InputCheck = functools.partial(
+                check_inputs,
+                inputs=_specs(spec["inputs"]),
+                max_batch_size=spec["max_batch_size"],
+                label=spec["label"],
+            )
+            if self._state.get("generation") == asked_in:
+                self._current_checks()[(name, version)] = check
+                break
+        return check  # models changing all along: the last answer, used once, not kept
 
     def _fetched(self, key: tuple[str, str | None], fetch: asyncio.Task[InputCheck]) -> None:
         if self._fetching.get(key) is fetch:

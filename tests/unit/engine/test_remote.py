@@ -345,6 +345,90 @@ async def test_input_check_misses_together_ask_the_engine_once(
     assert asked == [["demo", None], ["nope", None], ["nope", None]]
 
 
+class HeldProxy:
+    """A unix socket between a worker and the engine host whose engine-to-worker bytes can be
+    held and then delivered in one write, as a worker whose loop was busy reads them."""
+
+    def __init__(self, target: str, path: str) -> None:
+        self.target, self.path = target, path
+        self.held: bytearray | None = None
+        self.arrived = asyncio.Event()
+        self._to_worker: asyncio.StreamWriter | None = None
+        self._server: asyncio.Server | None = None
+        self._piping: asyncio.Future[Any] | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._connected, self.path)
+
+    async def _connected(
+        self, worker_r: asyncio.StreamReader, worker_w: asyncio.StreamWriter
+    ) -> None:
+        engine_r, engine_w = await asyncio.open_unix_connection(self.target)
+        self._to_worker = worker_w
+        self._piping = asyncio.gather(
+            self._pipe(worker_r, engine_w, False), self._pipe(engine_r, worker_w, True)
+        )
+        await self._piping
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: bool
+    ) -> None:
+        while data := await reader.read(1 << 16):
+            if held and self.held is not None:
+                self.held += data
+                self.arrived.set()
+            else:
+                writer.write(data)
+        writer.close()
+
+    def release(self) -> None:
+        assert self._to_worker is not None
+        assert self.held is not None
+        self._to_worker.write(bytes(self.held))
+        self.held = None
+
+    async def close(self) -> None:
+        """After both ends have closed: the pipes have ended or end now."""
+        assert self._server is not None
+        self._server.close()
+        if self._piping is not None:
+            await asyncio.wait_for(self._piping, 5)
+
+
+async def test_an_input_check_answered_before_a_reload_is_not_kept_for_the_new_model(
+    make_rig: Callable[..., Rig], tmp_path: Path, socket_dir: str
+) -> None:
+    """The worker kept a fetched check under the model generation it knew when the answer was
+    read, not the one the engine answered in: an answer and the state push of a reload that
+    arrived together (the worker busy meanwhile) left the old model's check in force for the
+    new one, and the worker refused the new model's inputs 400 until the next reload."""
+    rig = make_rig(workers=2, model_control_mode="explicit", load_models=["demo"])
+    await rig.start()
+    proxy = HeldProxy(rig.path, os.path.join(socket_dir, "proxy.sock"))
+    await proxy.start()
+    try:
+        remote = RemoteEngine(rig.settings, proxy.path, 0, rig.worker_arenas[0])
+        await remote.start()
+        rig.remotes.append(remote)
+        other = await rig.remote(1)
+        proxy.held = bytearray()
+        fetch = asyncio.create_task(remote.input_check("demo"))
+        await asyncio.wait_for(proxy.arrived.wait(), 5)  # the answer: demo takes 16 columns
+        proxy.arrived.clear()
+        write_model(tmp_path / "models", "demo", mlp_model((8, 64, 10)), version=2)
+        await other.load_model("demo")  # now demo takes 8; the push to worker 0 is held too
+        await asyncio.wait_for(proxy.arrived.wait(), 5)
+        proxy.release()  # both frames reach the worker together
+        await asyncio.wait_for(fetch, 5)
+        check = await asyncio.wait_for(remote.input_check("demo"), 5)
+        assert check({"x": [1, 8]}, {"x": "FP32"}) == 1
+        with pytest.raises(InvalidInput, match="x"):
+            check({"x": [1, 16]}, {"x": "FP32"})
+    finally:
+        await rig.close()
+        await proxy.close()
+
+
 async def test_readiness_is_asked_of_the_engine_not_read_from_its_last_push(rig: Rig) -> None:
     """A worker answered readiness from the state the engine pushes every STATE_INTERVAL_S (later
     while a load keeps it busy): 200 after the engine had turned unready, where one process
