@@ -15,8 +15,8 @@ other worker idle.) Each socket wakes only its own worker.
   engine withdraws the requests it had in flight; the other workers are unaffected. The slot's
   socket stays open here, so the connections the kernel queued on it (and gives it until the
   new worker serves) wait for the new worker instead of being reset.
-- The engine dying ends the server: the workers are stopped and the supervisor exits 1, so that
-  systemd or Kubernetes restarts it.
+- The engine dying ends the server: the workers answer 503 until they are stopped, in the order
+  a signal stops them, and the supervisor exits 1, so that systemd or Kubernetes restarts it.
 - SIGTERM or SIGINT drains in order: the workers stop listening and finish their requests
   (Server's shutdown order) while the engine drains its queues within the same
   `drain_timeout_s` (what is left then is answered 503), then the engine exits; exit 0. A second
@@ -319,6 +319,8 @@ class Supervisor:
             code = self._collect()
             if code is not None:
                 return code
+            if self._stopping and drain_started is None:
+                continue  # the engine died: the stop begins now, not after the next poll
             if drain_started is not None:
                 late = time.monotonic() - drain_started > self.settings.drain_timeout_s + 2 * (
                     STOP_GRACE_S
@@ -354,12 +356,13 @@ class Supervisor:
                 self._engine = None
                 if self._workers or not self._stopping:
                     log.error("the engine process exited (status %s): stopping the server", code)
-                    self._stopping = True
-                    self._engine_failed = True
-                    for child in self._workers.values():
-                        self._order_stop(child)
                     if not self._workers:
                         return 1
+                    # _watch stops the workers as a signal does: the listening sockets' copies
+                    # here closed first, so none keeps listening once its worker has taken its
+                    # queue and stopped (the connections queued on it would be reset).
+                    self._stopping = True
+                    self._engine_failed = True
                     continue
                 return 0 if code == 0 else 1
             for index, child in list(self._workers.items()):

@@ -31,6 +31,14 @@ from engine.shm import Arena
 
 log = logging.getLogger("sluice.workers")
 
+ENGINE_LOST_S = 1.0
+"""How long a worker that lost its engine connection answers 503 while it waits for the
+supervisor's stop order before stopping on its own. The engine died: the order comes at once,
+after the supervisor has closed its copies of the listening sockets (a worker that stopped
+first closed its own while the supervisor's still listened, and every connection queued there
+until the supervisor noticed was reset under its request). The engine lives and ended only this
+connection: no order comes, and the worker stops to be replaced."""
+
 
 def _orders(fd: int, stop: Callable[[], None], drain: Callable[[], None] | None = None) -> None:
     """Call `stop` when the supervisor writes S to `fd` or goes away, `drain` when it writes D."""
@@ -202,11 +210,18 @@ async def _worker(
 
     _orders(orders_fd, stop_once)
     loop.add_signal_handler(signal.SIGHUP, server.reload)
+    lost: list[asyncio.TimerHandle] = []
     gone = asyncio.create_task(remote.engine_gone.wait())
-    # No engine: nothing left to serve (a finished serve() cancels this).
-    gone.add_done_callback(lambda task: None if task.cancelled() else stop_once())
+    # No engine: nothing left to serve (a finished serve() cancels this), but see ENGINE_LOST_S.
+    gone.add_done_callback(
+        lambda task: (
+            None if task.cancelled() else lost.append(loop.call_later(ENGINE_LOST_S, stop_once))
+        )
+    )
     try:
         await server.serve()
     finally:
         gone.cancel()
+        for timer in lost:
+            timer.cancel()
     return 0

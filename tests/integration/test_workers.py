@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -403,6 +404,38 @@ def test_the_supervisor_exits_non_zero_when_the_engine_dies(server: ServerProces
     assert server.wait(20) == 1
     _, alive = psutil.wait_procs(children, timeout=5)
     assert alive == []  # the workers stopped with it: nothing is left serving
+
+
+def test_connections_made_as_the_engine_dies_are_answered_or_refused(
+    server: ServerProcess,
+) -> None:
+    """A worker stopped on its own when it lost the engine, closing its listening socket while
+    the supervisor's copy of it still listened until the supervisor's next poll (200 ms): the
+    kernel accepted the connections made meanwhile, their requests were written, and they were
+    reset when the supervisor closed its copy. Each must get an answer (503) or be refused."""
+    body = orjson.dumps(json_body(np.zeros((1, 16), np.float32)))
+    request = (
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\n"
+        b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    )
+    engine_process(server).send_signal(signal.SIGKILL)
+    answers: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            client = socket.create_connection(("127.0.0.1", server.http_port), timeout=5)
+        except ConnectionRefusedError:
+            break  # the server stopped listening: nothing was sent
+        with client:
+            client.sendall(request)
+            answer = b""
+            while chunk := client.recv(65536):  # a reset raises here
+                answer += chunk
+        answers.append(answer.split(b"\r\n", 1)[0])
+    else:
+        raise AssertionError("the server kept listening after its engine died")
+    assert set(answers) <= {b"HTTP/1.1 503 Service Unavailable"}, answers
+    assert server.wait(20) == 1
 
 
 async def test_a_model_loaded_through_one_worker_serves_on_every_worker(
