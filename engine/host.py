@@ -451,6 +451,12 @@ class _HostProtocol(asyncio.Protocol):
                     if kind is not Kind.HELLO or not isinstance(message, dict):
                         raise ProtocolError(f"expected HELLO, got {kind.name}")
                     self.peer = self.host._welcome(self.transport, message.get("worker"))
+                elif self.peer.closed:
+                    # A successor took this worker slot, welcomed with the in-slots held then:
+                    # a request read now would hold one it may write into.
+                    log.warning("frames of a replaced worker connection dropped; closing it")
+                    self.transport.close()
+                    return
                 else:
                     self.host._dispatch(self.peer, kind, message)
         except (ProtocolError, ValueError, TypeError, KeyError) as exc:

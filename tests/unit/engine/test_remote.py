@@ -653,3 +653,40 @@ async def test_an_answer_past_the_frame_limit_fails_its_call_not_the_connection(
     answer = await remote.infer(request(x))  # the connection serves on
     assert answer.outputs["probabilities"].shape == (1, 10)
     assert remote.live
+
+
+class HeldIn(dict[int, int]):
+    """A worker slot's `held_in` that remembers every in-slot the engine ever took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ever: list[int] = []
+
+    def __setitem__(self, offset: int, size: int) -> None:
+        self.ever.append(offset)
+        super().__setitem__(offset, size)
+
+
+async def test_frames_of_a_replaced_worker_connection_are_not_served(rig: Rig) -> None:
+    """A worker's successor says HELLO while frames of the dead process are still unread: the
+    successor was welcomed with the slots held then, so a request read after it would hold a
+    slot the successor may write into, and its release would free that slot under whatever
+    the successor placed there. The old connection is closed at its next frame instead."""
+    held = rig.host.workers[0].held_in = HeldIn()
+    old_reader, old = await asyncio.open_unix_connection(rig.path)
+    new_reader, new = await asyncio.open_unix_connection(rig.path)
+    try:
+        for writer, reader in ((old, old_reader), (new, new_reader)):
+            writer.write(frame(Kind.HELLO, {"worker": 0}))
+            assert [k for k, _ in FrameBuffer().feed(await reader.read(1 << 16))] == [Kind.WELCOME]
+        old.write(frame(Kind.INFER, {
+            "id": 1, "slot": 0, "size": 64, "inputs": [["x", "FP32", [1, 16], 0, 64]],
+            "request": {"model_name": "demo", "datatypes": {"x": "FP32"}},
+        }))  # fmt: skip
+        closed = asyncio.create_task(old_reader.read(1 << 16))
+        await until(lambda: closed.done() or bool(held.ever))
+        assert held.ever == []
+        assert await closed == b""
+    finally:
+        old.close()
+        new.close()
