@@ -31,7 +31,8 @@ log = logging.getLogger("sluice.engine")
 
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-"""The code of InvalidInput for a prompt that does not fit the model's context."""
+"""The code of InvalidInput for a prompt, or a prompt and the max_tokens asked for, that does
+not fit the model's context (engine/generation/context.py)."""
 INVALID_API_KEY = "invalid_api_key"
 """The code of Unauthenticated for a key that was sent but is not valid (unknown, expired)."""
 

@@ -91,9 +91,9 @@ def mount_openai(app: FastAPI, engine: object) -> None:
 
 def _error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, Any]:
     """OpenAI's error object: `param` names the request field at fault and `code` is OpenAI's
-    for the error, where there is one. A prompt past the context is context_length_exceeded on
-    `messages` for a chat, as OpenAI's chat completions answer it; its completions send neither
-    a param nor a code for it."""
+    for the error, where there is one. A prompt, or a prompt plus max_tokens, past the context
+    is context_length_exceeded on `messages` for a chat, as OpenAI's chat completions answer
+    it; its completions send neither a param nor a code for it."""
     param, code = exc.param, exc.code
     if code == CONTEXT_LENGTH_EXCEEDED:
         param, code = ("messages", code) if chat else (None, None)
@@ -309,7 +309,9 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             options = _options(body)
             prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
             stream = _streamed(body)
-            generate = GenerateRequest(body["model"], tenant, prompt, messages, options)
+            generate = GenerateRequest(
+                body["model"], tenant, prompt, messages, options, refuse_past_context=True
+            )
             tokens = await generation.generate(generate)
         except EngineError as exc:
             return openai_error(exc, chat)

@@ -3,7 +3,10 @@
 `/generate_stream` sends one server-sent event per token batch with the new `text_output`.
 The request is `{"text_input": ..., "parameters": {...}}` as Triton's LLM backends take it
 (max_tokens, temperature, top_k, top_p, seed, stop, at the top level or in `parameters`).
-Errors are the v2 `{"error": "..."}` body with the status engine errors map to."""
+A max_tokens past what the context leaves after the prompt is clamped (finish reason
+`length`), as Triton's TensorRT-LLM backend clamps it, where the OpenAI routes refuse it;
+a prompt that leaves no room is refused on both. Errors are the v2 `{"error": "..."}` body
+with the status engine errors map to."""
 
 from __future__ import annotations
 

@@ -27,7 +27,6 @@ from typing import Literal
 import numpy as np
 
 from engine.errors import (
-    CONTEXT_LENGTH_EXCEEDED,
     BackendError,
     EngineError,
     InvalidInput,
@@ -35,6 +34,7 @@ from engine.errors import (
     ShuttingDown,
 )
 from engine.generation.config import GenerativeOptions
+from engine.generation.context import completion_budget
 from engine.generation.kv_cache import CacheLayout, KVCacheManager, Slot
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.sampling import Sampler, SamplingParams
@@ -132,19 +132,13 @@ class GenerationScheduler:
     ) -> GenSequence:
         """Queue a sequence (its stream starts once it is admitted). A prompt that does not fit
         the context is InvalidInput naming both lengths; max_tokens is clamped to the context
-        (the finish reason is then `length`); a full waiting queue is Overloaded."""
+        (the finish reason is then `length`; engine/generation/context.py); a full waiting
+        queue is Overloaded."""
         if self._closed:
             raise ShuttingDown()
-        context = self.options.context_length
         if not prompt:
             raise InvalidInput("the prompt is empty; it needs at least one token")
-        if len(prompt) >= context:
-            raise InvalidInput(
-                f"the prompt has {len(prompt)} tokens; the model's context is {context} tokens "
-                f"(prompt and completion together), so a prompt may have at most {context - 1}",
-                code=CONTEXT_LENGTH_EXCEEDED,
-            )
-        max_tokens = min(params.max_tokens, context - len(prompt))
+        max_tokens = completion_budget(len(prompt), params.max_tokens, self.options.context_length)
         if not self.cache.fits_ever(len(prompt) + max_tokens):
             need = self.cache.bytes_for(len(prompt) + max_tokens)
             raise InvalidInput(

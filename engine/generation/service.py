@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from engine.datatypes import past_64_bits, received, shown
 from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
+from engine.generation.context import completion_budget
 from engine.generation.generator import Generator
 from engine.generation.sampling import sampling_params
 from engine.generation.scheduler import Chunk, GenSequence
@@ -34,17 +35,22 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 class GenerateRequest:
     """One generation as a front-end parsed it. Exactly one of `prompt` (text or token ids)
     and `messages` (a chat, rendered with the model's template) is set; `options` holds the
-    sampling keys given (SAMPLING_KEYS; max_tokens absent takes the model's default)."""
+    sampling keys given (SAMPLING_KEYS; max_tokens absent takes the model's default, clamped to
+    what the context leaves). `refuse_past_context`: a max_tokens given that the context cannot
+    hold after the prompt is refused (OpenAI's API), not clamped (Triton's generate extension);
+    see engine/generation/context.py."""
 
     model: str
     tenant: str | None
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    refuse_past_context: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         return {"model": self.model, "tenant": self.tenant, "prompt": self.prompt,
-                "messages": self.messages, "options": self.options}  # fmt: skip
+                "messages": self.messages, "options": self.options,
+                "refuse_past_context": self.refuse_past_context}  # fmt: skip
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> GenerateRequest:
@@ -53,13 +59,16 @@ class GenerateRequest:
         model, tenant = message["model"], message.get("tenant")
         prompt, messages = message.get("prompt"), message.get("messages")
         options = message.get("options") or {}
+        refuse = message.get("refuse_past_context", False)
+        if not isinstance(refuse, bool):
+            raise TypeError("GENERATE: refuse_past_context must be true or false")
         if not isinstance(model, str) or not (tenant is None or isinstance(tenant, str)):
             raise TypeError("GENERATE: model and tenant must be strings")
         if not (prompt is None or isinstance(prompt, str | list)):
             raise TypeError("GENERATE: prompt must be text or a list")
         if not (messages is None or isinstance(messages, list)) or not isinstance(options, dict):
             raise TypeError("GENERATE: messages must be a list and options an object")
-        return cls(model, tenant, prompt, messages, options)
+        return cls(model, tenant, prompt, messages, options, refuse)
 
 
 class TokenStream(Protocol):
@@ -128,14 +137,23 @@ class GenerationService:
             raise ModelNotFound(request.model, available=self.generative_models())
         # A key given as null is a key not given: it takes the default.
         options = {k: v for k, v in request.options.items() if k in SAMPLING_KEYS and v is not None}
+        requested = "max_tokens" in options
         options.setdefault("max_tokens", generator.options.default_max_tokens)
         params = sampling_params(**options)
+        chat = request.messages is not None
         if request.messages is not None:
             prompt = generator.chat_ids(request.messages)
         else:
             prompt = prompt_ids(generator, request.prompt)
-        context = generator.options.context_length
-        tokens = len(prompt) + max(0, min(params.max_tokens, context - len(prompt)))
+        # Refused here, before admission: a refusal charges no tokens.
+        completion = completion_budget(
+            len(prompt),
+            params.max_tokens,
+            generator.options.context_length,
+            requested=requested and request.refuse_past_context,
+            chat=chat,
+        )
+        tokens = len(prompt) + completion
         in_tokens = engine.limiter.unit == "tokens"
         cost = tokens if in_tokens else 1
         admission = await engine.limiter.admit(request.tenant or ANONYMOUS, request.model, cost)

@@ -85,11 +85,26 @@ def test_generate_stream_sends_the_same_text_in_events(
     assert events[-1]["usage"]["completion_tokens"] == count
 
 
+def test_max_tokens_past_the_context_is_clamped_as_triton_backends_clamp_it(
+    server: ServerProcess, repository: tuple[Path, Path]
+) -> None:
+    # Where the OpenAI routes refuse it (a 400): TensorRT-LLM's backend lowers the requested
+    # output tokens to what the sequence length leaves, so this extension does too.
+    text_input = "the lazy dog " * 12
+    body = {"text_input": text_input, "max_tokens": 500, "temperature": 0}
+    reply = httpx.post(f"{server.url}/v2/models/tiny/generate", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    text, count = expected_text(repository[0], text_input, 500)  # clamped to the context too
+    assert (answer["text_output"], answer["usage"]["completion_tokens"]) == (text, count)
+    assert answer["usage"]["prompt_tokens"] + count <= 64 < answer["usage"]["prompt_tokens"] + 500
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "message"),
     [
         ("tiny/generate", {"text_input": "a " * 80, "max_tokens": 2}, 400,
-         "the model's context is 64 tokens"),
+         "This model's maximum context length is 64 tokens. However, your prompt resulted in"),
         ("nope/generate", {"text_input": "a"}, 404, "unknown model 'nope'"),
         ("tiny/generate", {"text_input": "a", "parameters": {"top_k": -3}}, 400, "top_k"),
         ("tiny/generate_stream", {"text_input": 5}, 400, "text_input must be a string"),

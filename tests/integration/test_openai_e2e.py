@@ -55,6 +55,16 @@ def expected(folder: Path, ids: list[int], max_tokens: int) -> tuple[str, int, s
     return tokenizer(folder).decode(tokens), len(tokens), finish
 
 
+def chat_ids(folder: Path, messages: list[dict[str, str]]) -> list[int]:
+    """The prompt ids of a chat: the tiny model's template rendered as the server renders it."""
+    import jinja2
+
+    template = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
+    rendered = template.render(messages=messages, add_generation_prompt=True)
+    ids: list[int] = tokenizer(folder).encode(rendered).ids
+    return ids
+
+
 def events(body: str) -> list[Any]:
     lines = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
     assert lines[-1] == "[DONE]"
@@ -135,14 +145,12 @@ def test_sixteen_concurrent_streams_are_all_correct(served: tuple[ServerProcess,
 def test_openai_client_chat_completion_uses_the_chat_template(
     served: tuple[ServerProcess, Path],
 ) -> None:
-    import jinja2
     from openai import OpenAI
 
     server, folder = served
     client = OpenAI(base_url=f"{server.url}/v1", api_key="unused")
     messages = [{"role": "user", "content": "a prompt goes in"}]
-    prompt = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
-    ids = tokenizer(folder).encode(prompt.render(messages=messages, add_generation_prompt=True)).ids
+    ids = chat_ids(folder, messages)
     text, count, finish = expected(folder, ids, 15)
     answer = client.chat.completions.create(
         model="tiny",
@@ -185,7 +193,8 @@ def test_openai_client_completion_with_seed_repeats(served: tuple[ServerProcess,
     ("body", "status", "message", "param"),
     [
         ({"model": "tiny", "prompt": [5] * 70, "max_tokens": 3}, 400,
-         "the prompt has 70 tokens; the model's context is 64 tokens", None),
+         "This model's maximum context length is 64 tokens. However, your prompt resulted in 70 "
+         "tokens", None),
         # OpenAI's 404 for an unknown model has a null param too (its code is model_not_found).
         ({"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'", None),
         ({"model": "tiny", "prompt": "a", "temperature": 5}, 400,
@@ -266,6 +275,7 @@ def test_the_openai_client_sees_the_field_at_fault(served: tuple[ServerProcess, 
 
 
 LONG_CHAT = [{"role": "user", "content": "the lazy dog " * 30}]  # past the 64-token context
+SHORT_CHAT = [{"role": "user", "content": "a prompt goes in"}]
 
 
 @pytest.mark.parametrize(
@@ -280,8 +290,16 @@ LONG_CHAT = [{"role": "user", "content": "the lazy dog " * 30}]  # past the 64-t
          "context_length_exceeded"),
         ("/v1/chat/completions", {"model": "tiny", "messages": LONG_CHAT, "stream": True}, 400,
          "messages", "context_length_exceeded"),
+        # So is one whose max_tokens the context cannot hold after the messages (it was a 200).
+        ("/v1/chat/completions", {"model": "tiny", "messages": SHORT_CHAT, "max_tokens": 60},
+         400, "messages", "context_length_exceeded"),
+        ("/v1/chat/completions",
+         {"model": "tiny", "messages": SHORT_CHAT, "max_completion_tokens": 60, "stream": True},
+         400, "messages", "context_length_exceeded"),
         # OpenAI's completions answer a prompt past the context with neither.
         ("/v1/completions", {"model": "tiny", "prompt": [5] * 70}, 400, None, None),
+        ("/v1/completions", {"model": "tiny", "prompt": [9] * 58, "max_tokens": 500}, 400, None,
+         None),
         ("/v1/completions", {"model": "tiny", "prompt": "a", "temperature": 5}, 400,
          "temperature", None),
     ],
@@ -314,6 +332,9 @@ def test_the_openai_client_sees_the_code(served: tuple[ServerProcess, Path]) -> 
         "invalid_request_error",
     )
     assert refused.value.param == "messages"
+    with pytest.raises(BadRequestError) as refused:
+        client.chat.completions.create(model="tiny", messages=SHORT_CHAT, max_tokens=60)  # type: ignore[arg-type]
+    assert (refused.value.code, refused.value.param) == ("context_length_exceeded", "messages")
     with pytest.raises(NotFoundError) as missing:
         client.chat.completions.create(model="nope", messages=LONG_CHAT)  # type: ignore[arg-type]
     assert (missing.value.code, missing.value.type) == ("model_not_found", "invalid_request_error")
@@ -323,6 +344,8 @@ KEYS = {
     "other": Key.create("elsewhere", models=["other"]),
     "rate": Key.create("ratey"),
     "quota": Key.create("quotay"),
+    "prompt": Key.create("prompty"),
+    "completion": Key.create("completiony"),
 }
 
 
@@ -330,11 +353,13 @@ KEYS = {
 def keyed(
     tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, Path]
 ) -> Iterator[ServerProcess]:
-    """API keys: one limited to another model, one allowed a request (the bucket refills in
-    1,000 s), one allowed a request a day."""
+    """API keys: one limited to another model, three allowed a request each (the buckets refill
+    in 1,000 s), one allowed a request a day."""
     root = tmp_path_factory.mktemp("openai-keyed")
     copy_tiny(tiny_gpt2_built, root)
-    limits = {"ratey": {"rate_per_s": 0.001, "burst": 1}, "quotay": {"quota_per_day": 1}}
+    once = {"rate_per_s": 0.001, "burst": 1}
+    limits = {"ratey": once, "prompty": once, "completiony": once,
+              "quotay": {"quota_per_day": 1}}  # fmt: skip
     settings = {"auth": {"keys": [key.entry() for key in KEYS.values()]},
                 "rate_limit": {"tenants": limits}}  # fmt: skip
     process = ServerProcess(
@@ -384,20 +409,92 @@ def test_the_openai_client_sees_a_wrong_key_as_openai_sends_it(keyed: ServerProc
     assert (refused.value.code, refused.value.type) == ("invalid_api_key", "invalid_request_error")
 
 
-def test_max_tokens_past_the_context_is_clamped_to_length(
-    served: tuple[ServerProcess, Path],
+@pytest.mark.parametrize(
+    ("key", "past"),
+    [
+        ("prompt", {"messages": LONG_CHAT}),
+        ("completion", {"messages": SHORT_CHAT, "max_tokens": 60}),
+    ],
+)
+def test_a_request_refused_for_the_context_uses_no_rate_limit(
+    keyed: ServerProcess, key: str, past: dict[str, Any]
 ) -> None:
+    # Refused before admission: a prompt past the context took the key's one request of the
+    # bucket (it was refused after admission), so the request after it was a 429.
+    url, headers = f"{keyed.url}/v1/chat/completions", KEYS[key].bearer()
+    fits = {"model": "tiny", "messages": SHORT_CHAT, "max_tokens": 1}
+    statuses = [
+        httpx.post(url, json=body, headers=headers, timeout=10).status_code
+        for body in ({"model": "tiny", **past}, fits, fits)
+    ]
+    assert statuses == [400, 200, 429]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "counts"),
+    [
+        ("/v1/chat/completions", {"messages": SHORT_CHAT, "max_tokens": 60},
+         "({prompt} in the messages, 60 in the completion). Please reduce the length of the "
+         "messages or completion"),
+        ("/v1/chat/completions", {"messages": SHORT_CHAT, "max_completion_tokens": 60},
+         "({prompt} in the messages, 60 in the completion)"),
+        ("/v1/completions", {"prompt": [9] * 58, "max_tokens": 500},
+         "({prompt} in your prompt; 500 for the completion). Please reduce your prompt or "
+         "completion length"),
+    ],
+)  # fmt: skip
+def test_max_tokens_past_what_the_context_leaves_is_refused_with_both_counts(
+    served: tuple[ServerProcess, Path], path: str, body: dict[str, Any], counts: str
+) -> None:
+    # It was clamped to what the context leaves (a 200, finish reason length), where OpenAI and
+    # vLLM's OpenAI server refuse it with these words, which clients match on.
     server, folder = served
-    ids = [9] * 58
+    reply = httpx.post(f"{server.url}{path}", json={"model": "tiny", **body}, timeout=10)
+    assert reply.status_code == 400, reply.text
+    prompt = len(chat_ids(folder, body["messages"])) if "messages" in body else 58
+    requested = prompt + body.get("max_tokens", body.get("max_completion_tokens", 0))
+    assert reply.json()["error"]["message"].startswith(
+        f"This model's maximum context length is 64 tokens. However, you requested {requested} "
+        f"tokens {counts.format(prompt=prompt)}"
+    )
+
+
+def chat_leaving(folder: Path, low: int, high: int) -> list[dict[str, str]]:
+    """A chat whose prompt has from `low` to `high` tokens."""
+    for words in range(1, 64):
+        messages = [{"role": "user", "content": "dog " * words}]
+        if low <= len(chat_ids(folder, messages)) <= high:
+            return messages
+    raise AssertionError(f"no chat of {low} to {high} tokens")
+
+
+@pytest.mark.parametrize("max_tokens", [None, "fits"])
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_completion_may_use_what_the_context_leaves(
+    served: tuple[ServerProcess, Path], chat: bool, max_tokens: str | None
+) -> None:
+    # Without max_tokens the model's default (16) is clamped to what the prompt leaves, never
+    # refused (as vLLM clamps its default); a max_tokens of exactly that fits.
+    server, folder = served
+    body: dict[str, Any]
+    if chat:
+        messages = chat_leaving(folder, 50, 60)
+        ids, path, body = chat_ids(folder, messages), "/v1/chat/completions", {"messages": messages}
+    else:
+        ids = [9] * 58
+        path, body = "/v1/completions", {"prompt": ids}
+    room = 64 - len(ids)
+    if max_tokens == "fits":
+        body["max_tokens"] = room
     reply = httpx.post(
-        f"{server.url}/v1/completions",
-        json={"model": "tiny", "prompt": ids, "max_tokens": 500, "temperature": 0},
-        timeout=30,
-    ).json()
-    text, count, finish = expected(folder, ids, 6)
-    assert reply["choices"][0]["text"] == text
-    assert reply["choices"][0]["finish_reason"] == finish
-    assert reply["usage"]["completion_tokens"] == count
+        f"{server.url}{path}", json={"model": "tiny", "temperature": 0, **body}, timeout=30
+    )
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    text, count, finish = expected(folder, ids, room)
+    choice = answer["choices"][0]
+    assert (choice["message"]["content"] if chat else choice["text"]) == text
+    assert (choice["finish_reason"], answer["usage"]["completion_tokens"]) == (finish, count)
 
 
 def metric(server: ServerProcess, name: str) -> float:

@@ -214,11 +214,18 @@ def test_grpc_stream_infer_is_token_identical(
     ("path", "body", "status", "message", "param", "code"),
     [
         ("/v1/completions", {"model": "tiny", "prompt": [5] * 70, "max_tokens": 3}, 400,
-         "the prompt has 70 tokens; the model's context is 64 tokens", None, None),
-        # The engine process's scheduler refuses it: OpenAI's code comes back with it.
+         "This model's maximum context length is 64 tokens. However, your prompt resulted in 70 "
+         "tokens", None, None),
+        # The engine process refuses it: OpenAI's code comes back with it.
         ("/v1/chat/completions",
          {"model": "tiny", "messages": [{"role": "user", "content": "the lazy dog " * 30}]},
-         400, "the model's context is 64 tokens", "messages", "context_length_exceeded"),
+         400, "This model's maximum context length is 64 tokens", "messages",
+         "context_length_exceeded"),
+        # The route's refusal of a max_tokens past the context reaches the engine process (it
+        # was clamped there: a 200).
+        ("/v1/chat/completions",
+         {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 63},
+         400, "in the messages, 63 in the completion)", "messages", "context_length_exceeded"),
         ("/v1/completions", {"model": "nope", "prompt": "a"}, 404, "unknown model 'nope'", None,
          "model_not_found"),
         # Checked in the engine process: the field it names comes back with the message.

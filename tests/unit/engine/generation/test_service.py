@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from engine.errors import InvalidInput
-from engine.generation.service import prompt_ids
+from engine.generation.service import GenerateRequest, prompt_ids
 from engine.generation.text import ModelText
 from tests.generative import train_tokenizer
 
@@ -60,3 +60,20 @@ def test_anything_else_is_no_prompt(generator: Any, prompt: object, shown: str) 
     assert rejected(generator, prompt) == (
         f"prompt must be a string or a list of token ids (one prompt per request); got {shown}"
     )
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_request_crosses_the_wire_with_what_it_does_past_the_context(refuse: bool) -> None:
+    # Under --workers the engine process checks the context: the OpenAI routes' refusal of a
+    # max_tokens past it must reach it (GENERATE frames are orjson).
+    request = GenerateRequest("tiny", None, prompt=[1, 2], options={"max_tokens": 9},
+                              refuse_past_context=refuse)  # fmt: skip
+    assert GenerateRequest.from_wire(orjson.loads(orjson.dumps(request.to_wire()))) == request
+
+
+def test_a_request_from_a_worker_without_the_flag_clamps() -> None:
+    wire: dict[str, Any] = {"model": "tiny", "tenant": None, "prompt": "a", "messages": None,
+                            "options": {}}  # fmt: skip
+    assert GenerateRequest.from_wire(wire).refuse_past_context is False
+    with pytest.raises(TypeError, match="refuse_past_context must be true or false"):
+        GenerateRequest.from_wire({**wire, "refuse_past_context": "yes"})
