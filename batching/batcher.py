@@ -191,7 +191,7 @@ class Batcher:
         self._last_put = now
         if deadline is not None:
             self.deadlines.add(item, deadline)
-        if self._wakes(item):
+        if self._ready is None or self._wakes(item):
             self._wakeup.set()
         try:
             if deadline is None:
@@ -227,9 +227,9 @@ class Batcher:
             del item
 
     def _wakes(self, item: Pending) -> bool:
-        """Whether queuing `item` wakes the owner: unless it waits out a window that `item`
-        leaves as it was (the batch cannot go yet, `item` is not due before the window ends and
-        does not outrank its head in another group)."""
+        """Whether `item`, queued while the owner waits out a window, wakes it: unless it leaves
+        the window as it was (the batch cannot go yet, `item` is not due before the window ends
+        and does not outrank its head in another group)."""
         head, ready = self._head, self._ready
         if head is None or ready is None:
             return True
