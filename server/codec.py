@@ -165,8 +165,10 @@ def _narrowed(values: np.ndarray, target: np.dtype[Any], shape: list[int]) -> np
             return None
         return values.astype(target).reshape(shape)
     # One check covers NaN, inf and a double too large for a narrower type, before the cast, so
-    # the cast cannot overflow (numpy's errstate, to silence it, costs more than this check).
-    if values.size and not np.abs(values).max() <= _FLOAT_MAX[target.itemsize]:
+    # the cast cannot overflow (numpy's errstate, to silence it, costs more than this check). A
+    # NaN is the max (and the min): no comparison holds for it. Two reductions, no abs() array.
+    bound = _FLOAT_MAX[target.itemsize]
+    if values.size and not (values.max() <= bound and values.min() >= -bound):
         return None
     return values.astype(target).reshape(shape)
 
