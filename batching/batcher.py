@@ -51,7 +51,7 @@ GROW_WAIT_S = 0.001
 """How long past the newest caller's arrival a probe waits for one more, at most."""
 AUTO_GATHER_S = 0.002
 """With delay "auto", how long past its head's arrival an idle batch waits for company at most:
-its window runs to the head's deadline, and callers who come together are a few loop turns
+its window runs to the soonest queued deadline, and callers who come together are a few loop turns
 apart (without this, a lone caller after a crowd waited most of its latency target)."""
 
 

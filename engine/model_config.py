@@ -77,7 +77,7 @@ class DynamicBatching(Section):
     """Merge concurrent requests into batches (only for models with max_batch_size > 0)."""
     max_queue_delay_s: float | Literal["auto"] | None = None
     """How long a batch waits for more requests after its first; default from server settings.
-    `auto`: wait only while the oldest queued request can still meet its deadline (its timeout,
+    `auto`: wait only while every queued request can still meet its deadline (its timeout,
     else `latency_target_s`) after the batch's compute, predicted from the model's recent
     batches; a request that can no longer meet it is answered 504 without being run."""
     latency_target_s: float | None = Field(None, gt=0, le=60)
