@@ -292,9 +292,17 @@ def decompress(
     cap = limit_bytes if budget_bytes is None else min(budget_bytes, limit_bytes)
     inflater = zlib.decompressobj(wbits=_ENCODINGS[coding])
     parts: list[bytes] = []
-    size, pending = 0, body
+    view = memoryview(body)
+    size, fed = 0, 0
+    pending: bytes | memoryview = b""
     try:
         while size <= cap and not inflater.eof:  # never more than cap + 1 bytes inflated
+            # The input goes in a step at a time too: zlib copies what a call leaves unread
+            # (unconsumed_tail), so the whole body handed to each step made a body that
+            # inflates little (random data, 80 MB) copy the rest of itself at every step.
+            if not pending:
+                pending = view[fed : fed + INFLATE_STEP_BYTES]
+                fed += len(pending)
             part = inflater.decompress(pending, min(INFLATE_STEP_BYTES, cap + 1 - size))
             if not part and not pending:
                 break  # the input is used up before the end of the stream: truncated
@@ -309,8 +317,7 @@ def decompress(
         raise PayloadTooLarge(None, limit_bytes, coding)
     if not inflater.eof:
         raise InvalidInput(f"body is truncated {coding} data ({len(body)} bytes)")
-    if inflater.unused_data:
-        raise InvalidInput(
-            f"body has {len(inflater.unused_data)} bytes after the end of its {coding} data"
-        )
+    trailing = len(inflater.unused_data) + len(body) - fed
+    if trailing:
+        raise InvalidInput(f"body has {trailing} bytes after the end of its {coding} data")
     return b"".join(parts)  # a single part is returned as it is, not copied

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import zlib
 from typing import Any
 
@@ -298,13 +299,16 @@ _DECOMPRESSOBJ = zlib.decompressobj
 
 
 class _Inflater:
-    """zlib's decompressobj, recording how much each call may return."""
+    """zlib's decompressobj, recording how much each call may return (and, in `given`, how many
+    bytes of input each call is handed)."""
 
-    def __init__(self, wbits: int, asked: list[int]) -> None:
-        self._inner, self._asked = _DECOMPRESSOBJ(wbits=wbits), asked
+    def __init__(self, wbits: int, asked: list[int], given: list[int] | None = None) -> None:
+        self._inner, self._asked, self._given = _DECOMPRESSOBJ(wbits=wbits), asked, given
 
     def decompress(self, data: bytes, max_length: int = 0) -> bytes:
         self._asked.append(max_length)
+        if self._given is not None:
+            self._given.append(len(data))
         return self._inner.decompress(data, max_length)
 
     def __getattr__(self, name: str) -> Any:
@@ -327,6 +331,27 @@ def test_inflation_runs_in_bounded_steps(monkeypatch: pytest.MonkeyPatch, plain_
     else:
         assert binary.decompress(body, "gzip", limit) == b" " * plain_bytes
     assert max(asked) == binary.INFLATE_STEP_BYTES
+
+
+@pytest.mark.parametrize("budget", [None, 1000])
+def test_inflation_hands_zlib_each_input_byte_about_once(
+    monkeypatch: pytest.MonkeyPatch, budget: int | None
+) -> None:
+    """zlib copies the input a call leaves unread (unconsumed_tail); handed the whole rest of
+    the body at every step, a body that inflates little (random data) was copied once per
+    step: 80 MB of gzip took 1.3 s of CPU (40 MB 0.24 s), and the event loop's first step,
+    inflating a budget, copied all of it (38 ms). The input now goes in a step at a time."""
+    given: list[int] = []
+    monkeypatch.setattr(binary, "INFLATE_STEP_BYTES", 1 << 16)
+    monkeypatch.setattr(zlib, "decompressobj", lambda wbits: _Inflater(wbits, [], given))
+    plain = random.Random(5).randbytes(2 << 20)
+    body = gzip.compress(plain, compresslevel=1)
+    if budget is None:
+        assert binary.decompress(body, "gzip", 4 << 20) == plain
+        assert sum(given) <= 2 * len(body), sum(given) / len(body)
+    else:  # a step of input inflates past the budget: the rest of the body is not touched
+        assert binary.decompress(body, "gzip", 4 << 20, budget) is None
+        assert sum(given) <= 2 * binary.INFLATE_STEP_BYTES, sum(given) / len(body)
 
 
 def test_no_compression_unless_asked() -> None:
