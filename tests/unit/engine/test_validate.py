@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
 import pytest
 
 from engine.errors import InvalidInput
 from engine.types import InferRequest, TensorSpec
-from engine.validate import check_request, scheduling
+from engine.validate import MAX_PARAMETER_DEPTH, check_parameters, check_request, scheduling
+from tests.bytecodes import bytecodes_run
 
 LABEL = "model 'm' version 1"
 TWO_IN = (TensorSpec("a", "FP32", (-1, 4)), TensorSpec("b", "INT64", (-1, 2)))
@@ -159,3 +162,17 @@ def test_scheduling_parameters_are_bounded_by_uint64(key: str) -> None:
     assert caught.value.message == (
         f"parameter '{key}' is out of range (0 to {UINT64_MAX}), got {UINT64_MAX + 1}"
     )
+
+
+def test_a_parameter_s_values_are_measured_in_c_not_a_python_step_each() -> None:
+    """The depth walk pushed every value of a parameter onto a stack and popped it in Python:
+    256 kB of `[[1],[1],...]` took 63 ms on the event loop (orjson parses it in 6), 4 MB of
+    `[1,1,...]` 0.41 s. A level's values are now looked at in C passes."""
+    wide = {"tag": [1] * 10_000, "other": {str(i): "x" for i in range(10_000)}}
+    assert bytecodes_run(lambda: check_parameters(wide, "request")) < 1_000
+    deep: Any = 1
+    for _ in range(MAX_PARAMETER_DEPTH):
+        deep = [deep, 2]
+    check_parameters({"tag": deep}, "request")
+    with pytest.raises(InvalidInput, match="parameter 'tag' is nested deeper than 32 levels"):
+        check_parameters({"tag": [deep]}, "request")
