@@ -16,9 +16,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.errors import EngineError
+from engine.errors import EngineError, PayloadTooLarge
 from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import ModelMetadata
@@ -60,7 +60,40 @@ def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
     """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
     hot path skips FastAPI's layers (see server/infer_route.py), both over one data plane."""
     plane = DataPlane(engine, settings)
-    return InferRoute(fastapi_app(settings, plane), plane, settings)
+    bounded = BodyLimit(fastapi_app(settings, plane), settings.max_request_bytes)
+    return InferRoute(bounded, plane, settings)
+
+
+class BodyLimit:
+    """ASGI middleware: a request body past `limit` bytes is PayloadTooLarge (413) when the app
+    reads it, as soon as its Content-Length or the bytes received pass the limit. The infer
+    route bounds its own body (server/infer_route.py); this bounds every other route's: a
+    prompt, a generate request, a repository load."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
+        declared = int(length) if length.isdigit() else 0
+        size = 0
+
+        async def bounded() -> Message:
+            nonlocal size
+            if declared > limit:
+                raise PayloadTooLarge(declared, limit)
+            message = await receive()
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise PayloadTooLarge(size, limit)
+            return message
+
+        await self.app(scope, bounded, send)
 
 
 def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:

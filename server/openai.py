@@ -23,7 +23,7 @@ import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.auth import Authenticator, authenticate_headers
+from engine.auth import Authenticator, Principal, authenticate_headers
 from engine.datatypes import past_64_bits, received
 from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, InvalidInput, ShuttingDown
 from engine.generation.sampling import check_max_tokens
@@ -134,16 +134,19 @@ def _refused(param: str, allowed: str, value: object) -> InvalidInput:
     return InvalidInput(f"{param} must be {allowed}; got {received(value)}", param)
 
 
-def caller(engine: FrontEnd, headers: Headers, name: object) -> str | None:
-    """The tenant of a caller allowed to generate with model `name` (its API key's principal;
-    ABSENT when the request left it out): authentication comes before anything else is read of
-    the request; ShuttingDown while draining."""
+def caller(engine: FrontEnd, who: Headers | Principal, name: object) -> str | None:
+    """The tenant of a caller allowed to generate with model `name` (ABSENT when the request
+    left it out): `who` is the request's headers, or the principal they were authenticated as
+    already, where the model's name is in the body (authentication comes before the body is
+    read, so a stranger's is never parsed); ShuttingDown while draining."""
+    if not isinstance(who, Principal):
+        who = authenticate_headers(engine.authenticator, who)
     if not isinstance(name, str) or not name:
         raise _refused("model", "a model name (string)", name)
-    tenant = authenticate_headers(engine.authenticator, headers, name).tenant
+    who.check_model(name)
     if engine.draining:
         raise ShuttingDown()
-    return tenant
+    return who.tenant
 
 
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
@@ -304,8 +307,9 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
 
     async def complete(request: Request, chat: bool) -> Response:
         try:
+            principal = authenticate_headers(engine.authenticator, request.headers)
             body = await _body(request)
-            tenant = caller(engine, request.headers, body.get("model", ABSENT))
+            tenant = caller(engine, principal, body.get("model", ABSENT))
             options = _options(body)
             prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
             stream = _streamed(body)

@@ -58,11 +58,11 @@ def generate_router(engine: FrontEnd, generation: Generation) -> APIRouter:
     router = APIRouter()
 
     async def begin(request: Request, name: str) -> TokenStream:
+        tenant = caller(engine, request.headers, name)  # before the body is read
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
             raise InvalidInput(f"the request body is not JSON: {exc}") from exc
-        tenant = caller(engine, request.headers, name)
         text, options = _request(body)
         options.pop("stream", None)
         return await generation.generate(GenerateRequest(name, tenant, text, None, options))

@@ -346,7 +346,9 @@ KEYS = {
     "quota": Key.create("quotay"),
     "prompt": Key.create("prompty"),
     "completion": Key.create("completiony"),
+    "admin": Key.create("ops", role="admin"),
 }
+BODY_LIMIT = 64 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +363,7 @@ def keyed(
     limits = {"ratey": once, "prompty": once, "completiony": once,
               "quotay": {"quota_per_day": 1}}  # fmt: skip
     settings = {"auth": {"keys": [key.entry() for key in KEYS.values()]},
-                "rate_limit": {"tenants": limits}}  # fmt: skip
+                "rate_limit": {"tenants": limits}, "max_request_bytes": BODY_LIMIT}  # fmt: skip
     process = ServerProcess(
         "--config", str(write_settings(root / "server.yaml", settings)),
         "--model-repository", str(root / "models"), log_path=root / "server.log", grpc=False,
@@ -398,6 +400,36 @@ def test_auth_and_limit_errors_are_typed_as_openai_types_them(
     assert [reply.status_code for reply in replies] == [200] * (tries - 1) + [status]
     error = replies[-1].json()["error"]
     assert (error["type"], error["param"], error["code"]) == (kind, None, code)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "a"}]}),
+        ("/v1/completions", {"model": "tiny", "prompt": "a"}),
+        ("/v2/models/tiny/generate", {"text_input": "a"}),
+        ("/v2/repository/models/tiny/load", {"parameters": {"config": "{}"}}),
+    ],
+)
+def test_a_body_past_the_limit_is_refused_on_every_route(
+    keyed: ServerProcess, path: str, body: dict[str, Any]
+) -> None:
+    """Only the infer route bounded its body by `max_request_bytes`: a prompt, a generate
+    request or a repository load of any size was read whole and parsed (a 4 MiB prompt is
+    then tokenized for 2 s)."""
+    padded = {**body, "pad": "x" * BODY_LIMIT}
+    admin = KEYS["admin"].bearer()
+    reply = httpx.post(f"{keyed.url}{path}", json=padded, headers=admin, timeout=10)
+    assert reply.status_code == 413, reply.text
+    assert str(BODY_LIMIT) in reply.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v2/models/tiny/generate"])
+def test_a_stranger_s_body_is_never_read(keyed: ServerProcess, path: str) -> None:
+    """The OpenAI routes parsed the body, to find the model, before they authenticated: a
+    stranger's malformed body was told what was wrong with it (400) instead of 401."""
+    reply = httpx.post(f"{keyed.url}{path}", content=b"{not json", timeout=10)
+    assert reply.status_code == 401, reply.text
 
 
 def test_the_openai_client_sees_a_wrong_key_as_openai_sends_it(keyed: ServerProcess) -> None:

@@ -9,8 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
+from engine.auth import ANONYMOUS_TENANT, Principal
 from engine.errors import InvalidInput
 from server.openai import _messages, _options, _prompt, _streamed, caller
+
+ANYONE = Principal(ANONYMOUS_TENANT, "admin")  # the caller as authenticated before the body
 
 PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
 
@@ -80,7 +83,7 @@ WRONG_KINDS = [
 @pytest.mark.parametrize(("value", "shown"), WRONG_KINDS)
 def test_a_model_of_the_wrong_kind_is_named_as_sent(value: str, shown: str) -> None:
     with pytest.raises(InvalidInput) as caught:
-        caller(None, {}, parsed(f'{{"model": {value}}}')["model"])  # type: ignore[arg-type]
+        caller(None, ANYONE, parsed(f'{{"model": {value}}}')["model"])  # type: ignore[arg-type]
     assert caught.value.message == f"model must be a model name (string); got {shown}"
 
 
@@ -183,7 +186,7 @@ def test_max_completion_tokens_stands_for_max_tokens() -> None:
          "messages[1].role"),
         (_messages, {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (_streamed, {"stream": "yes"}, "stream"),
-        (lambda body: caller(None, {}, body["model"]), {"model": 5}, "model"),  # type: ignore[arg-type]
+        (lambda body: caller(None, ANYONE, body["model"]), {"model": 5}, "model"),  # type: ignore[arg-type]
     ],
 )  # fmt: skip
 def test_a_refused_field_is_named_in_param(
