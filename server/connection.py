@@ -77,6 +77,7 @@ class HttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, policy: ConnectionPolicy, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.policy = policy
+        self._read_deadline: float | None = None  # loop time the request's bytes are due by
         self._read_timer: asyncio.TimerHandle | None = None
         self._drain_timer: asyncio.TimerHandle | None = None
         self._in_message = False  # a request's bytes have begun and its last byte is not in
@@ -110,7 +111,7 @@ class HttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_message = True
-        if self._read_timer is None:  # keep the clock of a head that began on connection_made
+        if self._read_deadline is None:  # keep the clock of a head that began on connection_made
             self._arm_read(self.policy.header_timeout_s)
 
     def on_headers_complete(self) -> None:
@@ -148,17 +149,39 @@ class HttpProtocol(HttpToolsProtocol):
         else:
             self.transport.close()
 
+    # The read bound is a deadline, and one timer per connection wakes for it: each request
+    # moves the deadline (twice: its head, then its body) and clears it, and a timer is set only
+    # when the deadline comes before the one already set. A timer that wakes to find the
+    # deadline moved on sets itself for the new one; one that finds none stops. Setting and
+    # cancelling a timer twice a request had cost 2 µs of the benchmark MLP's ~80 in process.
+
     def _arm_read(self, timeout_s: float) -> None:
-        self._cancel_read()
-        self._read_timer = self.loop.call_later(timeout_s, self._read_timed_out)
+        deadline = self.loop.time() + timeout_s
+        self._read_deadline = deadline
+        if self._read_timer is None or self._read_timer.when() > deadline:
+            self._cancel_read_timer()
+            self._read_timer = self.loop.call_at(deadline, self._read_due)
 
     def _cancel_read(self) -> None:
+        self._read_deadline = None  # the timer, if set, wakes to find nothing due
+
+    def _cancel_read_timer(self) -> None:
         if self._read_timer is not None:
             self._read_timer.cancel()
             self._read_timer = None
 
-    def _read_timed_out(self) -> None:
+    def _read_due(self) -> None:
         self._read_timer = None
+        deadline = self._read_deadline
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:  # moved on since this timer was set
+            self._read_timer = self.loop.call_at(deadline, self._read_due)
+            return
+        self._read_timed_out()
+
+    def _read_timed_out(self) -> None:
+        self._read_deadline = None
         cycle = self.cycle
         answer = REQUEST_TIMEOUT
         if self._reading_body and cycle is not None:
@@ -216,6 +239,7 @@ class HttpProtocol(HttpToolsProtocol):
 
     def _cancel_timers(self) -> None:
         self._cancel_read()
+        self._cancel_read_timer()
         if self._drain_timer is not None:
             self._drain_timer.cancel()
             self._drain_timer = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -93,7 +94,9 @@ class _Recording:
 
 
 async def _serve_one(
-    app: ASGIApp, request: bytes = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n"
+    app: ASGIApp,
+    request: bytes = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n",
+    policy: ConnectionPolicy | None = None,
 ) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
     """`app` behind server.connection.HttpProtocol on one end of a real socket pair; the other
     end as a client's stream, with `request` (or its beginning) already written on it."""
@@ -105,7 +108,8 @@ async def _serve_one(
             super().connection_made(kept[0])  # type: ignore[arg-type]
 
     config = uvicorn.Config(app, log_level="warning")
-    policy = ConnectionPolicy(header_timeout_s=5, body_timeout_s=5, max_connections=8)
+    if policy is None:
+        policy = ConnectionPolicy(header_timeout_s=5, body_timeout_s=5, max_connections=8)
     ours, theirs = socket.socketpair()
     loop = asyncio.get_running_loop()
     await loop.connect_accepted_socket(
@@ -206,3 +210,39 @@ async def test_a_client_that_leaves_after_a_large_body_is_reported_to_the_app() 
     await writer.drain()
     writer.close()
     await asyncio.wait_for(told.wait(), 5)
+
+
+@pytest.mark.parametrize(
+    ("header_timeout_s", "body_timeout_s", "second"),
+    [
+        (0.4, 1.0, b"GET / HTTP/1.1\r\nhost: sl"),  # the head's bound, set after a shorter one
+        (3.0, 0.4, b"POST / HTTP/1.1\r\nhost: sluice\r\ncontent-length: 9\r\n\r\nabc"),
+    ],
+    ids=["head", "body"],
+)
+async def test_a_keep_alive_request_gets_its_own_read_bound(
+    header_timeout_s: float, body_timeout_s: float, second: bytes
+) -> None:
+    # The first request's bounds are set and cleared; the second request's bound counts from
+    # its own first byte (head) or its head (body): not from the first's, and not later.
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    policy = ConnectionPolicy(header_timeout_s, body_timeout_s, max_connections=8)
+    _, reader, writer = await _serve_one(app, policy=policy)
+    try:
+        first = await asyncio.wait_for(reader.readuntil(b"ok"), 5)
+        assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+        await asyncio.sleep(0.3)  # past most of the first request's bound
+        writer.write(second)
+        started = time.monotonic()
+        answer = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+        elapsed = time.monotonic() - started
+        assert answer == REQUEST_TIMEOUT
+        assert 0.35 <= elapsed < 0.4 + 0.5, elapsed
+    finally:
+        writer.close()
