@@ -78,7 +78,8 @@ class HttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.policy = policy
         self._read_deadline: float | None = None  # loop time the request's bytes are due by
-        self._read_timer: asyncio.TimerHandle | None = None
+        self._idle_deadline: float | None = None  # keep-alive's: loop time the next one is due by
+        self._timer: asyncio.TimerHandle | None = None  # wakes for the earlier deadline
         self._drain_timer: asyncio.TimerHandle | None = None
         self._in_message = False  # a request's bytes have begun and its last byte is not in
         self._reading_body = False  # its head is in, its body is not
@@ -149,36 +150,45 @@ class HttpProtocol(HttpToolsProtocol):
         else:
             self.transport.close()
 
-    # The read bound is a deadline, and one timer per connection wakes for it: each request
-    # moves the deadline (twice: its head, then its body) and clears it, and a timer is set only
-    # when the deadline comes before the one already set. A timer that wakes to find the
-    # deadline moved on sets itself for the new one; one that finds none stops. Setting and
-    # cancelling a timer twice a request had cost 2 µs of the benchmark MLP's ~80 in process.
+    # The read bound and keep-alive's are deadlines, and one timer per connection wakes for
+    # them: each request moves the read deadline (twice: its head, then its body) and clears it,
+    # and sets keep-alive's, which its next request's first bytes clear; a timer is set only
+    # when a deadline comes before the one already set. A timer that wakes to find the
+    # deadlines moved on sets itself for the earlier one; one that finds none stops. A timer set
+    # and cancelled for each bound, three a request, had cost 3.5 µs of the benchmark MLP's ~80
+    # in process.
 
     def _arm_read(self, timeout_s: float) -> None:
-        deadline = self.loop.time() + timeout_s
-        self._read_deadline = deadline
-        if self._read_timer is None or self._read_timer.when() > deadline:
-            self._cancel_read_timer()
-            self._read_timer = self.loop.call_at(deadline, self._read_due)
+        deadline = self._read_deadline = self.loop.time() + timeout_s
+        self._wake_by(deadline)
 
     def _cancel_read(self) -> None:
         self._read_deadline = None  # the timer, if set, wakes to find nothing due
 
-    def _cancel_read_timer(self) -> None:
-        if self._read_timer is not None:
-            self._read_timer.cancel()
-            self._read_timer = None
+    def _wake_by(self, deadline: float) -> None:
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = self.loop.call_at(deadline, self._deadline_due)
 
-    def _read_due(self) -> None:
-        self._read_timer = None
-        deadline = self._read_deadline
-        if deadline is None:
-            return
-        if self.loop.time() < deadline:  # moved on since this timer was set
-            self._read_timer = self.loop.call_at(deadline, self._read_due)
-            return
-        self._read_timed_out()
+    def _deadline_due(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        read, idle = self._read_deadline, self._idle_deadline
+        if read is not None and now >= read:
+            self._read_timed_out()
+        elif idle is not None and now >= idle:
+            self._idle_deadline = None
+            self.timeout_keep_alive_handler()
+        elif read is not None or idle is not None:  # moved on since this timer was set
+            self._wake_by(min(d for d in (read, idle) if d is not None))
+
+    def _cancel_deadlines(self) -> None:
+        self._read_deadline = self._idle_deadline = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def _read_timed_out(self) -> None:
         self._read_deadline = None
@@ -214,7 +224,13 @@ class HttpProtocol(HttpToolsProtocol):
             self._arm_drain()
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        if self.pipeline or self.transport.is_closing():
+            super().on_response_complete()
+        else:  # uvicorn's steps, its keep-alive timer a deadline the connection's timer wakes for
+            self.server_state.total_requests += 1
+            self.flow.resume_reading()
+            deadline = self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+            self._wake_by(deadline)
         if self._reading_body and self.expect_100_continue and not self._body_seen:
             # Answered before "100 Continue" was sent: the client sends no body, and would write
             # its next request where this one's body was awaited. Closed now (RFC 9110 10.1.1).
@@ -237,9 +253,12 @@ class HttpProtocol(HttpToolsProtocol):
         # Otherwise the request on it is answered with Connection: close, which closes it (and a
         # head that never completes is closed by the header timeout).
 
+    def _unset_keepalive_if_required(self) -> None:
+        super()._unset_keepalive_if_required()
+        self._idle_deadline = None  # the timer, if set, wakes to find it gone
+
     def _cancel_timers(self) -> None:
-        self._cancel_read()
-        self._cancel_read_timer()
+        self._cancel_deadlines()
         if self._drain_timer is not None:
             self._drain_timer.cancel()
             self._drain_timer = None

@@ -97,6 +97,7 @@ async def _serve_one(
     app: ASGIApp,
     request: bytes = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n",
     policy: ConnectionPolicy | None = None,
+    keep_alive_s: int = 5,
 ) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
     """`app` behind server.connection.HttpProtocol on one end of a real socket pair; the other
     end as a client's stream, with `request` (or its beginning) already written on it."""
@@ -107,7 +108,7 @@ async def _serve_one(
             kept.append(_Recording(transport))
             super().connection_made(kept[0])  # type: ignore[arg-type]
 
-    config = uvicorn.Config(app, log_level="warning")
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=keep_alive_s)
     if policy is None:
         policy = ConnectionPolicy(header_timeout_s=5, body_timeout_s=5, max_connections=8)
     ours, theirs = socket.socketpair()
@@ -244,5 +245,28 @@ async def test_a_keep_alive_request_gets_its_own_read_bound(
         elapsed = time.monotonic() - started
         assert answer == REQUEST_TIMEOUT
         assert 0.35 <= elapsed < 0.4 + 0.5, elapsed
+    finally:
+        writer.close()
+
+
+async def test_an_idle_keep_alive_connection_closes_a_keep_alive_bound_after_its_last_answer() -> (
+    None
+):
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"2")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    request = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n"
+    _, reader, writer = await _serve_one(app, request, keep_alive_s=1)
+    try:
+        await asyncio.wait_for(reader.readuntil(b"ok"), 5)
+        await asyncio.sleep(0.7)  # most of the bound: the next request keeps the connection
+        writer.write(request)
+        await asyncio.wait_for(reader.readuntil(b"ok"), 5)
+        answered = time.monotonic()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, with nothing said
+        elapsed = time.monotonic() - answered
+        assert 0.9 <= elapsed < 1.5, elapsed
     finally:
         writer.close()
