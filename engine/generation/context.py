@@ -42,7 +42,7 @@ def completion_budget(
 
 
 def _prompt_too_long(prompt_tokens: int, context: int, chat: bool) -> str:
-    what, reduce = ("messages", "the length of the messages") if chat else ("prompt", "your prompt")
+    what, reduce = _prompt_words(chat)
     # The facts the earlier message gave (the prompt's tokens, the context, the most a prompt may
     # have) follow OpenAI's wording, which clients match on.
     return (
@@ -65,3 +65,22 @@ def _completion_too_long(prompt_tokens: int, max_tokens: int, context: int, chat
         f"{total} tokens ({counts}). Please reduce {reduce}: after this prompt the completion "
         f"may have at most {context - prompt_tokens} tokens"
     )
+
+
+def check_prompt_chars(chars: int, most: int, context: int, chat: bool) -> None:
+    """InvalidInput (context_length_exceeded) for a prompt text of `chars` characters, more than
+    `most` (ModelText.most_chars: more than any text of `context` tokens has), refused without
+    tokenizing it: a tokenizer takes about 0.5 s a MiB."""
+    if chars > most:
+        what, reduce = _prompt_words(chat)
+        raise InvalidInput(
+            f"This model's maximum context length is {context} tokens. However, your {what} "
+            f"has {chars} characters, more than {context} tokens of this model ever hold (at "
+            f"most {most}). Please reduce {reduce}",
+            code=CONTEXT_LENGTH_EXCEEDED,
+        )
+
+
+def _prompt_words(chat: bool) -> tuple[str, str]:
+    """What a prompt is called, and what to reduce, in OpenAI's messages."""
+    return ("messages", "the length of the messages") if chat else ("prompt", "your prompt")

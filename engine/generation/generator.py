@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.backends.base import Backend
 from engine.generation.config import GenerativeOptions
+from engine.generation.context import check_prompt_chars
 from engine.generation.kv_cache import CacheLayout
 from engine.generation.sampling import SamplingParams
 from engine.generation.scheduler import GenerationScheduler, GenSequence
@@ -57,11 +58,24 @@ class Generator:
             backend.run, cache_layout(backend, label), options, executor, label
         )
 
-    def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        return self.text.encode(prompt) if isinstance(prompt, str) else list(prompt)
+    async def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if not isinstance(prompt, str):
+            return list(prompt)
+        return await self._tokens(prompt, chat=False)
 
-    def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self.text.encode(self.text.chat_prompt(messages))
+    async def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        # Its contents bound the rendered prompt's work (the template adds a few tokens each).
+        contents = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+        most = self.text.most_chars(self.options.context_length)
+        check_prompt_chars(contents, most, self.options.context_length, chat=True)
+        return await self._tokens(self.text.chat_prompt(messages), chat=True)
+
+    async def _tokens(self, text: str, chat: bool) -> list[int]:
+        """The tokens of `text`, refused untokenized when more than the context could ever
+        hold."""
+        context = self.options.context_length
+        check_prompt_chars(len(text), self.text.most_chars(context), context, chat)
+        return await self.text.encode_async(text)
 
     def start(self, prompt: list[int], params: SamplingParams) -> GenSequence:
         """Queue a sequence; its `stream()` yields the chunks (see GenerationScheduler)."""

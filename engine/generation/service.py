@@ -142,9 +142,9 @@ class GenerationService:
         params = sampling_params(**options)
         chat = request.messages is not None
         if request.messages is not None:
-            prompt = generator.chat_ids(request.messages)
+            prompt = await generator.chat_ids(request.messages)
         else:
-            prompt = prompt_ids(generator, request.prompt)
+            prompt = await prompt_ids(generator, request.prompt)
         # Refused here, before admission: a refusal charges no tokens.
         completion = completion_budget(
             len(prompt),
@@ -172,11 +172,11 @@ class GenerationService:
         task.add_done_callback(self._settling.discard)
 
 
-def prompt_ids(generator: Generator, prompt: object) -> list[int]:
+async def prompt_ids(generator: Generator, prompt: object) -> list[int]:
     """The token ids of a prompt given as text or as ids (each checked against the vocabulary);
     InvalidInput for anything else."""
     if isinstance(prompt, str):
-        return generator.prompt_ids(prompt)
+        return await generator.prompt_ids(prompt)
     # An id past 64 bits comes as a double (as JSON hands it over): out of the vocabulary.
     if isinstance(prompt, list) and all(type(t) is int or past_64_bits(t) for t in prompt):
         vocab = generator.text.tokenizer.get_vocab_size()

@@ -8,6 +8,7 @@ client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,12 @@ from typing import Any
 from engine.errors import InvalidInput
 
 REPLACEMENT = "\ufffd"
+OFF_LOOP_CHARS = 16 * 1024
+"""Text longer than this is tokenized in a worker thread, by the tokenizer's batch call, which
+lets go of the GIL (its one-text call holds it: a 2 MB prompt held the event loop 1 s)."""
+WORD_CHARS = 100
+"""The fewest characters a token is taken to stand for at most in `ModelText.most_chars`: an
+unknown-word token may stand for a whole word (WordPiece's, up to 100 characters)."""
 
 
 class ModelText:
@@ -32,9 +39,25 @@ class ModelText:
         template = config.get("chat_template")
         self.chat_template: str | None = template if isinstance(template, str) else None
         self.special = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        self._token_chars = max(WORD_CHARS, *map(len, vocab))
+
+    def most_chars(self, tokens: int) -> int:
+        """More characters than any text of `tokens` tokens has: `tokens` times the longest
+        token's text (at least WORD_CHARS), twice over (a normalizer may fold two characters
+        into one)."""
+        return 2 * tokens * self._token_chars
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    async def encode_async(self, text: str) -> list[int]:
+        """`encode(text)`, off the event loop past OFF_LOOP_CHARS."""
+        if len(text) <= OFF_LOOP_CHARS:
+            return self.encode(text)
+        batch = self.tokenizer.encode_batch
+        encoded = await asyncio.to_thread(batch, [text], add_special_tokens=False)
+        return list(encoded[0].ids)
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))

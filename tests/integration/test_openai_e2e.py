@@ -491,6 +491,30 @@ def test_max_tokens_past_what_the_context_leaves_is_refused_with_both_counts(
     )
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "what"),
+    [
+        ("/v1/completions", {"prompt": "a" * 20_000}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 20_000}]},
+         "messages"),
+    ],
+)  # fmt: skip
+def test_a_prompt_longer_than_the_context_ever_holds_is_refused_untokenized(
+    served: tuple[ServerProcess, Path], path: str, body: dict[str, Any], what: str
+) -> None:
+    # It was tokenized first, on the event loop (about 0.5 s a MiB), to be refused for its
+    # tokens; more characters than 64 of the model's tokens ever hold are refused as they are.
+    server, _ = served
+    reply = httpx.post(f"{server.url}{path}", json={"model": "tiny", **body}, timeout=10)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["message"].startswith(
+        f"This model's maximum context length is 64 tokens. However, your {what} has 20000 "
+        "characters, more than 64 tokens of this model ever hold"
+    )
+    assert error["code"] == ("context_length_exceeded" if what == "messages" else None)
+
+
 def chat_leaving(folder: Path, low: int, high: int) -> list[dict[str, str]]:
     """A chat whose prompt has from `low` to `high` tokens."""
     for words in range(1, 64):

@@ -39,7 +39,7 @@ async def test_greedy_generation_on_cuda_matches_transformers(tmp_path: Path) ->
         model = engine.registry.resolve("tiny", None)
         assert model.backend.provider == CUDA
         assert model.generator is not None
-        prompt = model.generator.prompt_ids("the quick brown fox")
+        prompt = await model.generator.prompt_ids("the quick brown fox")
         sequence = model.generator.start(prompt, SamplingParams(max_tokens=24, temperature=0))
         tokens = [token async for chunk in sequence.stream() for token in chunk.tokens]
     finally:

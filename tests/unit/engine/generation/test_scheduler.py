@@ -357,7 +357,7 @@ async def test_stop_string_ends_the_completion_before_it(
 ) -> None:
     generator = model.generator
     assert generator is not None
-    ids = generator.prompt_ids("the quick brown")
+    ids = await generator.prompt_ids("the quick brown")
     full = [t for c in await collect(generator.start(ids, sampling_params(30, temperature=0)))
             for t in c.tokens]  # fmt: skip
     text = generator.text.decode(full)

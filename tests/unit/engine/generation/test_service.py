@@ -23,29 +23,29 @@ def generator(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return SimpleNamespace(text=ModelText(folder))
 
 
-def rejected(generator: Any, prompt: object) -> str:
+async def rejected(generator: Any, prompt: object) -> str:
     with pytest.raises(InvalidInput) as caught:
-        prompt_ids(generator, prompt)
+        await prompt_ids(generator, prompt)
     return caught.value.message
 
 
-def test_token_ids_in_the_vocabulary_pass(generator: Any) -> None:
+async def test_token_ids_in_the_vocabulary_pass(generator: Any) -> None:
     last = generator.text.tokenizer.get_vocab_size() - 1
-    assert prompt_ids(generator, [0, 5, last]) == [0, 5, last]
+    assert await prompt_ids(generator, [0, 5, last]) == [0, 5, last]
 
 
 @pytest.mark.parametrize(
     ("value", "shown"),
     [(1_000_000, "1000000"), (-1, "-1"), (2**64, "2^64 or more"), (-(2**64), "below -2^63")],
 )
-def test_a_token_id_out_of_the_vocabulary_is_named_with_its_range(
+async def test_a_token_id_out_of_the_vocabulary_is_named_with_its_range(
     generator: Any, value: int, shown: str
 ) -> None:
     # As JSON sends it: an id past 64 bits is a double, which was "prompt must be a string or a
     # list of token ids" (the double's digits would misstate it: 1.8446744073709552e+19).
     prompt = orjson.loads(f"[1, {value}]")
     last = generator.text.tokenizer.get_vocab_size() - 1
-    assert rejected(generator, prompt) == (
+    assert await rejected(generator, prompt) == (
         f"prompt token {shown} is not in the vocabulary (0 to {last})"
     )
 
@@ -55,9 +55,9 @@ def test_a_token_id_out_of_the_vocabulary_is_named_with_its_range(
     [([1, 2.5], "[1, 2.5]"), ([1, "2"], "[1, '2']"), ([1, None], "[1, null]"), (7, "7"),
      (orjson.loads("18446744073709551616"), "2^64 or more"), (None, "null")],
 )  # fmt: skip
-def test_anything_else_is_no_prompt(generator: Any, prompt: object, shown: str) -> None:
+async def test_anything_else_is_no_prompt(generator: Any, prompt: object, shown: str) -> None:
     # Named as JSON sent it (it was Python's type name: float for an integer past 64 bits).
-    assert rejected(generator, prompt) == (
+    assert await rejected(generator, prompt) == (
         f"prompt must be a string or a list of token ids (one prompt per request); got {shown}"
     )
 

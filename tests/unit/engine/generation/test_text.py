@@ -4,12 +4,14 @@ BPE tokenizer (which splits multi-byte characters across tokens)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.errors import InvalidInput
-from engine.generation.text import Detokenizer, ModelText
+from engine.generation.text import OFF_LOOP_CHARS, Detokenizer, ModelText
 from tests.generative import train_tokenizer
 
 
@@ -125,3 +127,47 @@ def test_bytes_that_never_make_a_character_are_released_after_a_few_tokens(
     deltas = [detok.push(token) for token in ids]
     assert "".join(deltas[:20]).startswith("\ufffd" * 8)
     assert "".join(deltas) + detok.flush() == text.decode(ids) == "\ufffd" * 20 + " done"
+
+
+class ThreadsSeen:
+    """A tokenizer that notes the thread each of its encoding calls runs on."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self.threads: list[int] = []
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._tokenizer, name)
+        if not name.startswith("encode"):
+            return found
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            self.threads.append(threading.get_ident())
+            return found(*args, **kwargs)
+
+        return noted
+
+
+async def test_a_long_text_is_tokenized_off_the_loop_as_on_it(text: ModelText) -> None:
+    """The tokenizer's one-text call holds the GIL (a 2 MB prompt held the event loop 1 s): a
+    text past OFF_LOOP_CHARS goes to a worker thread, by the batch call, which lets go of it."""
+    long = "the quick brown fox jumps over the lazy dog. " * (OFF_LOOP_CHARS // 40)
+    seen = ThreadsSeen(text.tokenizer)
+    text.tokenizer, original = seen, text.tokenizer
+    try:
+        assert await text.encode_async(long) == text.encode(long)
+        assert await text.encode_async("the quick") == text.encode("the quick")
+    finally:
+        text.tokenizer = original
+    loop = threading.get_ident()
+    assert [thread == loop for thread in seen.threads] == [False, True, True, True]
+
+
+def test_more_characters_than_the_context_ever_holds_is_a_bound_no_text_reaches(
+    text: ModelText,
+) -> None:
+    tokens = 64
+    most = text.most_chars(tokens)
+    vocab = text.tokenizer.get_vocab(with_added_tokens=True)
+    densest = max(vocab, key=len) * (most // 2)  # the longest token, over and over
+    assert len(text.encode(densest[: most + 1])) > tokens
