@@ -462,6 +462,14 @@ def test_a_request_refused_for_the_context_uses_no_rate_limit(
     assert statuses == [400, 200, 429]
 
 
+def refused(server: ServerProcess, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The error object of a request to the tiny model that must be answered 400."""
+    reply = httpx.post(f"{server.url}{path}", json={"model": "tiny", **body}, timeout=10)
+    assert reply.status_code == 400, reply.text
+    error: dict[str, Any] = reply.json()["error"]
+    return error
+
+
 @pytest.mark.parametrize(
     ("path", "body", "counts"),
     [
@@ -481,11 +489,10 @@ def test_max_tokens_past_what_the_context_leaves_is_refused_with_both_counts(
     # It was clamped to what the context leaves (a 200, finish reason length), where OpenAI and
     # vLLM's OpenAI server refuse it with these words, which clients match on.
     server, folder = served
-    reply = httpx.post(f"{server.url}{path}", json={"model": "tiny", **body}, timeout=10)
-    assert reply.status_code == 400, reply.text
+    error = refused(server, path, body)
     prompt = len(chat_ids(folder, body["messages"])) if "messages" in body else 58
     requested = prompt + body.get("max_tokens", body.get("max_completion_tokens", 0))
-    assert reply.json()["error"]["message"].startswith(
+    assert error["message"].startswith(
         f"This model's maximum context length is 64 tokens. However, you requested {requested} "
         f"tokens {counts.format(prompt=prompt)}"
     )
@@ -504,10 +511,7 @@ def test_a_prompt_longer_than_the_context_ever_holds_is_refused_untokenized(
 ) -> None:
     # It was tokenized first, on the event loop (about 0.5 s a MiB), to be refused for its
     # tokens; more characters than 64 of the model's tokens ever hold are refused as they are.
-    server, _ = served
-    reply = httpx.post(f"{server.url}{path}", json={"model": "tiny", **body}, timeout=10)
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
+    error = refused(served[0], path, body)
     assert error["message"].startswith(
         f"This model's maximum context length is 64 tokens. However, your {what} has 20000 "
         "characters, more than 64 tokens of this model ever hold"
