@@ -133,7 +133,10 @@ MAX_ELEMENTS = (2**63 - 1) // 8
 def check_shape(name: str, shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
     """A tensor shape a client sent, checked: non-negative whole numbers, at most MAX_DIMS of
     them, and non-zero dimensions multiplying to at most MAX_ELEMENTS, so that numpy can
-    represent it for every datatype (a 0 in the shape does not lift the bound)."""
+    represent it for every datatype (a 0 in the shape does not lift the bound). The count comes
+    first: the others take a Python step a dimension (a million took 98 ms)."""
+    if len(shape) > MAX_DIMS:
+        raise InvalidInput(f"input '{name}': shape has {len(shape)} dimensions; at most {MAX_DIMS}")
     for index, dim in enumerate(shape):
         # As JSON hands one over: out of range, never a wrong kind showing the double's digits
         # (checked first: the wrong-kind message echoes the whole shape).
@@ -146,8 +149,6 @@ def check_shape(name: str, shape: tuple[int, ...] | list[int]) -> tuple[int, ...
         raise InvalidInput(
             f"input '{name}': shape must be a list of non-negative integers, got {shape!r:.80}"
         )
-    if len(shape) > MAX_DIMS:
-        raise InvalidInput(f"input '{name}': shape has {len(shape)} dimensions; at most {MAX_DIMS}")
     nonzero = 1
     for dim in shape:
         nonzero *= max(dim, 1)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import orjson
 import pytest
 
-from engine.datatypes import MAX_ELEMENTS, check_shape, received
+from engine.datatypes import MAX_DIMS, MAX_ELEMENTS, check_shape, received
 from engine.errors import InvalidInput
+from tests.bytecodes import bytecodes_run
 
 
 def rejected(shape: list[object]) -> str:
@@ -36,6 +39,19 @@ def test_a_dimension_past_64_bits_is_named_before_other_faults() -> None:
         rejected([-1, "1"])
         == "input 'x': shape must be a list of non-negative integers, got [-1, '1']"
     )
+
+
+def test_too_many_dimensions_are_refused_before_any_is_looked_at() -> None:
+    # Each dimension was checked, a Python step each, before their count: a shape of a million
+    # took 98 ms (a 2 MB JSON body, or a gRPC message).
+    shape = [1] * 100_000
+
+    def check() -> None:
+        with contextlib.suppress(InvalidInput):
+            check_shape("x", shape)
+
+    assert bytecodes_run(check) < 500
+    assert rejected(shape) == f"input 'x': shape has 100000 dimensions; at most {MAX_DIMS}"
 
 
 @pytest.mark.parametrize(
