@@ -13,6 +13,10 @@ from engine.datatypes import past_64_bits, received, shown
 from engine.errors import InvalidInput
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_CHARS = 1000
+"""The longest stop string: each token's text is searched for it in as much text as it is long,
+so a stop string of megabytes (a body may hold one) cost every token as much, on the event
+loop."""
 MAX_SEED = 2**63 - 1
 
 
@@ -81,9 +85,11 @@ def sampling_params(
         raise InvalidInput(
             f"stop must be a string or a list of strings; got {received(stop)}", "stop"
         )
-    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+    if len(stops) > MAX_STOP_STRINGS or any(not 0 < len(s) <= MAX_STOP_CHARS for s in stops):
         raise InvalidInput(
-            f"stop takes 1 to {MAX_STOP_STRINGS} non-empty strings; got {list(stops)!r}", "stop"
+            f"stop takes 1 to {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} characters; "
+            f"got {received(list(stops))}",
+            "stop",
         )
     return SamplingParams(
         max_tokens=int(max_tokens),  # type: ignore[call-overload]

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from engine.errors import InvalidInput
-from engine.generation.sampling import Sampler, sampling_params
+from engine.generation.sampling import MAX_STOP_CHARS, Sampler, sampling_params
 
 LOGITS = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03]))
 
@@ -82,6 +82,26 @@ def test_a_parameter_of_the_wrong_kind_is_named_as_sent(options: str, message: s
     with pytest.raises(InvalidInput) as caught:
         sampling_params(**({"max_tokens": 1} | orjson.loads(options)))
     assert caught.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("stop", "shown"),
+    [
+        (["a", "b", "c", "d", "e"], "['a', 'b', 'c', 'd', 'e']"),
+        (["", "a"], "['', 'a']"),
+        (["x" * (MAX_STOP_CHARS + 1)], "['" + "x" * 97 + "...]"),
+    ],
+)
+def test_stop_strings_past_their_bounds_are_refused_and_shown_cut(
+    stop: list[str], shown: str
+) -> None:
+    # A stop string of any length was taken (each token then searched as much text) and a
+    # refused list was echoed whole.
+    with pytest.raises(InvalidInput) as caught:
+        sampling_params(max_tokens=1, stop=stop)
+    assert caught.value.message == (
+        f"stop takes 1 to 4 strings of 1 to {MAX_STOP_CHARS} characters; got {shown}"
+    )
 
 
 @pytest.mark.parametrize(
