@@ -21,7 +21,7 @@ from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import binary, codec, json_header, raw_tensors
-from server.connection import WHEN_GONE
+from server.connection import RESPOND, WHEN_GONE
 from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
 from server.logs import choose_request_id, request_id
@@ -98,6 +98,9 @@ class InferRoute:
         ]
         if "content-type" not in extra:  # encode's headers are lower-case; errors have none
             response_headers.append((b"content-type", b"application/json"))
+        respond = None if self.plane.draining else scope.get("extensions", {}).get(RESPOND)
+        if respond is not None and respond(status, response_headers, body):
+            return
         await send({"type": "http.response.start", "status": status, "headers": response_headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -6,6 +6,7 @@ the client leaving, as the app is told of it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import time
 from collections.abc import Iterable, Iterator
@@ -18,6 +19,7 @@ from uvicorn.server import ServerState
 
 from server.connection import (
     REQUEST_TIMEOUT,
+    RESPOND,
     TOO_MANY_CONNECTIONS,
     WHEN_GONE,
     ConnectionPolicy,
@@ -98,14 +100,18 @@ async def _serve_one(
     request: bytes = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n",
     policy: ConnectionPolicy | None = None,
     keep_alive_s: int = 5,
+    protocols: list[HttpProtocol] | None = None,
 ) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
     """`app` behind server.connection.HttpProtocol on one end of a real socket pair; the other
-    end as a client's stream, with `request` (or its beginning) already written on it."""
+    end as a client's stream, with `request` (or its beginning) already written on it. The
+    protocol is appended to `protocols` when given."""
     kept: list[_Recording] = []
 
     class Protocol(HttpProtocol):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             kept.append(_Recording(transport))
+            if protocols is not None:
+                protocols.append(self)
             super().connection_made(kept[0])  # type: ignore[arg-type]
 
     config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=keep_alive_s)
@@ -136,6 +142,116 @@ async def test_a_response_head_and_body_leave_in_one_write() -> None:
         assert recording.writes == [head + b"hello"]  # one send, not one for each part
     finally:
         writer.close()
+
+
+ANSWER_HEADERS = [(b"content-length", b"5"), (b"x-request-id", b"r-1")]
+REQUEST = b"GET / HTTP/1.1\r\nhost: sluice\r\n\r\n"
+
+
+async def _answer_through_asgi(scope: Scope, receive: Receive, send: Send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": ANSWER_HEADERS})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+async def test_respond_sends_what_asgi_sends_in_one_write_and_keeps_the_connection() -> None:
+    answered: list[bool] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        answered.append(scope["extensions"][RESPOND](200, ANSWER_HEADERS, b"hello"))
+
+    through_asgi, reader, writer = await _serve_one(_answer_through_asgi, REQUEST)
+    try:
+        expected = await asyncio.wait_for(reader.readuntil(b"hello"), 5)
+    finally:
+        writer.close()
+    recording, reader, writer = await _serve_one(app, REQUEST * 2)  # two on one connection
+    try:
+        for _ in range(2):
+            assert await asyncio.wait_for(reader.readuntil(b"hello"), 5) == expected
+        assert answered == [True, True]
+        assert through_asgi.writes == [expected]
+        assert recording.writes == [expected, expected]  # one write for each
+    finally:
+        writer.close()
+
+
+async def test_respond_says_connection_close_and_closes_when_the_client_asked_to() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["extensions"][RESPOND](200, ANSWER_HEADERS, b"hello")
+
+    request = b"GET / HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\n\r\n"
+    _, reader, writer = await _serve_one(app, request)
+    try:
+        answer = await asyncio.wait_for(reader.read(), 5)  # until the server closes
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert b"\r\nconnection: close" in head
+        assert body == b"hello"
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("case", ["answer begun", "not reading", "control character"])
+async def test_respond_declines_or_refuses_and_asgi_answers(case: str) -> None:
+    # Declines (False, nothing sent) when an answer has begun or the client is not reading
+    # what it was sent (back-pressure: ASGI's send waits for it); refuses a header value with a
+    # control character (a header injected into the answer), as ASGI's send does.
+    protocols: list[HttpProtocol] = []
+    outcome: list[object] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        respond = scope["extensions"][RESPOND]
+        if case == "answer begun":
+            await send({"type": "http.response.start", "status": 200, "headers": ANSWER_HEADERS})
+            outcome.append(respond(200, ANSWER_HEADERS, b"hello"))
+            await send({"type": "http.response.body", "body": b"hello"})
+            return
+        if case == "not reading":
+            protocols[0].pause_writing()
+            outcome.append(respond(200, ANSWER_HEADERS, b"hello"))
+            protocols[0].resume_writing()
+        else:
+            try:
+                respond(200, [*ANSWER_HEADERS, (b"x-name", b"a\r\nset-cookie: x")], b"hello")
+            except RuntimeError as exc:
+                outcome.append(str(exc))
+        await _answer_through_asgi(scope, receive, send)
+
+    _, reader, writer = await _serve_one(app, REQUEST, protocols=protocols)
+    try:
+        answer = await asyncio.wait_for(reader.readuntil(b"hello"), 5)
+        assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert b"set-cookie" not in answer
+        assert answer.count(b"HTTP/1.1") == 1
+        assert outcome == (
+            ["Invalid HTTP header value."] if case == "control character" else [False]
+        )
+    finally:
+        writer.close()
+
+
+async def test_respond_leaves_no_reference_cycle_per_request() -> None:
+    # A request's cycle that held its transport, which held the cycle, was freed only by the
+    # cyclic collector, which the server runs seldom (server.tune_gc): memory and collection
+    # work grew with every request (measured: 3 µs a request more, not less, than ASGI's send).
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        assert scope["extensions"][RESPOND](200, ANSWER_HEADERS, b"hello")
+
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage
+    try:
+        _, reader, writer = await _serve_one(app, REQUEST * 20)
+        for _ in range(20):
+            await asyncio.wait_for(reader.readuntil(b"hello"), 5)
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if type(o).__module__.startswith(
+            ("uvicorn", "server"))]  # fmt: skip
+        writer.close()
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert left == []
 
 
 async def test_a_streamed_head_is_sent_before_its_body_is_ready() -> None:
