@@ -248,7 +248,9 @@ def encode_response(
 def _chosen_encoding(accept_encoding: str | None) -> str | None:
     # Only an explicit gzip/deflate: tritonclient asks for one at a time, and a body that is
     # mostly float data compresses poorly, so "*" does not opt in.
-    for token in (accept_encoding or "").split(","):
+    if not accept_encoding:
+        return None
+    for token in accept_encoding.split(","):
         coding, _, params = token.strip().partition(";")
         coding = coding.strip().lower()
         if coding in _ENCODINGS and not _refused(params):

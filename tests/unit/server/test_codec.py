@@ -797,6 +797,31 @@ def test_non_finite_outputs_are_written_as_triton_writes_them(dtype: type) -> No
     np.testing.assert_array_equal(read, array.astype(np.float64))
 
 
+@pytest.mark.parametrize("size", [3, codec.SUMMED_FINITE + 5])  # summed, then numpy's check
+@pytest.mark.parametrize("odd", [np.nan, np.inf, -np.inf, None])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_a_lone_non_finite_output_value_is_seen_whatever_the_size(
+    dtype: type, odd: float | None, size: int
+) -> None:
+    import json
+
+    array = np.linspace(-2.0, 2.0, size).astype(dtype)
+    if odd is not None:
+        array[size // 2] = odd
+    body = orjson.dumps({"data": json_data(array, "FP32")}, option=orjson.OPT_SERIALIZE_NUMPY)
+    read = np.array(json.loads(body)["data"], dtype=np.float64)
+    np.testing.assert_array_equal(read.astype(dtype), array)  # FP16 is written as FP32
+    assert b"null" not in body
+
+
+def test_finite_float64_outputs_whose_sum_overflows_are_written_whole() -> None:
+    import json
+
+    array = np.array([1.7e308, 1.7e308, -1.5], dtype=np.float64)  # summed: inf
+    body = orjson.dumps({"data": json_data(array, "FP64")}, option=orjson.OPT_SERIALIZE_NUMPY)
+    np.testing.assert_array_equal(np.array(json.loads(body)["data"]), array)
+
+
 # -- simple_request: the common shape's own decoder --------------------------------------------
 
 
