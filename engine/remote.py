@@ -38,10 +38,13 @@ from engine.metrics import Metrics
 from engine.remote_generate import RemoteStream, rebuild_error
 from engine.settings import Settings
 from engine.shm import (
+    WRITE_OFF_LOOP_BYTES,
     Allocator,
     Arena,
     SlotWatcher,
+    place_now,
     place_tensors,
+    slot_bytes,
     view_tensors,
 )
 from engine.tracing import Tracing, build_tracing, request_id
@@ -61,6 +64,8 @@ load, where a response is freed when it is sent, not when the next request is)."
 
 NESTED = "a value nests lists or objects deeper than 254 levels"
 """Why a request cannot be passed to the engine: orjson's depth limit (the wire is JSON)."""
+
+IN_ARENA = "this worker's request arena"
 
 CALL_TIMEOUT_S = 10.0
 """A call to the engine (metadata, statistics, readiness...) is given up after this long: an
@@ -209,9 +214,14 @@ class RemoteEngine:
     async def infer(self, request: InferRequest) -> InferResponse:
         if self.draining:
             raise errors.ShuttingDown()
-        offset, size, described = await place_tensors(
-            self.allocator, self.inputs, request.inputs, "this worker's request arena"
-        )
+        arrays = request.inputs
+        size = slot_bytes(arrays)
+        if size <= WRITE_OFF_LOOP_BYTES:  # no coroutine to place them: most requests
+            offset, described = place_now(self.allocator, self.inputs, arrays, size, IN_ARENA)
+        else:
+            offset, size, described = await place_tensors(
+                self.allocator, self.inputs, arrays, IN_ARENA, size
+            )
         message = {
             "slot": offset,
             "size": size,
@@ -233,7 +243,7 @@ class RemoteEngine:
             },
         }
         try:
-            call = self._call(Kind.INFER, message, "the request")
+            call_id, future = self._call(Kind.INFER, message, "the request")
         except BaseException:
             self.allocator.free(offset)  # never sent: the slot is still this worker's
             raise
@@ -241,7 +251,11 @@ class RemoteEngine:
         self._infers += 1
         self._idle.clear()
         try:
-            result = await self._answer(*call)
+            result = await future  # as _answer does, without its coroutine
+        except asyncio.CancelledError:
+            if self._pending.pop(call_id, None) is not None:
+                self._send(Kind.CANCEL, {"id": call_id})
+            raise
         finally:
             self._infers -= 1
             if not self._infers:
