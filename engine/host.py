@@ -42,6 +42,7 @@ from engine.tracing import request_id
 from engine.types import InferRequest, ModelMetadata
 from engine.wire import (
     HEADER,
+    INFER_ITEMS,
     MAX_FRAME_BYTES,
     FrameBuffer,
     Kind,
@@ -114,7 +115,13 @@ class _Peer:
         if size > MAX_FRAME_BYTES:
             # The worker would take it for a broken peer and end the connection every request
             # of the worker shares: the call it answers gets an error instead.
-            call_id = payload.get("id") if isinstance(payload, dict) else None
+            call_id = (
+                payload[0]  # a RESULT is a list (see engine/wire.py)
+                if kind is Kind.RESULT
+                else payload.get("id")
+                if isinstance(payload, dict)
+                else None
+            )
             if type(call_id) is not int:
                 log.error("not sent to a worker: a %s frame of %d bytes", kind.name, size)
                 return
@@ -286,8 +293,27 @@ class EngineHost:
 
     # -- inference -------------------------------------------------------------------------------
 
-    def _infer(self, peer: _Peer, slots: WorkerSlots, message: dict[str, Any]) -> None:
-        call_id, offset, size = message["id"], message["slot"], message["size"]
+    def _infer(self, peer: _Peer, slots: WorkerSlots, message: object) -> None:
+        if type(message) is not list or len(message) != INFER_ITEMS:
+            raise ProtocolError(f"an INFER frame is a list of {INFER_ITEMS} items")
+        (
+            call_id,
+            offset,
+            size,
+            described,
+            model_name,
+            datatypes,
+            model_version,
+            request_id_field,
+            outputs,
+            parameters,
+            priority,
+            timeout_s,
+            arrived,
+            tenant,
+            rid,
+            trace,
+        ) = message
         if type(offset) is not int or type(size) is not int:
             raise ProtocolError(f"in-slot {offset!r}+{size!r} is not a pair of integers")
         slot = slots.inputs.slot(offset, size)
@@ -296,30 +322,28 @@ class EngineHost:
             slots.watcher = SlotWatcher(peer.loop, lambda at: self._release_in(slots, at))
         slots.watcher.watch(slot, offset)
         try:
-            inputs = view_tensors(slot, message["inputs"])
+            inputs = view_tensors(slot, described)
         except ValueError as exc:
             peer.send(Kind.ERROR, error_payload(call_id, errors.InvalidInput(str(exc))))
             return
         del slot  # the arrays hold it now: when they are gone, the slot is free
-        spec = message["request"]
         request = InferRequest(
-            model_name=spec["model_name"],
+            model_name=model_name,
             inputs=inputs,
-            datatypes=spec["datatypes"],
-            model_version=spec.get("model_version"),
-            id=spec.get("id"),
-            outputs=spec.get("outputs"),
-            parameters=spec.get("parameters") or {},
-            priority=spec.get("priority"),
-            timeout_s=spec.get("timeout_s"),
-            arrived=arrival(spec.get("arrived")),
-            tenant=spec.get("tenant"),
+            datatypes=datatypes,
+            model_version=model_version,
+            id=request_id_field,
+            outputs=outputs,
+            parameters=parameters or {},
+            priority=priority,
+            timeout_s=timeout_s,
+            arrived=arrival(arrived),
+            tenant=tenant,
         )
-        rid = spec.get("request_id")
         rid = rid if isinstance(rid, str) else None
         # No done callback (~1 µs a request): _answer forgets its task itself, and _cancel
         # adds _finished to a task it cancels.
-        work = self._answer(peer, slots, call_id, request, rid, spec.get("trace"))
+        work = self._answer(peer, slots, call_id, request, rid, trace)
         peer.tasks[call_id] = peer.loop.create_task(work)
 
     def _release_in(self, slots: WorkerSlots, offset: int) -> None:
@@ -358,19 +382,17 @@ class EngineHost:
             peer.out_slots.add(offset)
             peer.send(
                 Kind.RESULT,
-                {
-                    "id": call_id,
-                    "slot": offset,
-                    "size": size,
-                    "outputs": described,
-                    "response": {
-                        "model_name": response.model_name,
-                        "model_version": response.model_version,
-                        "datatypes": response.datatypes,
-                        "id": response.id,
-                        "parameters": response.parameters,
-                    },
-                },
+                [
+                    call_id,
+                    offset,
+                    size,
+                    described,
+                    response.model_name,
+                    response.model_version,
+                    response.datatypes,
+                    response.id,
+                    response.parameters,
+                ],
             )
         except errors.EngineError as exc:
             peer.send(Kind.ERROR, error_payload(call_id, exc))

@@ -50,7 +50,15 @@ from engine.shm import (
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs, check_load_parameters
-from engine.wire import HEADER, MAX_FRAME_BYTES, FrameBuffer, Kind, ProtocolError, frame
+from engine.wire import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    RESULT_ITEMS,
+    FrameBuffer,
+    Kind,
+    ProtocolError,
+    frame,
+)
 
 log = logging.getLogger("sluice.worker")
 
@@ -222,32 +230,39 @@ class RemoteEngine:
             offset, size, described = await place_tensors(
                 self.allocator, self.inputs, arrays, IN_ARENA, size
             )
-        message = {
-            "slot": offset,
-            "size": size,
-            "inputs": described,
-            "request": {
-                "model_name": request.model_name,
-                "datatypes": request.datatypes,
-                "model_version": request.model_version,
-                "id": request.id,
-                "outputs": request.outputs,
-                "parameters": request.parameters,
-                "priority": request.priority,
-                "timeout_s": request.timeout_s,
-                "arrived": request.arrived,  # CLOCK_MONOTONIC is the same in every process
-                "tenant": request.tenant,
-                "request_id": request_id.get(),  # the engine's log lines name it too
-                # The engine's stage spans join this request's trace.
-                "trace": None if self.tracing is None else self.tracing.traceparent(),
-            },
-        }
         try:
-            call_id, future = self._call(Kind.INFER, message, "the request")
+            if self.engine_gone.is_set():
+                raise errors.ShuttingDown("the engine process is gone")
+            call_id = next(self._ids)
+            message = [  # engine/wire.py INFER_ITEMS
+                call_id,
+                offset,
+                size,
+                described,
+                request.model_name,
+                request.datatypes,
+                request.model_version,
+                request.id,
+                request.outputs,
+                request.parameters,
+                request.priority,
+                request.timeout_s,
+                request.arrived,  # CLOCK_MONOTONIC is the same in every process
+                request.tenant,
+                request_id.get(),  # the engine's log lines name it too
+                # The engine's stage spans join this request's trace.
+                None if self.tracing is None else self.tracing.traceparent(),
+            ]
+            data = self._encoded(Kind.INFER, message, "the request")
         except BaseException:
             self.allocator.free(offset)  # never sent: the slot is still this worker's
             raise
         # From here the slot is the engine's until it says FREE_IN.
+        assert self._loop is not None
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        self._pending[call_id] = future
+        self._outbox.append(data)
+        self._schedule_flush()
         self._infers += 1
         self._idle.clear()
         try:
@@ -262,22 +277,21 @@ class RemoteEngine:
                 self._idle.set()
         return self._response(result)
 
-    def _response(self, result: dict[str, Any]) -> InferResponse:
-        slot = self.outputs.slot(result["slot"], result["size"])
-        offset = result["slot"]
+    def _response(self, result: list[Any]) -> InferResponse:
+        """The answer a RESULT frame (engine/wire.py RESULT_ITEMS) describes."""
+        _, offset, size, described, model_name, model_version, datatypes, id_, parameters = result
+        slot = self.outputs.slot(offset, size)
         if self._watcher is None:
             assert self._loop is not None
             self._watcher = SlotWatcher(self._loop, self._free_out_slot)
         self._watcher.watch(slot, offset)
-        outputs = view_tensors(slot, result["outputs"])
-        spec = result["response"]
         return InferResponse(
-            model_name=spec["model_name"],
-            model_version=spec["model_version"],
-            outputs=outputs,
-            datatypes=spec["datatypes"],
-            id=spec.get("id"),
-            parameters=spec.get("parameters") or {},
+            model_name=model_name,
+            model_version=model_version,
+            outputs=view_tensors(slot, described),
+            datatypes=datatypes,
+            id=id_,
+            parameters=parameters or {},
         )
 
     # -- generation ------------------------------------------------------------------------------
@@ -416,6 +430,15 @@ class RemoteEngine:
             stream.fail(errors.ShuttingDown("the engine process is gone"))
 
     def _dispatch(self, kind: Kind, message: Any) -> None:
+        if kind is Kind.RESULT:  # a list (engine/wire.py RESULT_ITEMS), checked before use
+            if type(message) is not list or len(message) != RESULT_ITEMS:
+                raise ProtocolError(f"a RESULT frame is a list of {RESULT_ITEMS} items")
+            future = self._pending.pop(message[0], None)
+            if future is None or future.done():  # cancelled meanwhile: give its slot back
+                self._free_out_slot(message[1])
+            else:
+                future.set_result(message)
+            return
         call_id = message.get("id") if isinstance(message, dict) else None
         stream = self._streams.get(call_id) if type(call_id) is int else None
         if stream is not None and kind in (Kind.STREAM, Kind.TOKENS, Kind.ERROR):
@@ -425,16 +448,14 @@ class RemoteEngine:
         elif kind is Kind.FREE_IN:
             for offset in message["slots"]:
                 self.allocator.free(offset)
-        elif kind in (Kind.RESULT, Kind.REPLY, Kind.ERROR):
+        elif kind in (Kind.REPLY, Kind.ERROR):
             future = self._pending.pop(message["id"], None)
-            if future is None or future.done():  # cancelled meanwhile: give its slot back
-                if kind is Kind.RESULT:
-                    self._free_out_slot(message["slot"])
+            if future is None or future.done():  # the caller left meanwhile
                 return
             if kind is Kind.ERROR:
                 future.set_exception(rebuild_error(message))
             else:
-                future.set_result(message if kind is Kind.RESULT else message["result"])
+                future.set_result(message["result"])
         elif kind is Kind.STATE:
             self._state = message
         elif kind is Kind.WELCOME and self._welcome is not None and not self._welcome.done():

@@ -27,20 +27,33 @@ class Kind(enum.IntEnum):
     GENERATE. Engine -> worker: WELCOME, RESULT, ERROR, FREE_IN, REPLY, STATE, STREAM, TOKENS."""
 
     HELLO = 1  # {"worker": index, "pid": pid}
-    INFER = 2  # {"id", "slot", "inputs": [descriptor...], "request": {...}}
+    INFER = 2  # [id, slot, size, [descriptor...], *the request's fields: see INFER_ITEMS]
     CANCEL = 3  # {"id"}
     FREE_OUT = 4  # {"slots": [offset...]}: the worker is done with these answers
     CALL = 5  # {"id", "method", "args"}: everything but inference
     EVENTS = 6  # {"requests": [[model, version, protocol, status, seconds]...], "encoded": ...}
     GENERATE = 7  # {"id", "request": GenerateRequest.to_wire(), "request_id"}
     WELCOME = 11  # {"held": [[offset, nbytes]...], "state": {...}}
-    RESULT = 12  # {"id", "slot", "outputs": [descriptor...], "response": {...}}
+    RESULT = 12  # [id, slot, size, [descriptor...], *the response's fields: see RESULT_ITEMS]
     ERROR = 13  # {"id", "error": class, "message", "retry_after_s", "headers", param, code, type}
     FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
     REPLY = 15  # {"id", "result"}
     STATE = 16  # {"draining", "models", "generative": [model...], "generation", "server"}
     STREAM = 17  # {"id", "headers", "prompt_tokens"}: the generation is admitted
     TOKENS = 18  # {"id", "tokens", "text", "finish_reason", "completion_tokens"}
+
+
+INFER_ITEMS = 16
+"""An INFER frame is a list, not an object (keys cost ~0.5 µs a request to write and to read):
+`[id, slot, size, [descriptor...], model_name, datatypes, model_version, the request's id,
+outputs, parameters, priority, timeout_s, arrived, tenant, request_id, trace]`, the in-slot and
+the descriptors its inputs (engine/shm.py), then the InferRequest's fields, the worker's
+request_id (the engine's log lines name it too) and traceparent (None when not traced)."""
+
+RESULT_ITEMS = 9
+"""A RESULT frame is a list too: `[id, slot, size, [descriptor...], model_name,
+model_version, datatypes, the response's id, parameters]`, the out-slot and the descriptors of
+the outputs in it, then the InferResponse's fields."""
 
 
 class ProtocolError(Exception):

@@ -30,6 +30,7 @@ from engine.errors import (
     Overloaded,
     PayloadTooLarge,
     RateLimited,
+    ShuttingDown,
 )
 from engine.generation.service import GenerateRequest
 from engine.host import EngineHost
@@ -44,6 +45,15 @@ from tests.models import write_model, write_sleeping_model
 
 def request(x: np.ndarray, model: str = "demo") -> InferRequest:
     return InferRequest(model, {"x": x}, {"x": "FP32"})
+
+
+def infer_frame(
+    call_id: int, slot: int, size: int, described: list[Any], datatypes: dict[str, str]
+) -> list[Any]:
+    """An INFER frame's payload for the demo model (engine/wire.py INFER_ITEMS), as a worker
+    sends it with nothing optional set."""
+    unset = [None, None, None, {}, None, None, None, None, None, None]  # model_version .. trace
+    return [call_id, slot, size, described, "demo", datatypes, *unset]
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
@@ -513,10 +523,8 @@ async def test_a_descriptor_that_would_allocate_terabytes_is_an_invalid_input(ri
     try:
         writer.write(frame(Kind.HELLO, {"worker": 0}))
         await frames_until({Kind.WELCOME})
-        spec = {"model_name": "demo", "datatypes": {"x": "BYTES"}}
         bad = [["x", "BYTES", [2**40], 0, 8]]
-        writer.write(frame(Kind.INFER, {"id": 1, "slot": 0, "size": 64, "inputs": bad,
-                                        "request": spec}))  # fmt: skip
+        writer.write(frame(Kind.INFER, infer_frame(1, 0, 64, bad, {"x": "BYTES"})))
         got = await frames_until({Kind.ERROR, Kind.FREE_IN})
         assert (got[Kind.ERROR]["id"], got[Kind.ERROR]["error"]) == (1, "InvalidInput")
         assert "of 1099511627776 elements cannot fit in 8 bytes" in got[Kind.ERROR]["message"]
@@ -545,6 +553,70 @@ async def test_freed_answer_slots_ride_on_the_next_request_or_go_within_a_bound(
     # With nothing else to send, the frees still go, within FREE_DELAY_S.
     await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0, timeout_s=1.0)
     assert [kind for kind, _ in FrameBuffer().feed(writes[-1])] == [Kind.FREE_OUT]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"id": 1, "slot": 0, "size": 64, "inputs": [["x", "<f4", [1, 16], 0, 64]],
+         "request": {"model_name": "demo", "datatypes": {"x": "FP32"}}},  # the object it was
+        infer_frame(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"})[:-1],
+        [*infer_frame(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"}), None],
+        "x",
+    ],
+)  # fmt: skip
+async def test_an_infer_frame_that_is_not_its_list_closes_the_connection_holding_nothing(
+    rig: Rig, payload: object
+) -> None:
+    # An INFER frame is a list of INFER_ITEMS (engine/wire.py); anything else from a worker is
+    # a broken peer, refused before a slot is taken.
+    reader, writer = await asyncio.open_unix_connection(rig.path)
+    try:
+        writer.write(frame(Kind.HELLO, {"worker": 0}))
+        assert [k for k, _ in FrameBuffer().feed(await reader.read(1 << 16))] == [Kind.WELCOME]
+        writer.write(frame(Kind.INFER, payload))
+        assert await asyncio.wait_for(reader.read(1 << 16), 5) == b""
+        assert not rig.host.workers[0].held_in
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    "payload", [{"id": 1, "slot": 0, "size": 64, "outputs": []}, [1, 0, 64, []], [1] * 10]
+)
+async def test_a_result_frame_that_is_not_its_list_ends_the_connection(
+    socket_dir: str, payload: object
+) -> None:
+    # A RESULT frame is a list of RESULT_ITEMS; anything else from the engine is a broken peer:
+    # the request it would answer fails, as every request does once the engine is gone.
+    writers: list[asyncio.StreamWriter] = []
+
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        frames = FrameBuffer()
+        while data := await reader.read(1 << 16):
+            for kind, _ in frames.feed(data):
+                if kind is Kind.HELLO:
+                    writer.write(frame(Kind.WELCOME, {"held": [], "state": {}}))
+                elif kind is Kind.INFER:
+                    writer.write(frame(Kind.RESULT, payload))
+
+    path = os.path.join(socket_dir, "scripted.sock")
+    server = await asyncio.start_unix_server(engine, path)
+    remote = RemoteEngine(load_settings(), path, 0, (Arena(1 << 16), Arena(1 << 16)))
+    try:
+        await remote.start()
+        with pytest.raises(ShuttingDown, match="the engine process is gone"):
+            await remote.infer(request(np.ones((1, 16), np.float32)))
+        assert not remote.live
+    finally:
+        await remote.close()
+        for writer in writers:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        server.close()
+        await server.wait_closed()
 
 
 @pytest.mark.parametrize("slot", [None, -1, 1, "0", True])
@@ -679,10 +751,8 @@ async def test_frames_of_a_replaced_worker_connection_are_not_served(rig: Rig) -
         for writer, reader in ((old, old_reader), (new, new_reader)):
             writer.write(frame(Kind.HELLO, {"worker": 0}))
             assert [k for k, _ in FrameBuffer().feed(await reader.read(1 << 16))] == [Kind.WELCOME]
-        old.write(frame(Kind.INFER, {
-            "id": 1, "slot": 0, "size": 64, "inputs": [["x", "FP32", [1, 16], 0, 64]],
-            "request": {"model_name": "demo", "datatypes": {"x": "FP32"}},
-        }))  # fmt: skip
+        described = [["x", "FP32", [1, 16], 0, 64]]
+        old.write(frame(Kind.INFER, infer_frame(1, 0, 64, described, {"x": "FP32"})))
         closed = asyncio.create_task(old_reader.read(1 << 16))
         await until(lambda: closed.done() or bool(held.ever))
         assert held.ever == []
