@@ -230,9 +230,10 @@ class RemoteEngine:
             offset, size, described = await place_tensors(
                 self.allocator, self.inputs, arrays, IN_ARENA, size
             )
-        try:
-            if self.engine_gone.is_set():
+            if self.engine_gone.is_set():  # while the tensors were copied
+                self.allocator.free(offset)
                 raise errors.ShuttingDown("the engine process is gone")
+        try:
             call_id = next(self._ids)
             message = [  # engine/wire.py INFER_ITEMS
                 call_id,
@@ -262,9 +263,11 @@ class RemoteEngine:
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         self._pending[call_id] = future
         self._outbox.append(data)
-        self._schedule_flush()
+        if not self._flush_scheduled:
+            self._schedule_flush()
+        if not self._infers:
+            self._idle.clear()
         self._infers += 1
-        self._idle.clear()
         try:
             result = await future  # as _answer does, without its coroutine
         except asyncio.CancelledError:
@@ -275,24 +278,17 @@ class RemoteEngine:
             self._infers -= 1
             if not self._infers:
                 self._idle.set()
-        return self._response(result)
-
-    def _response(self, result: list[Any]) -> InferResponse:
-        """The answer a RESULT frame (engine/wire.py RESULT_ITEMS) describes."""
-        _, offset, size, described, model_name, model_version, datatypes, id_, parameters = result
-        slot = self.outputs.slot(offset, size)
-        if self._watcher is None:
-            assert self._loop is not None
-            self._watcher = SlotWatcher(self._loop, self._free_out_slot)
-        self._watcher.watch(slot, offset)
-        return InferResponse(
-            model_name=model_name,
-            model_version=model_version,
-            outputs=view_tensors(slot, described),
-            datatypes=datatypes,
-            id=id_,
-            parameters=parameters or {},
-        )
+        # The answer a RESULT frame (engine/wire.py RESULT_ITEMS) describes, here rather than
+        # in a call of its own.
+        _, at, nbytes, described, model_name, model_version, datatypes, id_, parameters = result
+        slot = self.outputs.slot(at, nbytes)
+        watcher = self._watcher
+        if watcher is None:
+            watcher = self._watcher = SlotWatcher(self._loop, self._free_out_slot)
+        watcher.watch(slot, at)
+        outputs = view_tensors(slot, described)
+        # Positional: keywords cost twice as much (the field order is InferResponse's).
+        return InferResponse(model_name, model_version, outputs, datatypes, id_, parameters or {})
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import os
 import shutil
@@ -38,7 +39,7 @@ from engine.remote import RemoteEngine
 from engine.settings import Settings, load_settings
 from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
-from engine.types import InferRequest
+from engine.types import InferRequest, InferResponse
 from engine.wire import MAX_FRAME_BYTES, FrameBuffer, Kind, frame
 from tests.models import write_model, write_sleeping_model
 
@@ -149,6 +150,39 @@ async def test_inputs_are_viewed_in_the_arena_and_outputs_come_back_in_place(rig
     await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0)
     await until(lambda: remote.allocator.used_bytes == 0)
     assert not rig.host.workers[0].held_in
+
+
+async def test_every_field_of_a_request_and_of_its_answer_crosses(rig: Rig) -> None:
+    # INFER and RESULT frames are lists read by position (engine/wire.py): each field must land
+    # where the other side reads it, and a value of the wrong type for a field is no time.
+    seen: list[InferRequest] = []
+
+    async def spy(req: InferRequest) -> InferResponse:
+        seen.append(req)
+        outputs = {"probabilities": np.full((1, 10), 0.5, np.float32)}
+        types = {"probabilities": "FP32"}
+        return InferResponse("demo", "1", outputs, types, "answer-7", {"cache_hit": False})
+
+    rig.engine.infer = spy  # type: ignore[method-assign]
+    remote = await rig.remote()
+    x = np.arange(16, dtype=np.float32).reshape(1, 16)
+    now = time.monotonic()
+    sent = InferRequest("demo", {"x": x}, {"x": "FP32"}, model_version="1", id="asked-3",
+                        outputs=["probabilities"], parameters={"tag": "t"}, priority=2,
+                        timeout_s=1.5, tenant="acme", arrived=now)  # fmt: skip
+    answer = await remote.infer(sent)
+    (got,) = seen
+    np.testing.assert_array_equal(got.inputs["x"], x)
+    fields = ("model_name", "datatypes", "model_version", "id", "outputs", "parameters",
+              "priority", "timeout_s", "tenant", "arrived")  # fmt: skip
+    assert [getattr(got, f) for f in fields] == [getattr(sent, f) for f in fields]
+    assert (answer.model_name, answer.model_version, answer.datatypes, answer.id) == (
+        "demo", "1", {"probabilities": "FP32"}, "answer-7")  # fmt: skip
+    assert answer.parameters == {"cache_hit": False}
+    np.testing.assert_array_equal(answer.outputs["probabilities"], np.full((1, 10), 0.5))
+    del got, seen[:]
+    await remote.infer(dataclasses.replace(sent, arrived=int(now)))  # type: ignore[arg-type]
+    assert seen[0].arrived is None
 
 
 async def test_engine_errors_keep_their_class_message_and_retry_after(rig: Rig) -> None:
