@@ -39,7 +39,7 @@ from engine.shm import (
     view_tensors,
 )
 from engine.tracing import request_id
-from engine.types import InferRequest, ModelMetadata
+from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.wire import (
     HEADER,
     INFER_ITEMS,
@@ -49,6 +49,7 @@ from engine.wire import (
     ProtocolError,
     error_payload,
     frame,
+    list_frames,
 )
 
 log = logging.getLogger("sluice.host")
@@ -98,6 +99,7 @@ class _Peer:
         self.out_slots: set[int] = set()
         self.closed = False
         self._outbox: list[bytes] = []
+        self._answers: list[bytes] = []  # encoded RESULT answers, framed together at the flush
         self._free_in: list[int] = []
         self._scheduled = False
 
@@ -106,28 +108,72 @@ class _Peer:
             return
         body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)  # frame(), inline
         size = len(body)
-        data = HEADER.pack(size, kind) + body
         if size > MAX_FRAME_BYTES:
-            # The worker would take it for a broken peer and end the connection every request
-            # of the worker shares: the call it answers gets an error instead.
-            call_id = (
-                payload[0]  # a RESULT is a list (see engine/wire.py)
-                if kind is Kind.RESULT
-                else payload.get("id")
-                if isinstance(payload, dict)
-                else None
-            )
+            call_id = payload.get("id") if isinstance(payload, dict) else None
             if type(call_id) is not int:
                 log.error("not sent to a worker: a %s frame of %d bytes", kind.name, size)
                 return
-            failed = errors.BackendError(
-                f"the engine process's answer takes {size} bytes, more than the "
-                f"{MAX_FRAME_BYTES} bytes a message to a worker may hold"
-            )
-            data = frame(Kind.ERROR, error_payload(call_id, failed))
-        self._outbox.append(data)
+            self._too_large(call_id, size)
+            return
+        self._queue(HEADER.pack(size, kind) + body)
         if not self._scheduled:
             self._schedule()
+
+    def answer(
+        self, call_id: int, offset: int, size: int, described: list[Any], response: InferResponse
+    ) -> None:
+        """Send the answer whose outputs were written to the out-slot at `offset`, in the next
+        RESULT frame (engine/wire.py RESULT_ITEMS): the slot is the worker's until its FREE_OUT,
+        or free again here when the answer cannot go."""
+        out = self.slots.out_allocator
+        if self.closed:  # nobody will read it: the worker went away while it was written
+            out.free(offset)
+            return
+        try:
+            body = orjson.dumps(
+                [
+                    call_id,
+                    offset,
+                    size,
+                    described,
+                    response.model_name,
+                    response.model_version,
+                    response.datatypes,
+                    response.id,
+                    response.parameters,
+                ],
+                option=orjson.OPT_SERIALIZE_NUMPY,
+            )
+        except BaseException:
+            out.free(offset)
+            raise
+        if len(body) + 2 > MAX_FRAME_BYTES:  # with the list frame's brackets
+            out.free(offset)
+            self._too_large(call_id, len(body) + 2)
+            return
+        self.out_slots.add(offset)
+        self._answers.append(body)
+        if not self._scheduled:
+            self._schedule()
+
+    def _too_large(self, call_id: int, size: int) -> None:
+        # The worker would take the frame for a broken peer and end the connection every
+        # request of the worker shares: the call it answers gets an error instead.
+        failed = errors.BackendError(
+            f"the engine process's answer takes {size} bytes, more than the "
+            f"{MAX_FRAME_BYTES} bytes a message to a worker may hold"
+        )
+        self._queue(frame(Kind.ERROR, error_payload(call_id, failed)))
+        if not self._scheduled:
+            self._schedule()
+
+    def _queue(self, data: bytes) -> None:
+        """Queue a frame for the next flush (the caller schedules it), after the answers queued
+        before it."""
+        if self._answers:
+            self._outbox += list_frames(Kind.RESULT, self._answers)
+            self._answers = []
+        self._outbox.append(data)
 
     def free_in(self, offset: int) -> None:
         self._free_in.append(offset)
@@ -143,8 +189,11 @@ class _Peer:
     def _flush(self) -> None:
         self._scheduled = False
         if self._free_in:
-            self._outbox.append(frame(Kind.FREE_IN, {"slots": self._free_in}))
+            self._queue(frame(Kind.FREE_IN, {"slots": self._free_in}))
             self._free_in = []
+        elif self._answers:
+            self._outbox += list_frames(Kind.RESULT, self._answers)
+            self._answers = []
         if self._outbox and not self.closed:
             self.transport.write(b"".join(self._outbox))
         self._outbox.clear()
@@ -259,7 +308,11 @@ class EngineHost:
 
     def _dispatch(self, peer: _Peer, kind: Kind, message: Any) -> None:
         if kind is Kind.INFER:
-            self._infer(peer, peer.slots, message)
+            if type(message) is not list:
+                raise ProtocolError("an INFER frame is a list of requests")
+            slots = peer.slots
+            for request in message:
+                self._infer(peer, slots, request)
         elif kind is Kind.CANCEL:
             task = peer.tasks.get(message["id"])
             if task is not None:
@@ -291,7 +344,7 @@ class EngineHost:
 
     def _infer(self, peer: _Peer, slots: WorkerSlots, message: object) -> None:
         if type(message) is not list or len(message) != INFER_ITEMS:
-            raise ProtocolError(f"an INFER frame is a list of {INFER_ITEMS} items")
+            raise ProtocolError(f"a request is a list of {INFER_ITEMS} items")
         (
             call_id,
             offset,
@@ -375,24 +428,7 @@ class EngineHost:
                 offset, size, described = await place_tensors(
                     out, slots.outputs, arrays, OUT_ARENA, size
                 )
-            if peer.closed:  # nobody will read it: the worker went away while it was written
-                out.free(offset)
-                return
-            peer.out_slots.add(offset)
-            peer.send(
-                Kind.RESULT,
-                [
-                    call_id,
-                    offset,
-                    size,
-                    described,
-                    response.model_name,
-                    response.model_version,
-                    response.datatypes,
-                    response.id,
-                    response.parameters,
-                ],
-            )
+            peer.answer(call_id, offset, size, described, response)
         except errors.EngineError as exc:
             peer.send(Kind.ERROR, error_payload(call_id, exc))
         except Exception:

@@ -31,6 +31,8 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import Any
 
+import orjson
+
 from engine import errors
 from engine.auth import Authenticator
 from engine.generation.service import GenerateRequest
@@ -58,6 +60,7 @@ from engine.wire import (
     Kind,
     ProtocolError,
     frame,
+    list_frames,
 )
 
 log = logging.getLogger("sluice.worker")
@@ -152,6 +155,7 @@ class RemoteEngine:
         self._welcome: asyncio.Future[Any] | None = None
         self._watcher: SlotWatcher | None = None
         self._outbox: list[bytes] = []
+        self._requests: list[bytes] = []  # encoded INFER requests, framed together at the flush
         self._free_out: list[int] = []
         self._flush_scheduled = False
         self._frees_scheduled = False
@@ -254,7 +258,7 @@ class RemoteEngine:
                 # The engine's stage spans join this request's trace.
                 None if self.tracing is None else self.tracing.traceparent(),
             ]
-            data = self._encoded(Kind.INFER, message, "the request")
+            data = self._encoded(None, message, "the request")
         except BaseException:
             self.allocator.free(offset)  # never sent: the slot is still this worker's
             raise
@@ -262,7 +266,7 @@ class RemoteEngine:
         assert self._loop is not None
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         self._pending[call_id] = future
-        self._outbox.append(data)
+        self._requests.append(data)  # one INFER frame for all of this flush's
         if not self._flush_scheduled:
             self._schedule_flush()
         if not self._infers:
@@ -310,7 +314,7 @@ class RemoteEngine:
         self._streams[stream.id] = stream
         self._infers += 1  # a stream counts as a request in flight until it ends (drain)
         self._idle.clear()
-        self._outbox.append(data)
+        self._queue(data)
         self._schedule_flush()
         try:
             await stream.started
@@ -355,7 +359,7 @@ class RemoteEngine:
         assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = future
-        self._outbox.append(data)
+        self._queue(data)
         self._schedule_flush()
         return call_id, future
 
@@ -370,24 +374,37 @@ class RemoteEngine:
     # -- the connection --------------------------------------------------------------------------
 
     def _send(self, kind: Kind, payload: Any) -> None:
-        self._outbox.append(frame(kind, payload))
+        self._queue(frame(kind, payload))
         self._schedule_flush()
 
+    def _queue(self, data: bytes) -> None:
+        """Queue a frame for the next flush, after the requests queued before it (a CANCEL
+        never overtakes the request it cancels)."""
+        if self._requests:
+            self._outbox += list_frames(Kind.INFER, self._requests)
+            self._requests = []
+        self._outbox.append(data)
+
     @staticmethod
-    def _encoded(kind: Kind, payload: Any, what: str) -> bytes:
-        """`payload` as a frame, or the client's error when the channel cannot carry it: a value
+    def _encoded(kind: Kind | None, payload: Any, what: str) -> bytes:
+        """`payload` as a frame of `kind`, or as an item of a list frame with None (see
+        wire.list_frames); or the client's error when the channel cannot carry it: a value
         JSON cannot hold (InvalidInput), or a frame past MAX_FRAME_BYTES (PayloadTooLarge), which
         the engine would take for a broken peer and end the connection every request of this
         worker shares. Tensors travel in the arena; what a frame carries is the rest of the
         request (parameters, id, output names, a prompt)."""
         try:
-            data = frame(kind, payload)
+            body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
         except TypeError as exc:  # orjson: bytes, nesting past its depth limit, ...
             why = NESTED if "Recursion" in str(exc) else str(exc)
             raise errors.InvalidInput(
                 f"{what} cannot be passed to the engine process: {why}"
             ) from None
-        size = len(data) - HEADER.size
+        if kind is not None:
+            size = len(body)
+            data = HEADER.pack(size, kind) + body
+        else:
+            size, data = len(body) + 2, body  # the list frame's brackets
         if size > MAX_FRAME_BYTES:
             raise errors.PayloadTooLarge(
                 size,
@@ -405,8 +422,11 @@ class RemoteEngine:
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._free_out:
-            self._outbox.append(frame(Kind.FREE_OUT, {"slots": self._free_out}))
+            self._queue(frame(Kind.FREE_OUT, {"slots": self._free_out}))
             self._free_out = []
+        elif self._requests:
+            self._outbox += list_frames(Kind.INFER, self._requests)
+            self._requests = []
         if self._outbox and self._transport is not None and not self.engine_gone.is_set():
             self._transport.write(b"".join(self._outbox))
         self._outbox.clear()
@@ -426,14 +446,18 @@ class RemoteEngine:
             stream.fail(errors.ShuttingDown("the engine process is gone"))
 
     def _dispatch(self, kind: Kind, message: Any) -> None:
-        if kind is Kind.RESULT:  # a list (engine/wire.py RESULT_ITEMS), checked before use
-            if type(message) is not list or len(message) != RESULT_ITEMS:
-                raise ProtocolError(f"a RESULT frame is a list of {RESULT_ITEMS} items")
-            future = self._pending.pop(message[0], None)
-            if future is None or future.done():  # cancelled meanwhile: give its slot back
-                self._free_out_slot(message[1])
-            else:
-                future.set_result(message)
+        if kind is Kind.RESULT:  # lists (engine/wire.py RESULT_ITEMS), checked before use
+            if type(message) is not list:
+                raise ProtocolError("a RESULT frame is a list of answers")
+            pending = self._pending
+            for answer in message:
+                if type(answer) is not list or len(answer) != RESULT_ITEMS:
+                    raise ProtocolError(f"an answer is a list of {RESULT_ITEMS} items")
+                future = pending.pop(answer[0], None)
+                if future is None or future.done():  # cancelled meanwhile: give its slot back
+                    self._free_out_slot(answer[1])
+                else:
+                    future.set_result(answer)
             return
         call_id = message.get("id") if isinstance(message, dict) else None
         stream = self._streams.get(call_id) if type(call_id) is int else None

@@ -48,11 +48,11 @@ def request(x: np.ndarray, model: str = "demo") -> InferRequest:
     return InferRequest(model, {"x": x}, {"x": "FP32"})
 
 
-def infer_frame(
+def infer_request(
     call_id: int, slot: int, size: int, described: list[Any], datatypes: dict[str, str]
 ) -> list[Any]:
-    """An INFER frame's payload for the demo model (engine/wire.py INFER_ITEMS), as a worker
-    sends it with nothing optional set."""
+    """A request for the demo model as an INFER frame carries it (engine/wire.py INFER_ITEMS),
+    as a worker sends it with nothing optional set."""
     unset = [None, None, None, {}, None, None, None, None, None, None]  # model_version .. trace
     return [call_id, slot, size, described, "demo", datatypes, *unset]
 
@@ -558,7 +558,7 @@ async def test_a_descriptor_that_would_allocate_terabytes_is_an_invalid_input(ri
         writer.write(frame(Kind.HELLO, {"worker": 0}))
         await frames_until({Kind.WELCOME})
         bad = [["x", "BYTES", [2**40], 0, 8]]
-        writer.write(frame(Kind.INFER, infer_frame(1, 0, 64, bad, {"x": "BYTES"})))
+        writer.write(frame(Kind.INFER, [infer_request(1, 0, 64, bad, {"x": "BYTES"})]))
         got = await frames_until({Kind.ERROR, Kind.FREE_IN})
         assert (got[Kind.ERROR]["id"], got[Kind.ERROR]["error"]) == (1, "InvalidInput")
         assert "of 1099511627776 elements cannot fit in 8 bytes" in got[Kind.ERROR]["message"]
@@ -589,40 +589,51 @@ async def test_freed_answer_slots_ride_on_the_next_request_or_go_within_a_bound(
     assert [kind for kind, _ in FrameBuffer().feed(writes[-1])] == [Kind.FREE_OUT]
 
 
+ONE = infer_request(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"})
+
+
 @pytest.mark.parametrize(
     "payload",
     [
         {"id": 1, "slot": 0, "size": 64, "inputs": [["x", "<f4", [1, 16], 0, 64]],
          "request": {"model_name": "demo", "datatypes": {"x": "FP32"}}},  # the object it was
-        infer_frame(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"})[:-1],
-        [*infer_frame(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"}), None],
+        ONE,  # a request, not a list of them
+        [ONE[:-1]],
+        [[*ONE, None]],
+        [ONE, "x"],
         "x",
     ],
 )  # fmt: skip
 async def test_an_infer_frame_that_is_not_its_list_closes_the_connection_holding_nothing(
     rig: Rig, payload: object
 ) -> None:
-    # An INFER frame is a list of INFER_ITEMS (engine/wire.py); anything else from a worker is
-    # a broken peer, refused before a slot is taken.
+    # An INFER frame is a list of requests, each a list of INFER_ITEMS (engine/wire.py);
+    # anything else from a worker is a broken peer, refused before its slot is taken (the
+    # requests before it in the frame are withdrawn, as a lost worker's are).
     reader, writer = await asyncio.open_unix_connection(rig.path)
     try:
         writer.write(frame(Kind.HELLO, {"worker": 0}))
         assert [k for k, _ in FrameBuffer().feed(await reader.read(1 << 16))] == [Kind.WELCOME]
         writer.write(frame(Kind.INFER, payload))
         assert await asyncio.wait_for(reader.read(1 << 16), 5) == b""
-        assert not rig.host.workers[0].held_in
+        await until(lambda: not rig.host.workers[0].held_in)  # [ONE, "x"]: once ONE is done
     finally:
         writer.close()
 
 
+ANSWER = [1, 0, 64, [], "demo", "1", {}, None, {}]
+
+
 @pytest.mark.parametrize(
-    "payload", [{"id": 1, "slot": 0, "size": 64, "outputs": []}, [1, 0, 64, []], [1] * 10]
+    "payload",
+    [{"id": 1, "slot": 0, "size": 64, "outputs": []}, ANSWER, [ANSWER[:-1]], [[1] * 10]],
 )
 async def test_a_result_frame_that_is_not_its_list_ends_the_connection(
     socket_dir: str, payload: object
 ) -> None:
-    # A RESULT frame is a list of RESULT_ITEMS; anything else from the engine is a broken peer:
-    # the request it would answer fails, as every request does once the engine is gone.
+    # A RESULT frame is a list of answers, each a list of RESULT_ITEMS; anything else from the
+    # engine is a broken peer: the request it would answer fails, as every request does once
+    # the engine is gone.
     writers: list[asyncio.StreamWriter] = []
 
     async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -761,6 +772,24 @@ async def test_an_answer_past_the_frame_limit_fails_its_call_not_the_connection(
     assert remote.live
 
 
+async def test_an_answer_past_the_frame_limit_gives_its_slot_back(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The engine refuses to send an answer the worker would take for a broken peer, and sends
+    # an error instead: the out-slot its outputs were written to stayed taken, the worker never
+    # told of it, until the worker's connection ended.
+    remote = await rig.remote()
+    monkeypatch.setattr(engine.host, "MAX_FRAME_BYTES", 60)  # an answer takes ~100 bytes
+    x = np.ones((1, 16), np.float32)
+    with pytest.raises(BackendError, match=r"answer takes \d+ bytes, more than the 60 bytes"):
+        await remote.infer(request(x))
+    assert rig.host.workers[0].out_allocator.used_bytes == 0
+    assert not rig.host.workers[0].peer.out_slots  # type: ignore[union-attr]
+    monkeypatch.undo()
+    answer = await remote.infer(request(x))  # the connection serves on
+    assert answer.outputs["probabilities"].shape == (1, 10)
+
+
 class HeldIn(dict[int, int]):
     """A worker slot's `held_in` that remembers every in-slot the engine ever took."""
 
@@ -786,7 +815,7 @@ async def test_frames_of_a_replaced_worker_connection_are_not_served(rig: Rig) -
             writer.write(frame(Kind.HELLO, {"worker": 0}))
             assert [k for k, _ in FrameBuffer().feed(await reader.read(1 << 16))] == [Kind.WELCOME]
         described = [["x", "FP32", [1, 16], 0, 64]]
-        old.write(frame(Kind.INFER, infer_frame(1, 0, 64, described, {"x": "FP32"})))
+        old.write(frame(Kind.INFER, [infer_request(1, 0, 64, described, {"x": "FP32"})]))
         closed = asyncio.create_task(old_reader.read(1 << 16))
         await until(lambda: closed.done() or bool(held.ever))
         assert held.ever == []

@@ -3,11 +3,21 @@ whole and in order, and anything that is not a frame of the protocol is a Protoc
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.wire import HEADER, MAX_FRAME_BYTES, FrameBuffer, Kind, ProtocolError, frame
+import engine.wire
+from engine.wire import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    FrameBuffer,
+    Kind,
+    ProtocolError,
+    frame,
+    list_frames,
+)
 
 MESSAGES = [
     (Kind.INFER, {"id": 1, "slot": 0, "inputs": [["x", "<f4", [1, 16], 0, 64]]}),
@@ -49,3 +59,20 @@ def test_a_partial_frame_waits_for_the_rest() -> None:
 def test_what_is_not_a_frame_is_a_protocol_error(data: bytes, problem: str) -> None:
     with pytest.raises(ProtocolError, match=problem):
         FrameBuffer().feed(data)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 44), min_size=1, max_size=30))
+def test_list_frames_carry_every_item_in_order_within_the_limit(lengths: list[int]) -> None:
+    # A flush's requests (or answers) go as few list frames as fit in MAX_FRAME_BYTES, each
+    # item as it was encoded; one item may take all of a frame but its brackets.
+    limit = 48
+    items = [orjson.dumps("x" * n) for n in lengths]  # up to 46 bytes, the most one may take
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(engine.wire, "MAX_FRAME_BYTES", limit)
+        frames = list_frames(Kind.RESULT, items)
+    assert all(len(f) - HEADER.size <= limit for f in frames)
+    parsed = [message for data in frames for message in FrameBuffer().feed(data)]
+    assert {kind for kind, _ in parsed} == {Kind.RESULT}
+    assert [orjson.dumps(item) for _, payload in parsed for item in payload] == items
+    assert len(frames) <= 1 + sum(len(i) + 1 for i in items) // (limit // 2)
