@@ -55,6 +55,7 @@ from engine.wire import (
 log = logging.getLogger("sluice.host")
 
 OUT_ARENA = "the worker's answer arena"
+"""How a worker's out-arena is named where it is full or too small."""
 
 STATE_INTERVAL_S = 0.1
 """How often the host looks for a change of readiness or of the loaded models to push."""
@@ -353,7 +354,7 @@ class EngineHost:
             model_name,
             datatypes,
             model_version,
-            request_id_field,
+            given_id,
             outputs,
             parameters,
             priority,
@@ -382,7 +383,7 @@ class EngineHost:
             inputs,
             datatypes,
             model_version,
-            request_id_field,
+            given_id,
             outputs,
             parameters or {},
             priority,

@@ -77,6 +77,7 @@ NESTED = "a value nests lists or objects deeper than 254 levels"
 """Why a request cannot be passed to the engine: orjson's depth limit (the wire is JSON)."""
 
 IN_ARENA = "this worker's request arena"
+"""How the in-arena is named where it is full or too small."""
 
 CALL_TIMEOUT_S = 10.0
 """A call to the engine (metadata, statistics, readiness...) is given up after this long: an
