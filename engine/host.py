@@ -364,6 +364,8 @@ class EngineHost:
             rid,
             trace,
         ) = message
+        if type(call_id) is not int:  # a key of peer.tasks: checked before its task exists
+            raise ProtocolError(f"call id {call_id!r:.100} is not an integer")
         if type(offset) is not int or type(size) is not int:
             raise ProtocolError(f"in-slot {offset!r}+{size!r} is not a pair of integers")
         slot = slots.inputs.slot(offset, size)

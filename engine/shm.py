@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from engine import errors
+from engine.datatypes import MAX_DIMS
 
 ALIGN = 64
 """Every tensor starts at a multiple of this many bytes (cache lines; SIMD loads)."""
@@ -281,6 +282,8 @@ def view_tensors(slot: Buffer, descriptors: object) -> dict[str, np.ndarray]:
             or type(nbytes) is not int
         ):
             raise ValueError(f"malformed tensor descriptor {item!r:.200}")
+        if len(shape) > MAX_DIMS:  # before a Python step per dimension
+            raise ValueError(f"tensor '{name}' has {len(shape)} dimensions, past {MAX_DIMS}")
         count = 1
         for dim in shape:
             if type(dim) is not int or dim < 0:

@@ -621,6 +621,34 @@ async def test_an_infer_frame_that_is_not_its_list_closes_the_connection_holding
         writer.close()
 
 
+async def test_an_infer_request_whose_call_id_is_not_an_integer_is_never_run(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The call id keys the host's tasks: a list (unhashable) failed as the task was recorded,
+    # after it was created, so the connection closed and the request ran all the same.
+    ran: list[InferRequest] = []
+    real = rig.engine.infer
+
+    async def recording(request: InferRequest) -> InferResponse:
+        ran.append(request)
+        return await real(request)
+
+    monkeypatch.setattr(rig.engine, "infer", recording)
+    x = np.ones((1, 16), np.float32)
+    rig.worker_arenas[0][0].buf[0:64] = x.tobytes()
+    reader, writer = await asyncio.open_unix_connection(rig.path)
+    try:
+        writer.write(frame(Kind.HELLO, {"worker": 0}))
+        assert [k for k, _ in FrameBuffer().feed(await reader.read(1 << 16))] == [Kind.WELCOME]
+        writer.write(frame(Kind.INFER, [[[1], *ONE[1:]]]))
+        assert await asyncio.wait_for(reader.read(1 << 16), 5) == b""
+        await until(lambda: not rig.host.workers[0].held_in)
+        assert ran == []
+        assert not [t for t in asyncio.all_tasks() if "_answer" in repr(t.get_coro())]
+    finally:
+        writer.close()
+
+
 ANSWER = [1, 0, 64, [], "demo", "1", {}, None, {}]
 
 

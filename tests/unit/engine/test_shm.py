@@ -4,6 +4,7 @@ place (engine/shm.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 
@@ -24,6 +25,7 @@ from engine.shm import (
     view_tensors,
     write_tensors,
 )
+from tests.bytecodes import bytecodes_run
 
 
 def test_allocations_are_aligned_disjoint_and_bounded() -> None:
@@ -159,6 +161,21 @@ def test_descriptors_from_the_peer_cannot_allocate_or_crash(
     buf = memoryview(bytearray(64))
     with pytest.raises(ValueError, match=problem):
         view_tensors(buf, [item])
+
+
+def test_a_descriptor_with_too_many_dimensions_is_refused_before_any_is_looked_at() -> None:
+    # A frame of 64 MiB holds some 30 million dimensions: each was checked by a Python step on
+    # the engine's event loop before numpy refused more than 64.
+    buf = memoryview(bytearray(64))
+    item = ["x", "<f4", [1] * 1_000_000, 0, 4]
+    with pytest.raises(ValueError, match="1000000 dimensions, past 64"):
+        view_tensors(buf, [item])
+
+    def refused() -> None:
+        with contextlib.suppress(ValueError):
+            view_tensors(buf, [item])
+
+    assert bytecodes_run(refused) < 500  # 18 million before
 
 
 async def test_a_slot_being_written_off_the_loop_is_not_freed_under_the_thread(
