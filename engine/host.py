@@ -171,10 +171,13 @@ class _Peer:
     def _queue(self, data: bytes) -> None:
         """Queue a frame for the next flush (the caller schedules it), after the answers queued
         before it."""
+        self._frame_answers()
+        self._outbox.append(data)
+
+    def _frame_answers(self) -> None:
         if self._answers:
             self._outbox += list_frames(Kind.RESULT, self._answers)
             self._answers = []
-        self._outbox.append(data)
 
     def free_in(self, offset: int) -> None:
         self._free_in.append(offset)
@@ -189,12 +192,10 @@ class _Peer:
 
     def _flush(self) -> None:
         self._scheduled = False
+        self._frame_answers()
         if self._free_in:
-            self._queue(frame(Kind.FREE_IN, {"slots": self._free_in}))
+            self._outbox.append(frame(Kind.FREE_IN, {"slots": self._free_in}))
             self._free_in = []
-        elif self._answers:
-            self._outbox += list_frames(Kind.RESULT, self._answers)
-            self._answers = []
         if self._outbox and not self.closed:
             self.transport.write(b"".join(self._outbox))
         self._outbox.clear()

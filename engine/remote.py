@@ -381,10 +381,13 @@ class RemoteEngine:
     def _queue(self, data: bytes) -> None:
         """Queue a frame for the next flush, after the requests queued before it (a CANCEL
         never overtakes the request it cancels)."""
+        self._frame_requests()
+        self._outbox.append(data)
+
+    def _frame_requests(self) -> None:
         if self._requests:
             self._outbox += list_frames(Kind.INFER, self._requests)
             self._requests = []
-        self._outbox.append(data)
 
     @staticmethod
     def _encoded(kind: Kind | None, payload: Any, what: str) -> bytes:
@@ -422,12 +425,10 @@ class RemoteEngine:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._frame_requests()
         if self._free_out:
-            self._queue(frame(Kind.FREE_OUT, {"slots": self._free_out}))
+            self._outbox.append(frame(Kind.FREE_OUT, {"slots": self._free_out}))
             self._free_out = []
-        elif self._requests:
-            self._outbox += list_frames(Kind.INFER, self._requests)
-            self._requests = []
         if self._outbox and self._transport is not None and not self.engine_gone.is_set():
             self._transport.write(b"".join(self._outbox))
         self._outbox.clear()

@@ -353,9 +353,7 @@ def place_now(
 ) -> tuple[int, list[Descriptor]]:
     """`place_tensors` without a coroutine (~0.5 µs a side of a request's crossing), for a slot
     of `size` bytes (slot_bytes) of at most WRITE_OFF_LOOP_BYTES: its offset and descriptors."""
-    offset = allocator.alloc(size) if size <= allocator.size_bytes else None
-    if offset is None:
-        raise _refused(allocator, size, what)
+    offset = _take(allocator, size, what)
     try:
         described = write_tensors(arena.buf, offset, arrays)
     except BaseException:
@@ -364,17 +362,20 @@ def place_now(
     return offset, described
 
 
-def _refused(allocator: Allocator, size: int, what: str) -> errors.EngineError:
-    """Why no slot of `size` bytes is given: PayloadTooLarge when that exceeds the whole arena,
-    Overloaded when it has no room now (a full arena is a quick 503, never a wait)."""
+def _take(allocator: Allocator, size: int, what: str) -> int:
+    """A slot of `size` bytes, or why none is given: PayloadTooLarge when that exceeds the whole
+    arena, Overloaded when it has no room now (a full arena is a quick 503, never a wait)."""
+    offset = allocator.alloc(size) if size <= allocator.size_bytes else None
+    if offset is not None:
+        return offset
     if size > allocator.size_bytes:
-        return errors.PayloadTooLarge(
+        raise errors.PayloadTooLarge(
             size,
             allocator.size_bytes,
             message=f"the tensors take {size} bytes, more than all of {what} holds "
             f"({allocator.size_bytes} bytes, the setting worker_arena_bytes)",
         )
-    return errors.Overloaded(
+    raise errors.Overloaded(
         f"{what} is full ({allocator.used_bytes} of {allocator.size_bytes} bytes in use); "
         "retry shortly"
     )
@@ -388,17 +389,14 @@ async def place_tensors(
     size: int | None = None,
 ) -> tuple[int, int, list[Descriptor]]:
     """`arrays` written into a new slot of `arena` (`size` bytes, slot_bytes when not given):
-    its offset, size and the tensors' descriptions (see `_refused` for the errors). Tensors larger
+    its offset, size and the tensors' descriptions (see `_take` for the errors). Tensors larger
     than WRITE_OFF_LOOP_BYTES are copied in a worker thread."""
     if size is None:
         size = slot_bytes(arrays)
     if size <= WRITE_OFF_LOOP_BYTES:
         offset, described = place_now(allocator, arena, arrays, size, what)
         return offset, size, described
-    taken = allocator.alloc(size) if size <= allocator.size_bytes else None
-    if taken is None:
-        raise _refused(allocator, size, what)
-    offset = taken
+    offset = _take(allocator, size, what)
     copy = asyncio.ensure_future(asyncio.to_thread(write_tensors, arena.buf, offset, arrays))
     try:
         described = await asyncio.shield(copy)
