@@ -46,10 +46,10 @@ from engine.wire import (
     MAX_FRAME_BYTES,
     FrameBuffer,
     Kind,
+    Outbox,
     ProtocolError,
     error_payload,
     frame,
-    list_frames,
 )
 
 log = logging.getLogger("sluice.host")
@@ -99,8 +99,7 @@ class _Peer:
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.out_slots: set[int] = set()
         self.closed = False
-        self._outbox: list[bytes] = []
-        self._answers: list[bytes] = []  # encoded RESULT answers, framed together at the flush
+        self._outbox = Outbox(Kind.RESULT)  # answers framed together at the flush
         self._free_in: list[int] = []
         self._scheduled = False
 
@@ -116,7 +115,7 @@ class _Peer:
                 return
             self._too_large(call_id, size)
             return
-        self._queue(HEADER.pack(size, kind) + body)
+        self._outbox.add(HEADER.pack(size, kind) + body)
         if not self._scheduled:
             self._schedule()
 
@@ -153,7 +152,7 @@ class _Peer:
             self._too_large(call_id, len(body) + 2)
             return
         self.out_slots.add(offset)
-        self._answers.append(body)
+        self._outbox.items.append(body)
         if not self._scheduled:
             self._schedule()
 
@@ -164,20 +163,9 @@ class _Peer:
             f"the engine process's answer takes {size} bytes, more than the "
             f"{MAX_FRAME_BYTES} bytes a message to a worker may hold"
         )
-        self._queue(frame(Kind.ERROR, error_payload(call_id, failed)))
+        self._outbox.add(frame(Kind.ERROR, error_payload(call_id, failed)))
         if not self._scheduled:
             self._schedule()
-
-    def _queue(self, data: bytes) -> None:
-        """Queue a frame for the next flush (the caller schedules it), after the answers queued
-        before it."""
-        self._frame_answers()
-        self._outbox.append(data)
-
-    def _frame_answers(self) -> None:
-        if self._answers:
-            self._outbox += list_frames(Kind.RESULT, self._answers)
-            self._answers = []
 
     def free_in(self, offset: int) -> None:
         self._free_in.append(offset)
@@ -192,13 +180,12 @@ class _Peer:
 
     def _flush(self) -> None:
         self._scheduled = False
-        self._frame_answers()
         if self._free_in:
-            self._outbox.append(frame(Kind.FREE_IN, {"slots": self._free_in}))
+            self._outbox.add(frame(Kind.FREE_IN, {"slots": self._free_in}))
             self._free_in = []
-        if self._outbox and not self.closed:
-            self.transport.write(b"".join(self._outbox))
-        self._outbox.clear()
+        data = self._outbox.take()
+        if data and not self.closed:
+            self.transport.write(data)
 
 
 class EngineHost:

@@ -58,9 +58,9 @@ from engine.wire import (
     RESULT_ITEMS,
     FrameBuffer,
     Kind,
+    Outbox,
     ProtocolError,
     frame,
-    list_frames,
 )
 
 log = logging.getLogger("sluice.worker")
@@ -155,8 +155,7 @@ class RemoteEngine:
         self._transport: asyncio.Transport | None = None
         self._welcome: asyncio.Future[Any] | None = None
         self._watcher: SlotWatcher | None = None
-        self._outbox: list[bytes] = []
-        self._requests: list[bytes] = []  # encoded INFER requests, framed together at the flush
+        self._outbox = Outbox(Kind.INFER)  # requests framed together at the flush
         self._free_out: list[int] = []
         self._flush_scheduled = False
         self._frees_scheduled = False
@@ -267,7 +266,7 @@ class RemoteEngine:
         assert self._loop is not None
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         self._pending[call_id] = future
-        self._requests.append(data)  # one INFER frame for all of this flush's
+        self._outbox.items.append(data)  # one INFER frame for all of this flush's
         if not self._flush_scheduled:
             self._schedule_flush()
         if not self._infers:
@@ -315,7 +314,7 @@ class RemoteEngine:
         self._streams[stream.id] = stream
         self._infers += 1  # a stream counts as a request in flight until it ends (drain)
         self._idle.clear()
-        self._queue(data)
+        self._outbox.add(data)
         self._schedule_flush()
         try:
             await stream.started
@@ -360,7 +359,7 @@ class RemoteEngine:
         assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending[call_id] = future
-        self._queue(data)
+        self._outbox.add(data)
         self._schedule_flush()
         return call_id, future
 
@@ -375,19 +374,8 @@ class RemoteEngine:
     # -- the connection --------------------------------------------------------------------------
 
     def _send(self, kind: Kind, payload: Any) -> None:
-        self._queue(frame(kind, payload))
+        self._outbox.add(frame(kind, payload))
         self._schedule_flush()
-
-    def _queue(self, data: bytes) -> None:
-        """Queue a frame for the next flush, after the requests queued before it (a CANCEL
-        never overtakes the request it cancels)."""
-        self._frame_requests()
-        self._outbox.append(data)
-
-    def _frame_requests(self) -> None:
-        if self._requests:
-            self._outbox += list_frames(Kind.INFER, self._requests)
-            self._requests = []
 
     @staticmethod
     def _encoded(kind: Kind | None, payload: Any, what: str) -> bytes:
@@ -425,13 +413,12 @@ class RemoteEngine:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        self._frame_requests()
         if self._free_out:
-            self._outbox.append(frame(Kind.FREE_OUT, {"slots": self._free_out}))
+            self._outbox.add(frame(Kind.FREE_OUT, {"slots": self._free_out}))
             self._free_out = []
-        if self._outbox and self._transport is not None and not self.engine_gone.is_set():
-            self._transport.write(b"".join(self._outbox))
-        self._outbox.clear()
+        data = self._outbox.take()
+        if data and self._transport is not None and not self.engine_gone.is_set():
+            self._transport.write(data)
 
     def _lost(self, reason: object) -> None:
         """The connection to the engine ended: every pending call fails, and so will new ones."""

@@ -98,6 +98,34 @@ def list_frames(kind: Kind, items: list[bytes]) -> list[bytes]:
     return frames + list_frames(kind, items[start:])
 
 
+class Outbox:
+    """The frames waiting for a side's next write. `items` gathers the encoded items of one list
+    frame of `kind` (the requests or answers of a loop iteration); a frame added later goes after
+    them, so a CANCEL never overtakes its request."""
+
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.items: list[bytes] = []
+        self._frames: list[bytes] = []
+
+    def add(self, data: bytes) -> None:
+        """Queue a whole frame, after the items gathered so far."""
+        self._frame_items()
+        self._frames.append(data)
+
+    def take(self) -> bytes:
+        """Everything queued, framed and joined for one write; the outbox is empty after."""
+        self._frame_items()
+        data = b"".join(self._frames)
+        self._frames.clear()
+        return data
+
+    def _frame_items(self) -> None:
+        if self.items:
+            self._frames += list_frames(self.kind, self.items)
+            self.items = []
+
+
 _KINDS = {kind.value: kind for kind in Kind}  # a dict lookup: Kind(value) costs ~1 µs a frame
 
 
