@@ -138,7 +138,9 @@ class Batcher:
         self._head: Pending | None = None
         self._ready: Callable[[], bool] | None = None
         self._wake_before = -math.inf
-        self._owner = asyncio.create_task(self._own(), name=f"batcher:{label}")
+        # Kept: Python 3.11 makes a getpid() system call each time the running loop is asked for.
+        self._loop = asyncio.get_running_loop()
+        self._owner = self._loop.create_task(self._own(), name=f"batcher:{label}")
 
     @property
     def batched(self) -> bool:
@@ -181,7 +183,7 @@ class Batcher:
                 )
             group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
             item = Pending(inputs, rows, priority, tenant, group, now,
-                           asyncio.get_running_loop().create_future(), deadline,
+                           self._loop.create_future(), deadline,
                            on_run=on_run, on_leave=on_leave)  # fmt: skip
             self.queue.put(item)
         except BaseException:
@@ -292,7 +294,7 @@ class Batcher:
             except BaseException:
                 self._slots.release()
                 raise
-            task = asyncio.create_task(self._execute(batch))
+            task = self._loop.create_task(self._execute(batch))
             del batch  # else this loop holds the batch's inputs until the next batch forms
             self._running.add(task)
             task.add_done_callback(self._running.discard)
@@ -454,7 +456,7 @@ class Batcher:
             await self._run(batch)
         finally:
             self._slots.release()
-            self._running.discard(asyncio.current_task())
+            self._running.discard(asyncio.current_task(self._loop))
             self._wakeup.set()  # a model that went idle may send its next batch at once
             for item in batch:  # cancelled by close() mid-run: every caller still gets an answer
                 if not item.future.done():

@@ -7,7 +7,7 @@ and `key=value` pairs after the message in text mode."""
 from __future__ import annotations
 
 import logging
-import os
+import random
 import re
 import sys
 import time
@@ -127,8 +127,10 @@ _VALID_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
 
 
 def choose_request_id(given: str | None) -> str:
-    """The client's id when it is sane (1-128 visible ASCII characters), else a fresh one."""
-    return given if given and _VALID_ID.fullmatch(given) else os.urandom(16).hex()
+    """The client's id when it is sane (1-128 visible ASCII characters), else a fresh one: 32
+    hex digits from the process's own generator (reseeded in a forked child), not os.urandom's
+    system call per request. An id names a request in the logs; it is not a secret."""
+    return given if given and _VALID_ID.fullmatch(given) else f"{random.getrandbits(128):032x}"
 
 
 class RequestIdFilter(logging.Filter):

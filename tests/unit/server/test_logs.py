@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -146,8 +148,24 @@ def test_choose_request_id(given: str, kept: bool) -> None:
     chosen = choose_request_id(given)
     assert (chosen == given) is kept
     if not kept:
-        assert len(chosen) == 32
+        assert re.fullmatch("[0-9a-f]{32}", chosen)
         assert chosen != choose_request_id(given)
+
+
+def test_a_forked_process_chooses_other_request_ids() -> None:
+    """Workers are forked from one supervisor: their fresh ids must not repeat each other's."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out without running pytest's teardown
+        os.write(write, choose_request_id(None).encode())
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        child = pipe.read().decode()
+    assert status == 0
+    assert re.fullmatch("[0-9a-f]{32}", child)
+    assert child != choose_request_id(None)
 
 
 async def test_middleware_returns_and_binds_the_id() -> None:
