@@ -257,6 +257,14 @@ def authenticate_headers(
     return principal
 
 
+class UniqueHeaders(dict[str, str]):
+    """HTTP headers whose names are lower-case and each sent once (an ASGI request's, when none
+    repeats): `api_key_from_headers` looks up its two headers instead of reading every one."""
+
+
+CREDENTIAL_HEADERS = ("x-api-key", "authorization")
+
+
 def api_key_from_headers(
     headers: Mapping[str, str] | Iterable[tuple[str, str | bytes]],
 ) -> str | None:
@@ -268,11 +276,18 @@ def api_key_from_headers(
     sent) and for two different keys in the two headers, and InvalidInput for either header sent
     twice, rather than guessing which one counts.
     """
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    if type(headers) is UniqueHeaders:
+        pairs: Iterable[tuple[str, str | bytes]] = [
+            (name, headers[name]) for name in CREDENTIAL_HEADERS if name in headers
+        ]
+        if not pairs:
+            return None
+    else:
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
     bearer: str | None = None
     scheme: str | None = None
     x_api_key: str | None = None
-    sent = {"x-api-key": 0, "authorization": 0}
+    sent = dict.fromkeys(CREDENTIAL_HEADERS, 0)
     for name, raw in pairs:
         value = (raw.decode("latin-1") if isinstance(raw, bytes) else raw).strip()
         lowered = name.lower()

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from engine.auth import UniqueHeaders
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
@@ -121,7 +122,7 @@ class HttpCall:
         # A header sent twice is ambiguous: the pairs go to authentication, which refuses two
         # keys, and decode refuses the others (SINGLE_HEADERS).
         self.headers: Headers = (
-            mapped
+            UniqueHeaders(mapped)
             if len(mapped) == len(raw)
             else [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
         )

@@ -9,6 +9,7 @@ from engine.auth import (
     ANONYMOUS_TENANT,
     Authenticator,
     Principal,
+    UniqueHeaders,
     api_key_from_headers,
     digest_key,
     ensure_safe_bind,
@@ -182,6 +183,23 @@ def test_a_key_header_sent_twice_is_invalid_input(headers: object) -> None:
 def test_two_different_keys_are_rejected() -> None:
     with pytest.raises(Unauthenticated, match="two different API keys sent"):
         api_key_from_headers({"Authorization": "Bearer k1", "x-api-key": "k2"})
+
+
+def test_unique_headers_are_read_as_any_headers() -> None:
+    """An HTTP request's headers (UniqueHeaders: lower-case, each once) give what the same
+    pairs give, read only for their two credential headers."""
+    for pairs in (
+        {"authorization": "bearer   k1 ", "host": "x"},
+        {"x-api-key": " k1", "content-type": "application/json"},
+        {"authorization": "Bearer k1", "x-api-key": "k1"},
+        {"host": "x", "content-length": "2"},
+        {"authorization": "Bearer ", "x-api-key": ""},
+    ):
+        assert api_key_from_headers(UniqueHeaders(pairs)) == api_key_from_headers(pairs)
+    with pytest.raises(Unauthenticated, match="scheme 'Basic'"):
+        api_key_from_headers(UniqueHeaders({"authorization": "Basic dXNlcjpwdw=="}))
+    with pytest.raises(Unauthenticated, match="two different API keys sent"):
+        api_key_from_headers(UniqueHeaders({"authorization": "Bearer k1", "x-api-key": "k2"}))
 
 
 @pytest.mark.parametrize(
