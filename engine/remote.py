@@ -158,7 +158,7 @@ class RemoteEngine:
         self._outbox = Outbox(Kind.INFER)  # requests framed together at the flush
         self._free_out: list[int] = []
         self._flush_scheduled = False
-        self._frees_scheduled = False
+        self._frees_timer: asyncio.TimerHandle | None = None
         self._events_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self.engine_gone = asyncio.Event()
@@ -334,12 +334,11 @@ class RemoteEngine:
 
     def _free_out_slot(self, offset: int) -> None:
         self._free_out.append(offset)  # sent with the next flush, whatever starts it
-        if not self._frees_scheduled and self._loop is not None:
-            self._frees_scheduled = True
-            self._loop.call_later(FREE_DELAY_S, self._send_frees)
+        if self._frees_timer is None and self._loop is not None:
+            self._frees_timer = self._loop.call_later(FREE_DELAY_S, self._send_frees)
 
     def _send_frees(self) -> None:
-        self._frees_scheduled = False
+        self._frees_timer = None
         if self._free_out:  # nothing else went meanwhile
             self._schedule_flush()
 
@@ -416,6 +415,9 @@ class RemoteEngine:
         if self._free_out:
             self._outbox.add(frame(Kind.FREE_OUT, {"slots": self._free_out}))
             self._free_out = []
+            if self._frees_timer is not None:  # they ride on this flush: the timer would
+                self._frees_timer.cancel()  # wake an idle worker for nothing
+                self._frees_timer = None
         data = self._outbox.take()
         if data and self._transport is not None and not self.engine_gone.is_set():
             self._transport.write(data)

@@ -35,7 +35,7 @@ from engine.errors import (
 )
 from engine.generation.service import GenerateRequest
 from engine.host import EngineHost
-from engine.remote import RemoteEngine
+from engine.remote import FREE_DELAY_S, RemoteEngine
 from engine.settings import Settings, load_settings
 from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
@@ -587,6 +587,22 @@ async def test_freed_answer_slots_ride_on_the_next_request_or_go_within_a_bound(
     # With nothing else to send, the frees still go, within FREE_DELAY_S.
     await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0, timeout_s=1.0)
     assert [kind for kind, _ in FrameBuffer().feed(writes[-1])] == [Kind.FREE_OUT]
+
+
+async def test_frees_that_rode_on_a_request_leave_no_timer_to_wake_the_worker(rig: Rig) -> None:
+    # At 16 connections a worker idles between its bursts longer than FREE_DELAY_S: the timer
+    # of frees already sent woke it for nothing once a batch (0.96 -> 0.90 switches a request).
+    remote = await rig.remote()
+    fired: list[None] = []
+    send_frees = remote._send_frees
+    remote._send_frees = lambda: (fired.append(None), send_frees())[1]  # type: ignore[method-assign]
+    x = np.ones((1, 16), np.float32)
+    answer = await remote.infer(request(x))
+    del answer  # its slot is free: the timer starts
+    held = await remote.infer(request(x))  # the frees ride on this request (held: no new free)
+    await asyncio.sleep(3 * FREE_DELAY_S)
+    assert fired == []
+    del held
 
 
 ONE = infer_request(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"})
