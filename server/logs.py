@@ -7,6 +7,7 @@ and `key=value` pairs after the message in text mode."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
 import sys
@@ -124,13 +125,15 @@ def mask_url(url: str) -> str:
 # -- request ids ---------------------------------------------------------------------------------
 
 _VALID_ID = re.compile(r"^[\x21-\x7e]{1,128}$")
+_IDS = random.Random()  # the ids' own: what they tell of its state predicts no other draw
+os.register_at_fork(after_in_child=_IDS.seed)  # a forked worker draws its own ids
 
 
 def choose_request_id(given: str | None) -> str:
     """The client's id when it is sane (1-128 visible ASCII characters), else a fresh one: 32
-    hex digits from the process's own generator (reseeded in a forked child), not os.urandom's
-    system call per request. An id names a request in the logs; it is not a secret."""
-    return given if given and _VALID_ID.fullmatch(given) else f"{random.getrandbits(128):032x}"
+    hex digits from a generator seeded once per process, not os.urandom's system call per
+    request. An id names a request in the logs; it is not a secret."""
+    return given if given and _VALID_ID.fullmatch(given) else f"{_IDS.getrandbits(128):032x}"
 
 
 class RequestIdFilter(logging.Filter):
