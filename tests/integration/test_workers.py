@@ -291,7 +291,7 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(
 
 PROBE_TIMEOUT_S = 2.0
 """A request the worker answers on its own is answered within this, whatever the engine does (a
-call to the engine is given up only after engine.remote.CALL_TIMEOUT_S, 10 s)."""
+call to the engine is given up only after engine.remote_control.CALL_TIMEOUT_S, 10 s)."""
 
 
 def connections_to_one_worker(server: ServerProcess, count: int) -> list[HTTPConnection]:

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-import engine.host
-import engine.remote
+import engine.host_peer
+import engine.remote_control
 import engine.wire
 from engine.demo import mlp_model, write_demo_repository
 from engine.engine import Engine
@@ -35,7 +35,8 @@ from engine.errors import (
 )
 from engine.generation.service import GenerateRequest
 from engine.host import EngineHost
-from engine.remote import FREE_DELAY_S, RemoteEngine
+from engine.remote import RemoteEngine
+from engine.remote_channel import FREE_DELAY_S
 from engine.settings import Settings, load_settings
 from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
 from engine.tracing import request_id
@@ -299,7 +300,7 @@ async def test_a_call_that_timed_out_does_not_answer_the_next_one(
 ) -> None:
     """The engine answers a call after the worker gave up on it: that late answer went to the
     worker's next call, and each call after it got the one before's answer, for good."""
-    monkeypatch.setattr(engine.remote, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(engine.remote_control, "CALL_TIMEOUT_S", 0.2)
     rig = make_rig()
     await rig.start()
     try:
@@ -807,7 +808,7 @@ async def test_an_answer_past_the_frame_limit_fails_its_call_not_the_connection(
     remote = await rig.remote()
     # A config is more than this, a result less; the worker's limit as the engine's.
     monkeypatch.setattr(engine.wire, "MAX_FRAME_BYTES", 600)
-    monkeypatch.setattr(engine.host, "MAX_FRAME_BYTES", 600, raising=False)
+    monkeypatch.setattr(engine.host_peer, "MAX_FRAME_BYTES", 600, raising=False)
     with pytest.raises(BackendError, match=r"answer takes \d+ bytes, more than the 600 bytes"):
         await remote.model_config("demo")
     x = np.ones((1, 16), np.float32)
@@ -823,7 +824,7 @@ async def test_an_answer_past_the_frame_limit_gives_its_slot_back(
     # an error instead: the out-slot its outputs were written to stayed taken, the worker never
     # told of it, until the worker's connection ended.
     remote = await rig.remote()
-    monkeypatch.setattr(engine.host, "MAX_FRAME_BYTES", 60)  # an answer takes ~100 bytes
+    monkeypatch.setattr(engine.host_peer, "MAX_FRAME_BYTES", 60)  # an answer takes ~100 bytes
     x = np.ones((1, 16), np.float32)
     with pytest.raises(BackendError, match=r"answer takes \d+ bytes, more than the 60 bytes"):
         await remote.infer(request(x))

@@ -1,0 +1,146 @@
+"""What the engine process answers its workers besides inference: `HostControl` keeps every
+worker's copy of the engine's state current (whether it drains, which models are loaded, pushed
+within STATE_INTERVAL_S of a change and at once after a load or unload), answers their CALL
+frames (metadata, input specs, readiness, configuration, statistics, the repository and its
+loads, usage, the metrics exposition) and adds the front-end counts they send (EVENTS) to the
+engine's metrics, so every worker shows the whole server.
+
+Split from engine/host.py: none of this touches the arenas; `EngineHost` (engine/host.py)
+builds on it with the connections and inference. The worker's side is engine/remote_control.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import zlib
+from typing import Any
+
+import orjson
+
+from engine import errors
+from engine.engine import Engine
+from engine.host_peer import Peer
+from engine.types import ModelMetadata
+from engine.wire import Kind, ProtocolError, error_payload
+
+log = logging.getLogger("sluice.host")
+
+STATE_INTERVAL_S = 0.1
+"""How often the host looks for a change of readiness or of the loaded models to push."""
+
+
+def metadata_payload(meta: ModelMetadata) -> dict[str, Any]:
+    return {
+        "name": meta.name,
+        "versions": list(meta.versions),
+        "platform": meta.platform,
+        "inputs": [[s.name, s.datatype, list(s.shape), list(s.dim_names)] for s in meta.inputs],
+        "outputs": [[s.name, s.datatype, list(s.shape), list(s.dim_names)] for s in meta.outputs],
+    }
+
+
+class HostControl:
+    """The engine's answers to its workers' calls and its state pushes (see the module
+    docstring)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._peers: set[Peer] = set()
+        self._state: dict[str, Any] = {}
+        self._state_task: asyncio.Task[None] | None = None
+
+    # -- the state every worker keeps a copy of --------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What every worker keeps a copy of: whether the engine drains, which models are loaded
+        (`generation` changes whenever a model is loaded, reloaded or unloaded)."""
+        engine = self.engine
+        models = engine.registry.all() if engine.live and _started(engine) else []
+        index = engine.registry.index() if _started(engine) else []
+        marks = orjson.dumps([index, [[m.name, m.version, m.generation] for m in models]])
+        return {
+            "draining": engine.draining,
+            "models": sorted({m.name for m in models}),
+            "generative": sorted({m.name for m in models if m.generator is not None}),
+            "generation": zlib.crc32(marks),
+            "server": engine.server_metadata(),
+        }
+
+    async def _push_state(self) -> None:
+        while True:
+            await asyncio.sleep(STATE_INTERVAL_S)
+            state = self.state()
+            if state != self._state:
+                self._state = state
+                for peer in self._peers:
+                    peer.send(Kind.STATE, state)
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    async def _call(self, peer: Peer, message: dict[str, Any]) -> None:
+        call_id, method, args = message["id"], message["method"], message.get("args") or []
+        try:
+            result = await self._method(method, args)
+        except errors.EngineError as exc:
+            peer.send(Kind.ERROR, error_payload(call_id, exc))
+            return
+        except Exception:
+            log.exception("engine call %r failed", method)
+            peer.send(Kind.ERROR, error_payload(call_id, errors.BackendError("internal error")))
+            return
+        peer.send(Kind.REPLY, {"id": call_id, "result": result})
+
+    async def _method(self, method: str, args: list[Any]) -> Any:
+        engine = self.engine
+        if method == "model_metadata":
+            return metadata_payload(await engine.model_metadata(*args))
+        if method == "input_spec":
+            model = engine.registry.resolve(*args)
+            return {
+                "inputs": [[s.name, s.datatype, list(s.shape)] for s in model.backend.inputs],
+                "max_batch_size": model.max_batch_size,
+                "label": model.label,
+            }
+        if method == "ready":
+            return engine.ready
+        if method == "model_ready":
+            return await engine.model_ready(*args)
+        if method == "model_config":
+            return await engine.model_config(*args)
+        if method == "statistics":
+            return await engine.statistics(*args)
+        if method == "repository_index":
+            return await engine.repository_index(*args)
+        if method == "load_model":
+            await engine.load_model(args[0], args[1])
+            return self._fresh_state()
+        if method == "unload_model":
+            await engine.unload_model(args[0], args[1])
+            return self._fresh_state()
+        if method == "usage":
+            return await engine.usage(args[0])
+        if method == "metrics":
+            return (await engine.metrics.exposition()).decode()
+        raise ProtocolError(f"unknown method {method!r}")
+
+    def _fresh_state(self) -> dict[str, Any]:
+        self._state = self.state()
+        for peer in self._peers:
+            peer.send(Kind.STATE, self._state)
+        return self._state
+
+    def _events(self, message: dict[str, Any]) -> None:
+        """Front-end counts from a worker, added to the engine's metrics (one view)."""
+        metrics = self.engine.metrics
+        for model, version, protocol, status, seconds in message.get("requests", ()):
+            metrics.request(str(model), str(version), str(protocol), int(status), float(seconds))
+        for protocol, seconds in message.get("encoded", ()):
+            metrics.encoded(str(protocol), float(seconds))
+
+
+def _started(engine: Engine) -> bool:
+    try:
+        engine.registry  # noqa: B018 - raises until started
+    except RuntimeError:
+        return False
+    return True
