@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from batching.assembly import Padding
-from batching.batcher import Batcher, BatchPolicy
+from batching.batcher import Batcher
+from batching.policy import BatchPolicy
 from engine import datatypes
 from engine.backends.base import CPU_PROVIDER, Backend
 from engine.generation.generator import Generator

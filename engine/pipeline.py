@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from batching.batcher import Batcher, BatchPolicy
+from batching.batcher import Batcher
 from batching.errors import BatchingError
+from batching.policy import BatchPolicy
 from engine.backends.tokenizer import TRUNCATED
 from engine.errors import (
     BackendError,

@@ -11,11 +11,12 @@ from typing import Literal
 import numpy as np
 import pytest
 
-import batching.batcher as batcher_module
+import batching.former as former_module
 from batching.assembly import Padding
-from batching.batcher import Batcher, BatchPolicy, BatchTimings
+from batching.batcher import Batcher, BatchTimings
 from batching.deadlines import MIN_RESERVE_S
 from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed, QueueFull
+from batching.policy import BatchPolicy
 
 Tensors = dict[str, np.ndarray]
 
@@ -169,7 +170,7 @@ async def test_company_grows_to_every_caller_when_they_come_apart(
     newest caller's arrival instead, and probes again after each that found its caller: with 16
     callers handed over 3 ms apart (6 or 7 within a 20 ms GROW_WAIT_S), batches grow to hold
     nearly all of them."""
-    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 0.02)
+    monkeypatch.setattr(former_module, "GROW_WAIT_S", 0.02)
     batcher = make(recorder, max_batch_size=16, max_queue_delay_s=0.2)
     await hand_over(batcher, callers=16, calls=300, pace_s=0.003)
     late = recorder.batches[-8:]
@@ -183,7 +184,7 @@ async def test_callers_all_in_the_batch_are_seldom_held_for_one_more(
     """Two callers, each waiting for its answer before its next call: every batch gathers both,
     and a probe for a third waits GROW_WAIT_S for a caller who cannot come. A probe that finds
     nobody doubles the batches to the next (up to GROW_EVERY), so few calls are held."""
-    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 0.05)
+    monkeypatch.setattr(former_module, "GROW_WAIT_S", 0.05)
     batcher = make(recorder, max_batch_size=16, max_queue_delay_s=5.0)
     waits = await hand_over(batcher, callers=2, calls=400)
     held = [wait for wait in waits if wait >= 0.04]
@@ -201,9 +202,10 @@ async def test_a_probe_waits_past_the_caller_that_completes_its_company_not_its_
     callers stopped waking the batcher unless the batch could go, the caller that completed
     the company did not wake it either: the probe slept to the window's end (5 s here; this
     module's test of seldom-held callers took 35 s instead of 0.4)."""
-    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 0.05)
+    monkeypatch.setattr(former_module, "GROW_WAIT_S", 0.05)
     batcher = make(recorder, max_batch_size=16, max_queue_delay_s=5.0)
-    batcher._company = 2  # the last idle batch had two callers; this batch probes for a third
+    # The last idle batch had two callers; this batch probes for a third.
+    batcher._former._company = 2
     first = await submit_all(batcher, [rows(1)])
     second = await submit_all(batcher, [rows(2)])
     await asyncio.wait_for(asyncio.gather(*first, *second), 2.0)
@@ -344,11 +346,11 @@ async def test_a_batch_window_never_outlasts_its_first_requests_deadline(
     was shorter than the window was answered DeadlinePassed unrun by a model with nothing else
     to do (one sent alone over JSON with a 484 µs timeout, when a probe for company held it up
     to 1 ms). The window now ends at the latest start that still meets the head's deadline."""
-    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 5.0)  # a probe would wait the window
+    monkeypatch.setattr(former_module, "GROW_WAIT_S", 5.0)  # a probe would wait the window
     batcher = make(
         recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=dispatch_when_idle
     )
-    batcher._company = 2  # an idle batch waits for company (the callers of the last one)
+    batcher._former._company = 2  # an idle batch waits for company (the callers of the last one)
     deadline = time.monotonic() + MIN_RESERVE_S + 0.05
     answer = await asyncio.wait_for(batcher.submit(rows(3), 1, deadline=deadline), 10)
     assert int(answer["y"][0, 0]) == 6  # run, not DeadlinePassed after its 52 ms
@@ -685,7 +687,7 @@ async def test_a_request_that_does_not_end_the_window_does_not_wake_the_owner(
     batcher = make(
         recorder, max_batch_size=16, max_queue_delay_s=0.05, dispatch_when_idle=dispatch_when_idle
     )
-    wakeup = batcher._wakeup = CountingEvent()
+    wakeup = batcher._former._wakeup = CountingEvent()
     await hand_over(batcher, callers=16, calls=1600)
     requests_per_batch = 1600 / len(recorder.batches)
     assert requests_per_batch >= 4, [len(b) for b in recorder.batches]
@@ -701,11 +703,11 @@ async def test_a_later_request_due_before_the_window_ends_is_run_in_time(
     """Only the first request's deadline bounded a window: one queued behind it with a shorter
     timeout waited out the whole delay and was answered DeadlinePassed unrun, by a model with
     nothing else to do. A window now ends at the latest start that meets every queued deadline."""
-    monkeypatch.setattr(batcher_module, "GROW_WAIT_S", 5.0)  # a probe would wait the window
+    monkeypatch.setattr(former_module, "GROW_WAIT_S", 5.0)  # a probe would wait the window
     batcher = make(
         recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=dispatch_when_idle
     )
-    batcher._company = 3  # an idle batch waits for company (the callers of the last one)
+    batcher._former._company = 3  # an idle batch waits for company (the callers of the last one)
     first = await submit_all(batcher, [rows(1)])
     deadline = time.monotonic() + MIN_RESERVE_S + 0.05
     urgent = await asyncio.wait_for(batcher.submit(rows(2, width=width), 1, deadline=deadline), 2)
@@ -731,7 +733,7 @@ async def test_a_higher_level_in_another_group_does_not_wait_out_a_lower_levels_
         priority_levels=2,
         dispatch_when_idle=dispatch_when_idle,
     )
-    batcher._company = 3
+    batcher._former._company = 3
     low = await submit_all(batcher, [rows(1), rows(3)], priority=2)
     await asyncio.wait_for(batcher.submit(rows(2, count=4, width=5), 4, priority=1), 2)
     assert recorder.batches == [[2, 2, 2, 2]]

@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
-from batching.batcher import Batcher, BatchPolicy
+from batching.batcher import Batcher
 from batching.deadlines import PROBE_AFTER_S
 from batching.errors import DeadlinePassed
+from batching.policy import BatchPolicy
 
 Tensors = dict[str, np.ndarray]
 
@@ -355,7 +356,7 @@ async def test_an_idle_auto_batch_waits_for_company_only_briefly() -> None:
     recorder = Recorder()
     batcher = auto(recorder, cost_s=0.001, max_batch_size=16, latency_target_s=0.4)
     await hand_over(batcher, callers=16, calls=200)
-    batcher._company = 16  # the crowd's last idle batch gathered 16 (how it can end)
+    batcher._former._company = 16  # the crowd's last idle batch gathered 16 (how it can end)
     waits = await hand_over(batcher, callers=1, calls=20)
     assert max(waits) < 0.1, waits
     await batcher.close()

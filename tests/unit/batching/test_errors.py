@@ -8,13 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from batching.batcher import Batcher, BatchPolicy
+from batching.batcher import Batcher
 from batching.errors import BatcherClosed, BatchFailed, BatchingError, QueueFull
+from batching.policy import BatchPolicy
 
 
 def test_batching_imports_nothing_from_engine() -> None:
     code = (
-        "import sys, batching.batcher, batching.queue, batching.assembly, batching.cost; "
+        "import sys, batching.batcher, batching.former, batching.policy, batching.queue, "
+        "batching.assembly, batching.cost, batching.deadlines; "
         "print(sorted(m for m in sys.modules if m == 'engine' or m.startswith('engine.')))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
