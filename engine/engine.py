@@ -10,24 +10,15 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from batching.errors import BatchingError, DeadlinePassed, QueueFull
 from engine.auth import ANONYMOUS_TENANT, Authenticator
-from engine.cache import (
-    CachedResult,
-    Coalescer,
-    Expected,
-    ResultCache,
-    build_cache,
-    cache_key_async,
-    cache_requested,
-    copy_result,
-)
+from engine.cache import CachedResult, ResultCache, build_cache, cache_requested
+from engine.cached import CachedInference
 from engine.errors import (
-    DeadlineExceeded,
     EngineError,
     Forbidden,
     InvalidInput,
@@ -82,8 +73,7 @@ class Engine:
         self.cache: ResultCache | None = None
         self.authenticator = Authenticator(settings.auth)
         self.limiter: Limiter = build_limiter(settings.rate_limit)
-        self._coalescer: Coalescer[CachedResult] = Coalescer(clone=copy_result)
-        self._running_flights: dict[bytes, asyncio.Event] = {}  # set once its batch runs
+        self._cached: CachedInference | None = None  # the result-cache path, from start()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -102,6 +92,7 @@ class Engine:
             self._tempdir = Path(tempfile.mkdtemp(prefix="sluice-demo-"))
             root = write_demo_repository(self._tempdir)
         self.cache = build_cache(self.settings.cache)
+        self._cached = CachedInference(self.cache, self.settings.cache)
         self._registry = ModelRegistry(
             self.settings,
             Repository(root),
@@ -193,7 +184,7 @@ class Engine:
             model, request.priority, tenant, self.limiter.limits_for(tenant).priority
         )
         use_cache = (
-            self.cache is not None
+            self._cached is not None
             and model.config.cache.enabled
             and cache_requested(request.parameters)
         )
@@ -279,7 +270,10 @@ class Engine:
 
         try:
             if use_cache:
-                result, hit = await self._cached(model, request, rows, compute, deadline, priority)
+                assert self._cached is not None
+                result, hit = await self._cached.result(
+                    model, request, rows, compute, deadline, priority, self.tracing
+                )
                 parameters["cache_hit"] = hit
             else:
                 result = await compute()
@@ -295,76 +289,6 @@ class Engine:
             id=request.id,
             parameters=parameters,
         )
-
-    async def _cached(
-        self,
-        model: LoadedModel,
-        request: InferRequest,
-        rows: int,
-        compute: Callable[[float | None, Callable[[], None] | None], Awaitable[CachedResult]],
-        deadline: float | None,
-        priority: int,
-    ) -> tuple[CachedResult, bool]:
-        """The cached result, or one computed once for every identical request in flight. The
-        shared computation has no deadline of its own: each caller's timeout counts while it is
-        queued (it is withdrawn when the last caller leaves); once it runs, a caller waits for
-        it, as for a request without the cache."""
-        assert self.cache is not None
-        cache = self.cache
-        parameters = request.parameters
-        if not self.settings.cache.shared_across_tenants:  # one tenant's entries are its own
-            parameters = {**parameters, "sluice.tenant": request.tenant or ANONYMOUS_TENANT}
-        key = await cache_key_async(
-            self.settings.cache.namespace, model.name, model.version, model.generation,
-            request.inputs, request.datatypes, request.outputs, parameters,
-        )  # fmt: skip
-        # Redis is untrusted: an entry is served only if it is what this model computes here.
-        expected = Expected.for_outputs(
-            model.backend.outputs, request.outputs or None, rows if model.max_batch_size else None
-        )
-        looked_up = time.monotonic()
-        lookup = cache.get(key, expected)
-        hit = await (lookup if self.tracing is None else self.tracing.stage("cache", lookup))
-        if hit is not None:
-            model.stats.cache_hit_served(time.monotonic() - looked_up)
-            return hit, True
-        model.stats.cache_miss.add(time.monotonic() - looked_up)
-
-        # Callers join a computation queued at their own priority level: one queued at a lower
-        # level would make a higher-priority caller wait behind that level's backlog.
-        flight = key + b"|%d" % priority
-
-        async def compute_and_store() -> CachedResult:
-            # Registered by the computation itself: one cancelled before it ran leaves nothing.
-            running = self._running_flights[flight] = asyncio.Event()
-            try:
-                result = await compute(None, running.set)
-            finally:
-                if self._running_flights.get(flight) is running:
-                    del self._running_flights[flight]
-            await cache.put(key, result, model.config.cache.ttl_s)
-            return result
-
-        if deadline is None:
-            return await self._coalescer.run(flight, compute_and_store), False
-        joined = asyncio.ensure_future(self._coalescer.run(flight, compute_and_store))
-        try:
-            try:
-                async with asyncio.timeout(deadline - time.monotonic()):
-                    return await asyncio.shield(joined), False
-            except TimeoutError:
-                pass
-            # Out of the handler, as in Batcher.submit: a CancelledError raised in it would carry
-            # the TimeoutError, and through its traceback this task, in a cycle with the inputs.
-            running = self._running_flights.get(flight)
-            if running is not None and running.is_set():
-                return await joined, False
-            raise DeadlineExceeded(
-                f"request to {model.label} waited past its timeout in the queue; it was not run"
-            )
-        except BaseException:
-            joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
-            raise
 
     # -- metadata --------------------------------------------------------------------------------
     # Metadata, config, statistics and the index are coroutines as the facade has them (a

@@ -1,0 +1,113 @@
+"""The result-cache path of an inference: a request answered from the result cache, or computed
+once for every identical request in flight and stored.
+
+Apart from the engine facade (`engine.engine`), which decides whether a request uses the cache
+and hands this path the computation of its answer: the keying, the lookup, the coalescing of
+identical requests and the deadline a caller of a shared computation keeps are all here, with
+the state only they use (the coalescer and the computations already running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from engine.auth import ANONYMOUS_TENANT
+from engine.cache import (
+    CachedResult,
+    Coalescer,
+    Expected,
+    ResultCache,
+    cache_key_async,
+    copy_result,
+)
+from engine.errors import DeadlineExceeded
+from engine.model import LoadedModel
+from engine.settings import CacheSettings
+from engine.tracing import Tracing
+from engine.types import InferRequest
+
+Compute = Callable[[float | None, Callable[[], None] | None], Awaitable[CachedResult]]
+"""Computes a request's answer: with the deadline it keeps in the queue (None: none), and what to
+call when its batch starts running."""
+
+
+class CachedInference:
+    """Answers requests through one result cache (`Engine.cache`)."""
+
+    def __init__(self, cache: ResultCache, settings: CacheSettings) -> None:
+        self.cache = cache
+        self.settings = settings
+        self._coalescer: Coalescer[CachedResult] = Coalescer(clone=copy_result)
+        self._running_flights: dict[bytes, asyncio.Event] = {}  # set once its batch runs
+
+    async def result(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        rows: int,
+        compute: Compute,
+        deadline: float | None,
+        priority: int,
+        tracing: Tracing | None,
+    ) -> tuple[CachedResult, bool]:
+        """The cached result, or one computed once for every identical request in flight. The
+        shared computation has no deadline of its own: each caller's timeout counts while it is
+        queued (it is withdrawn when the last caller leaves); once it runs, a caller waits for
+        it, as for a request without the cache."""
+        cache = self.cache
+        parameters = request.parameters
+        if not self.settings.shared_across_tenants:  # one tenant's entries are its own
+            parameters = {**parameters, "sluice.tenant": request.tenant or ANONYMOUS_TENANT}
+        key = await cache_key_async(
+            self.settings.namespace, model.name, model.version, model.generation,
+            request.inputs, request.datatypes, request.outputs, parameters,
+        )  # fmt: skip
+        # Redis is untrusted: an entry is served only if it is what this model computes here.
+        expected = Expected.for_outputs(
+            model.backend.outputs, request.outputs or None, rows if model.max_batch_size else None
+        )
+        looked_up = time.monotonic()
+        lookup = cache.get(key, expected)
+        hit = await (lookup if tracing is None else tracing.stage("cache", lookup))
+        if hit is not None:
+            model.stats.cache_hit_served(time.monotonic() - looked_up)
+            return hit, True
+        model.stats.cache_miss.add(time.monotonic() - looked_up)
+
+        # Callers join a computation queued at their own priority level: one queued at a lower
+        # level would make a higher-priority caller wait behind that level's backlog.
+        flight = key + b"|%d" % priority
+
+        async def compute_and_store() -> CachedResult:
+            # Registered by the computation itself: one cancelled before it ran leaves nothing.
+            running = self._running_flights[flight] = asyncio.Event()
+            try:
+                result = await compute(None, running.set)
+            finally:
+                if self._running_flights.get(flight) is running:
+                    del self._running_flights[flight]
+            await cache.put(key, result, model.config.cache.ttl_s)
+            return result
+
+        if deadline is None:
+            return await self._coalescer.run(flight, compute_and_store), False
+        joined = asyncio.ensure_future(self._coalescer.run(flight, compute_and_store))
+        try:
+            try:
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    return await asyncio.shield(joined), False
+            except TimeoutError:
+                pass
+            # Out of the handler, as in Batcher.submit: a CancelledError raised in it would carry
+            # the TimeoutError, and through its traceback this task, in a cycle with the inputs.
+            running = self._running_flights.get(flight)
+            if running is not None and running.is_set():
+                return await joined, False
+            raise DeadlineExceeded(
+                f"request to {model.label} waited past its timeout in the queue; it was not run"
+            )
+        except BaseException:
+            joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
+            raise
