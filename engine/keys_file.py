@@ -28,7 +28,8 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError
 
-from engine.settings import ApiKey, Section, SettingsError, describe
+from engine.settings import ApiKey, SettingsError, describe
+from engine.settings_sections import Section
 
 log = logging.getLogger("sluice.auth")
 

@@ -12,7 +12,7 @@ from engine.limits.local import MemoryBackend
 from engine.limits.plan import BackendUnavailable, Check, Outcome
 from engine.limits.quota import day_window, month_window
 from engine.limits.redis_backend import SCRIPT, SCRIPT_SHA, RedisBackend, redacted
-from engine.settings import MAX_LIMIT
+from engine.settings_sections import MAX_LIMIT
 
 BUCKET = Check("bucket", None, rate_per_s=2.0, burst=3.0)
 MODEL_BUCKET = Check("bucket", "resnet", rate_per_s=0.5, burst=2.0)
