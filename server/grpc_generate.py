@@ -15,11 +15,11 @@ from typing import cast
 import numpy as np
 
 from engine.errors import EngineError, InvalidInput
-from engine.generation.service import GenerateRequest
+from engine.generation.service import SAMPLING_KEYS, GenerateRequest
 from engine.types import InferResponse
 from engine.validate import scheduling
+from server.generation import FrontEnd, caller, generation_of
 from server.grpc_tensors import decode_request, encode_response
-from server.openai import SAMPLING_KEYS, FrontEnd, caller, generation_of
 from server.proto import grpc_service_pb2 as pb
 
 Metadata = Iterable[tuple[str, str | bytes]]

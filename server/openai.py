@@ -15,27 +15,26 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-import weakref
-from collections.abc import AsyncIterator, Mapping
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.auth import Authenticator, Principal, authenticate_headers
+from engine.auth import authenticate_headers
 from engine.datatypes import past_64_bits, received
-from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, InvalidInput, ShuttingDown
+from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, InvalidInput
 from engine.generation.sampling import check_max_tokens
 from engine.generation.scheduler import Chunk
 from engine.generation.service import (
     SAMPLING_KEYS,
     GenerateRequest,
     Generation,
-    GenerationService,
     TokenStream,
 )
 from server.errors import error_headers, http_status
+from server.generation import ABSENT, FrontEnd, caller, generation_of, refused
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -46,35 +45,8 @@ ERROR_TYPES = {
     404: "invalid_request_error",
 }
 """OpenAI's error `type` by HTTP status, for errors without a `type` of their own."""
-Headers = Mapping[str, str]
 
-__all__ = ["SAMPLING_KEYS", "FrontEnd", "caller", "generation_of", "mount_openai"]
-
-
-class FrontEnd(Protocol):
-    """What these routes use of the engine facade besides generation."""
-
-    @property
-    def authenticator(self) -> Authenticator: ...
-    @property
-    def draining(self) -> bool: ...
-
-
-_services: weakref.WeakKeyDictionary[object, GenerationService] = weakref.WeakKeyDictionary()
-
-
-def generation_of(engine: object) -> Generation | None:
-    """Who serves generation for `engine`: a worker's RemoteEngine relays to the engine process
-    (it is a Generation itself); the in-process engine gets one GenerationService over its
-    registry and limiter; anything else has no generation (the routes are not mounted)."""
-    if hasattr(engine, "generate") and hasattr(engine, "generative_models"):
-        return engine
-    if hasattr(engine, "registry") and hasattr(engine, "limiter"):
-        service = _services.get(engine)
-        if service is None:
-            service = _services[engine] = GenerationService(engine)  # type: ignore[arg-type]
-        return service
-    return None
+__all__ = ["mount_openai"]
 
 
 def mount_openai(app: FastAPI, engine: object) -> None:
@@ -121,34 +93,6 @@ async def _body(request: Request) -> dict[str, Any]:
     return body
 
 
-ABSENT = object()
-"""What `body.get(key, ABSENT)` gives for a field the request left out: refused as missing,
-where an explicit null is refused as null."""
-
-
-def _refused(param: str, allowed: str, value: object) -> InvalidInput:
-    """InvalidInput for request field `param`, which must be `allowed`: "<param> must be
-    <allowed>; got <value as sent>", or "<param> is required: <allowed>" when it was left out."""
-    if value is ABSENT:
-        return InvalidInput(f"{param} is required: {allowed}", param)
-    return InvalidInput(f"{param} must be {allowed}; got {received(value)}", param)
-
-
-def caller(engine: FrontEnd, who: Headers | Principal, name: object) -> str | None:
-    """The tenant of a caller allowed to generate with model `name` (ABSENT when the request
-    left it out): `who` is the request's headers, or the principal they were authenticated as
-    already, where the model's name is in the body (authentication comes before the body is
-    read, so a stranger's is never parsed); ShuttingDown while draining."""
-    if not isinstance(who, Principal):
-        who = authenticate_headers(engine.authenticator, who)
-    if not isinstance(name, str) or not name:
-        raise _refused("model", "a model name (string)", name)
-    who.check_model(name)
-    if engine.draining:
-        raise ShuttingDown()
-    return who.tenant
-
-
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "logprobs": (None, False),
     "top_logprobs": (None,),
@@ -175,9 +119,9 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
         if not any(type(value) is type(u) and value == u for u in unused):
             raise InvalidInput(f"{key} is not supported by this server; got {received(value)}", key)
     if body.get("n") not in (None, 1):
-        raise _refused("n", "1 (one choice per request)", body["n"])
+        raise refused("n", "1 (one choice per request)", body["n"])
     if body.get("best_of") not in (None, 1):
-        raise _refused("best_of", "1", body["best_of"])
+        raise refused("best_of", "1", body["best_of"])
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
     completion = body.get("max_completion_tokens")
     if completion is not None and "max_tokens" not in options:
@@ -196,20 +140,20 @@ def _prompt(body: dict[str, Any]) -> Any:
         # The ids are checked against the model's vocabulary by the service, one past 64 bits
         # (a double, as JSON hands it over) too: it is an id out of range, not a wrong kind.
         return prompt
-    raise _refused("prompt", "a string or a list of token ids (one prompt per request)", prompt)
+    raise refused("prompt", "a string or a list of token ids (one prompt per request)", prompt)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     messages = body.get("messages", ABSENT)
     if not isinstance(messages, list) or not messages:
-        raise _refused("messages", "a non-empty list of {role, content} objects", messages)
+        raise refused("messages", "a non-empty list of {role, content} objects", messages)
     out = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise _refused(f"messages[{index}]", "an object with role and content", message)
+            raise refused(f"messages[{index}]", "an object with role and content", message)
         role = message.get("role", ABSENT)
         if role not in ROLES:
-            raise _refused(f"messages[{index}].role", f"one of {', '.join(ROLES)}", role)
+            raise refused(f"messages[{index}].role", f"one of {', '.join(ROLES)}", role)
         content = message.get("content", ABSENT)
         if isinstance(content, list) and all(
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
@@ -217,7 +161,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         ):
             content = "".join(part["text"] for part in content)  # OpenAI's text parts
         if not isinstance(content, str):
-            raise _refused(
+            raise refused(
                 f"messages[{index}].content",
                 "a string or a list of text parts ({type: text, text}); this model takes text only",
                 content,
@@ -233,7 +177,7 @@ def _streamed(body: dict[str, Any]) -> bool:
     if stream is None:
         return False
     if not isinstance(stream, bool):
-        raise _refused("stream", "true or false", stream)
+        raise refused("stream", "true or false", stream)
     return stream
 
 

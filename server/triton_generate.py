@@ -19,9 +19,10 @@ from fastapi.responses import Response, StreamingResponse
 
 from engine.datatypes import received
 from engine.errors import EngineError, InvalidInput
-from engine.generation.service import GenerateRequest, Generation, TokenStream
+from engine.generation.service import SAMPLING_KEYS, GenerateRequest, Generation, TokenStream
 from server.errors import error_headers, http_status
-from server.openai import SAMPLING_KEYS, FrontEnd, caller, until_disconnected
+from server.generation import FrontEnd, caller
+from server.openai import until_disconnected
 
 
 def v2_error(exc: EngineError) -> Response:
