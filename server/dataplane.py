@@ -1,11 +1,11 @@
 """The data plane: the work every request shares, whichever transport carried it.
 
-HTTP (server/infer_route.py, server/app.py, server/triton.py) and gRPC (server/grpc_service.py)
-convert wire <-> engine types and nothing else; they call one `DataPlane`, which authenticates
-and authorizes the caller, calls the engine facade (this process's `Engine`, or a proxy to the
-engine process with `--workers`), and for inference times, traces, counts and logs the request
-once. Errors stay typed `EngineError`s here; each transport renders them through the one table
-in server/errors.py.
+HTTP (server/http/infer_route.py, server/http/app.py, server/http/triton.py) and gRPC
+(server/grpc/service.py) convert wire <-> engine types and nothing else; they call one
+`DataPlane`, which authenticates and authorizes the caller, calls the engine facade (this
+process's `Engine`, or a proxy to the engine process with `--workers`), and for inference times,
+traces, counts and logs the request once. Errors stay typed `EngineError`s here; each transport
+renders them through the one table in server/errors.py.
 
     plane = DataPlane(engine, settings)
     meta = await plane.model_metadata(headers, "demo", None)  # 401 / 403 / 404 as EngineError

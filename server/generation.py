@@ -2,9 +2,9 @@
 generation for an engine (`generation_of`), and the check every generation request passes
 before it runs (`caller`: authenticate, allow the model, refuse while draining).
 
-HTTP's OpenAI routes (server/openai.py) and Triton generate extension
-(server/triton_generate.py) and gRPC's decoupled ModelStreamInfer
-(server/grpc_generate.py) call these; the rest of generation is engine/generation's."""
+HTTP's OpenAI routes (server/http/openai.py) and Triton generate extension
+(server/http/triton_generate.py) and gRPC's decoupled ModelStreamInfer
+(server/grpc/generate.py) call these; the rest of generation is engine/generation's."""
 
 from __future__ import annotations
 

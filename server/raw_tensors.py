@@ -1,5 +1,5 @@
-"""The raw tensor layout that HTTP's binary tensor data extension (server/binary.py) and gRPC's
-`raw_input_contents` / `raw_output_contents` (server/grpc_tensors.py) share, and where decoding
+"""The raw tensor layout that HTTP's binary tensor data extension (server/http/binary.py) and gRPC's
+`raw_input_contents` / `raw_output_contents` (server/grpc/tensors.py) share, and where decoding
 and encoding run.
 
 Fixed-size tensors are their little-endian elements in row-major order; a buffer becomes a

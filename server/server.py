@@ -4,7 +4,8 @@ Shutdown order on SIGTERM/SIGINT, losing no request that a client has written:
 1. readiness turns 503 and new requests are answered 503 / UNAVAILABLE with Retry-After;
 2. the HTTP listener closes (the connections the kernel had queued on it are accepted and
    served, not reset); open connections stay: each request on them is answered, with
-   `Connection: close`, and an idle one closes once no request is on its way (server/connection.py);
+   `Connection: close`, and an idle one closes once no request is on its way
+   (server/http/connection.py);
 3. queued and running requests finish, bounded by drain_timeout_s (what is left is answered 503);
 4. gRPC stops once calls have stopped coming (grpc cancels, as CANCELLED, any call that arrives
    after its stop begins), at the latest at drain_timeout_s after the signal;
@@ -35,8 +36,8 @@ from engine.engine import Engine
 from engine.facade import EngineFacade
 from engine.keys_file import KeyFileWatcher
 from engine.settings import Settings, SettingsError
-from server.app import create_app
-from server.connection import ConnectionPolicy, HttpProtocol, accept_pending
+from server.http.app import create_app
+from server.http.connection import ConnectionPolicy, HttpProtocol, accept_pending
 from server.logs import effective_settings
 from server.tls import ServerTls
 
@@ -294,7 +295,7 @@ class Server:
 
     async def _start_grpc(self) -> None:
         try:
-            from server.grpc_service import CallClock, build_grpc_server
+            from server.grpc.service import CallClock, build_grpc_server
         except ImportError:
             log.warning("gRPC front-end not available in this build")
             return

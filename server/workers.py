@@ -146,7 +146,7 @@ async def _engine(
 
 
 def _serve_metrics(settings: Settings, app: Any) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-    from server.connection import ConnectionPolicy, HttpProtocol
+    from server.http.connection import ConnectionPolicy, HttpProtocol
     from server.server import _bind, _Uvicorn
 
     port = settings.metrics.port

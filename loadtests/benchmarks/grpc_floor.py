@@ -43,8 +43,8 @@ from loadtests.benchmarks.harness import (
     write_results,
 )
 from loadtests.benchmarks.models import MLP_SIZES, write_repository
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
 MODEL = "mlp"
 CONCURRENCY = 16

@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 
 from loadtests.benchmarks.models import MODELS
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
 
 async def run(target: str, model: str, concurrency: int, seconds: float) -> dict[str, float]:

@@ -38,7 +38,7 @@ from loadtests.benchmarks.harness import (
     write_results,
 )
 from loadtests.benchmarks.models import MODELS, write_repository
-from server import codec, json_header
+from server.http import codec, json_header
 
 CONCURRENCY = 16
 KINDS = ("sluice", "plain", "floor")

@@ -17,8 +17,8 @@ import httpx
 import numpy as np
 import pytest
 
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.integration.helpers_e2e import (
     Key,
     Stream,
@@ -185,8 +185,8 @@ def test_admin_endpoint_needs_admin_key_http(server: ServerProcess) -> None:
     index = f"{server.url}/v2/repository/index"
     as_admin = httpx.post(index, headers=KEYS["admin"].bearer())
     if as_admin.status_code == 404:
-        pytest.skip("POST /v2/repository/index is not served: server/app.py does not include "
-                    "server/triton.py's router")  # fmt: skip
+        pytest.skip("POST /v2/repository/index is not served: server/http/app.py does not include "
+                    "server/http/triton.py's router")  # fmt: skip
     assert as_admin.status_code == 200
     assert {row["name"] for row in as_admin.json()} == {"demo", "slow"}
     as_user = httpx.post(index, headers=KEYS["user"].bearer())

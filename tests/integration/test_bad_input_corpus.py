@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.demo import write_demo_repository
-from server.binary import HEADER_LENGTH
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+from server.http.binary import HEADER_LENGTH
 from tests.models import (
     DATATYPES,
     NUMPY_TYPES,

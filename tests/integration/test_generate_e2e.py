@@ -174,8 +174,8 @@ def test_grpc_stream_is_decoupled_one_response_per_token_batch(
     # sluice's own stubs: tritonclient's generated modules cannot share a process with them.
     import grpc
 
-    from server.proto import grpc_service_pb2 as pb
-    from server.proto import grpc_service_pb2_grpc as pb_grpc
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
     def request(rid: str, text: bytes, **params: Any) -> Any:
         message = pb.ModelInferRequest(model_name="tiny", id=rid)
@@ -216,8 +216,8 @@ def test_grpc_stream_takes_what_tritonclient_sends(
     Triton sends it. An input beside text_input is refused (it was ignored)."""
     import grpc
 
-    from server.proto import grpc_service_pb2 as pb
-    from server.proto import grpc_service_pb2_grpc as pb_grpc
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
     message = pb.ModelInferRequest(model_name="tiny", id="t1")
     message.inputs.add(name="text_input", datatype="BYTES", shape=[1])

@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.integration.helpers_e2e import Key, write_settings
 from tests.models import identity_model, write_model
 from tests.servers import ServerProcess

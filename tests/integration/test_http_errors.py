@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from engine.demo import write_demo_repository
-from server import binary
+from server.http import binary
 from tests.models import (
     add_sub_model,
     fixed_shape_model,

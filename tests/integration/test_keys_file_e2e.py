@@ -179,8 +179,8 @@ def test_a_missing_keys_file_fails_the_start(tmp_path: Path, workers: str) -> No
 def test_load_and_unload_are_logged_with_key_name_and_tenant(
     tmp_path: Path, start_server: StartServer
 ) -> None:
-    from server.proto import grpc_service_pb2 as pb
-    from server.proto import grpc_service_pb2_grpc as pb_grpc
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
     repo = demo_repository(tmp_path / "repo", {"demo": "", "spare": ""})
     keys_file = tmp_path / "keys.yaml"

@@ -25,10 +25,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from engine.demo import DEMO_CONFIG, mlp_model
-from server.grpc_service import INFER_SPAN as GRPC_SPAN
-from server.infer_route import INFER_SPAN as HTTP_SPAN
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.service import INFER_SPAN as GRPC_SPAN
+from server.http.infer_route import INFER_SPAN as HTTP_SPAN
 from tests.integration.helpers_e2e import Key, infer_body, metrics, write_settings
 from tests.models import write_model
 from tests.redis_process import free_port

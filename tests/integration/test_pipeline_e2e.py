@@ -97,8 +97,8 @@ def test_binary_bytes_layout(server: ServerProcess, repo: Path) -> None:
 
 def grpc_infer(server: ServerProcess, texts: list[bytes]) -> Any:
     # Imported here: the tritonclient.grpc child process runs this file and cannot load both.
-    from server.proto import grpc_service_pb2 as pb
-    from server.proto import grpc_service_pb2_grpc as pb_grpc
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
     request = pb.ModelInferRequest(model_name="embedder", id="g")
     tensor = request.inputs.add(name="TEXT", datatype="BYTES", shape=[len(texts)])

@@ -27,8 +27,8 @@ import pytest
 from google.protobuf.json_format import MessageToDict
 
 from engine.demo import mlp_model
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from tests.integration.batching_helpers import scrape
 from tests.models import write_model
 from tests.servers import ServerProcess

@@ -189,8 +189,8 @@ def test_grpc_stream_infer_is_token_identical(
 ) -> None:
     import grpc
 
-    from server.proto import grpc_service_pb2 as pb
-    from server.proto import grpc_service_pb2_grpc as pb_grpc
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 
     message = pb.ModelInferRequest(model_name="tiny", id="g1")
     message.inputs.add(name="text_input", datatype="BYTES", shape=[1])

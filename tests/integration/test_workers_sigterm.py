@@ -1,7 +1,7 @@
 """No request is lost on SIGTERM with `--workers 2`: the load of tests/integration/test_sigterm.py
 (32 clients, HTTP keep-alive and fresh connections, gRPC channels honouring Retry-After) against
 a supervisor, its two workers and the engine process; the workers drain first, then the engine.
-(A file of its own: tritonclient.grpc and server.proto cannot share a process.)"""
+(A file of its own: tritonclient.grpc and server.grpc.proto cannot share a process.)"""
 
 from __future__ import annotations
 

@@ -26,12 +26,12 @@ from engine.errors import BackendError
 from engine.settings import Settings, TracingSettings
 from engine.tracing import REQUEST_ID, Tracing, build_tracing, request_id
 from engine.types import InferRequest
-from server.app import create_app
-from server.grpc_service import INFER_SPAN as GRPC_SPAN
-from server.grpc_service import build_grpc_server
-from server.infer_route import INFER_SPAN as HTTP_SPAN
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.service import INFER_SPAN as GRPC_SPAN
+from server.grpc.service import build_grpc_server
+from server.http.app import create_app
+from server.http.infer_route import INFER_SPAN as HTTP_SPAN
 
 STAGES = ["admission", "cache", "queue", "execute", "encode"]
 ENDPOINT = "http://127.0.0.1:4318/v1/traces"
@@ -204,7 +204,7 @@ import httpx
 from engine.engine import Engine
 from engine.errors import BackendError
 from engine.settings import Settings
-from server.app import create_app
+from server.http.app import create_app
 
 async def main():
     engine = Engine(Settings(**SETTINGS))

@@ -22,7 +22,7 @@ def test_the_base_server_runs_the_code_of_its_own_checkout(tmp_path: Path) -> No
                    check=True)  # fmt: skip
     try:
         marker = "0.0-versus-test"
-        app = base / "server" / "app.py"
+        app = base / "server" / "http" / "app.py"
         app.write_text(app.read_text().replace('version="0.1.0"', f'version="{marker}"'))
         repo = write_repository(tmp_path / "repo")
         with serving("sluice", repo, SERVER_CORE, "--workers", "1", cwd=base) as served:

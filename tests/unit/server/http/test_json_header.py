@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import InvalidInput
-from server import json_header
-from server.json_header import LAZY_BYTES, RawData, loads
+from server.http import json_header
+from server.http.json_header import LAZY_BYTES, RawData, loads
 
 PAD = " " * LAZY_BYTES  # whitespace makes any body large enough to be read lazily
 

@@ -1,6 +1,6 @@
 """ModelInferRequest -> InferRequest and InferResponse -> ModelInferResponse.
 
-Inputs come either all in `raw_input_contents` (the binary layout of server/binary.py; decoded
+Inputs come either all in `raw_input_contents` (the binary layout of server/http/binary.py; decoded
 zero-copy) or each in its typed `contents` field; outputs always go back in
 `raw_output_contents`, as Triton answers and tritonclient reads them.
 """
@@ -17,7 +17,7 @@ from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, scheduling
-from server.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2 as pb
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
 __all__ = ["decode_request", "encode_response", "metadata_response", "parameters"]

@@ -32,14 +32,15 @@ from engine.facade import EngineFacade
 from engine.settings import Settings, SettingsError
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
-from server import grpc_tensors, raw_tensors
+from server import raw_tensors
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.errors import error_headers, grpc_code
-from server.grpc_generate import is_generative, stream_generation
+from server.grpc import tensors
+from server.grpc.generate import is_generative, stream_generation
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import model_config_pb2
 from server.logs import choose_request_id, request_id
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
-from server.proto import model_config_pb2
 
 log = logging.getLogger("sluice.grpc")
 
@@ -223,9 +224,9 @@ class GrpcCall:
         raw = request.raw_input_contents  # the bulk of a large request; ByteSize would encode it
         size = sum(map(len, raw)) if raw else request.ByteSize()
         if size > raw_tensors.OFFLOAD_BYTES:
-            decoded = await asyncio.to_thread(grpc_tensors.decode_request, request, check)
+            decoded = await asyncio.to_thread(tensors.decode_request, request, check)
         else:
-            decoded = grpc_tensors.decode_request(request, check)
+            decoded = tensors.decode_request(request, check)
         remaining = self._context.time_remaining()
         if remaining is not None:
             # The call's own deadline bounds the engine's: no answer is useful after it.
@@ -236,7 +237,7 @@ class GrpcCall:
         return decoded
 
     def encode(self, response: InferResponse) -> pb.ModelInferResponse:
-        return grpc_tensors.encode_response(response)
+        return tensors.encode_response(response)
 
     async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
         return await answer  # a cancelled call cancels the engine's request (the batcher drops it)
@@ -293,7 +294,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: Context, caller: Metadata
     ) -> pb.ModelMetadataResponse:
         meta = await self._plane.model_metadata(caller, request.name, request.version or None)
-        return grpc_tensors.metadata_response(meta)
+        return tensors.metadata_response(meta)
 
     # -- inference -------------------------------------------------------------------------------
 
@@ -406,7 +407,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Context, caller: Metadata
     ) -> pb.RepositoryModelLoadResponse:
-        parameters = grpc_tensors.parameters(request.parameters)
+        parameters = tensors.parameters(request.parameters)
         await self._plane.load_model(caller, request.model_name, parameters, "grpc")
         return pb.RepositoryModelLoadResponse()
 

@@ -20,9 +20,9 @@ from google.protobuf import json_format
 from engine.auth import digest_key
 from engine.errors import Overloaded, RateLimited
 from engine.settings import ApiKey, AuthSettings, Settings, SettingsError
-from server.grpc_service import CallClock, GrpcService, build_grpc_server, server_options
-from server.proto import grpc_service_pb2 as pb
-from server.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+from server.grpc.service import CallClock, GrpcService, build_grpc_server, server_options
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
 Stub = Any

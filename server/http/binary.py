@@ -26,7 +26,7 @@ import orjson
 from engine.datatypes import UINT64_MAX, check_shape, past_64_bits, shown
 from engine.errors import InvalidInput, PayloadTooLarge
 from engine.types import InferResponse
-from server import json_header
+from server.http import json_header
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
 HEADER_LENGTH = "Inference-Header-Content-Length"

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from engine.errors import InvalidInput
-from server.triton_generate import _request
+from server.http.triton_generate import _request
 
 
 @pytest.mark.parametrize(

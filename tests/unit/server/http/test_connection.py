@@ -1,4 +1,4 @@
-"""server/connection.py on real sockets: the listener hand-over (connections the kernel has
+"""server/http/connection.py on real sockets: the listener hand-over (connections the kernel has
 queued, requests already written on them, are taken, not reset by the listener's close), and the
 protocol's writes (a response's head and body leave together unless the body has to wait), and
 the client leaving, as the app is told of it."""
@@ -17,7 +17,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from server.connection import (
+from server.http.connection import (
     REQUEST_TIMEOUT,
     RESPOND,
     TOO_MANY_CONNECTIONS,
@@ -102,7 +102,7 @@ async def _serve_one(
     keep_alive_s: int = 5,
     protocols: list[HttpProtocol] | None = None,
 ) -> tuple[_Recording, asyncio.StreamReader, asyncio.StreamWriter]:
-    """`app` behind server.connection.HttpProtocol on one end of a real socket pair; the other
+    """`app` behind server.http.connection.HttpProtocol on one end of a real socket pair; the other
     end as a client's stream, with `request` (or its beginning) already written on it. The
     protocol is appended to `protocols` when given."""
     kept: list[_Recording] = []

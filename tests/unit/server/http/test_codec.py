@@ -18,8 +18,8 @@ from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
 from engine.types import InferRequest, InferResponse
-from server import binary, codec, json_header
-from server.codec import (
+from server.http import binary, codec, json_header
+from server.http.codec import (
     decode_data,
     decode_request,
     json_data,
@@ -29,7 +29,7 @@ from server.codec import (
     vectorized_data,
     walk_data,
 )
-from server.json_header import RawData
+from server.http.json_header import RawData
 from tests.models import DATATYPES, NUMERIC_DATATYPES, NUMPY_TYPES, sample
 
 

@@ -19,8 +19,8 @@ from engine.generation.service import SAMPLING_KEYS, GenerateRequest
 from engine.types import InferResponse
 from engine.validate import scheduling
 from server.generation import FrontEnd, caller, generation_of
-from server.grpc_tensors import decode_request, encode_response
-from server.proto import grpc_service_pb2 as pb
+from server.grpc.proto import grpc_service_pb2 as pb
+from server.grpc.tensors import decode_request, encode_response
 
 Metadata = Iterable[tuple[str, str | bytes]]
 EMPTY_FINAL = "triton_enable_empty_final_response"

@@ -12,7 +12,7 @@ import pytest
 from engine.auth import ANONYMOUS_TENANT, Principal
 from engine.errors import InvalidInput
 from server.generation import caller
-from server.openai import _messages, _options, _prompt, _streamed
+from server.http.openai import _messages, _options, _prompt, _streamed
 
 ANYONE = Principal(ANONYMOUS_TENANT, "admin")  # the caller as authenticated before the body
 

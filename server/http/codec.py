@@ -17,7 +17,7 @@ from engine import datatypes
 from engine.errors import InvalidInput
 from engine.types import InferRequest
 from engine.validate import InputCheck, check_parameters, scheduling
-from server.json_header import NumberKind, RawData
+from server.http.json_header import NumberKind, RawData
 
 # Which numpy kinds a JSON array may decode to for each family of datatypes.
 _TYPES: dict[str, set[type]] = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}

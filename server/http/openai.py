@@ -50,9 +50,9 @@ __all__ = ["mount_openai"]
 
 
 def mount_openai(app: FastAPI, engine: object) -> None:
-    """Add the /v1 routes and Triton's generate extension (server/triton_generate.py) when
+    """Add the /v1 routes and Triton's generate extension (server/http/triton_generate.py) when
     `engine` serves generation (see generation_of)."""
-    from server.triton_generate import generate_router
+    from server.http.triton_generate import generate_router
 
     generation = generation_of(engine)
     if generation is not None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2
 
-from server.proto import generate, grpc_service_pb2, model_config_pb2
+from server.grpc.proto import generate, grpc_service_pb2, model_config_pb2
 
 # Lines that embed the generator's version (protobuf gencode and grpcio release).
 _VERSION_LINES = (
@@ -41,7 +41,8 @@ def test_regenerated_modules_match_committed(tmp_path: Path) -> None:
             # Another grpcio-tools release only changes the embedded versions; compare the rest.
             fresh, committed = _without_versions(fresh), _without_versions(committed)
         assert fresh == committed, (
-            f"{path.name} is stale: run `python -m server.proto.generate` and commit the result"
+            f"{path.name} is stale: run `python -m server.grpc.proto.generate` "
+            "and commit the result"
         )
 
 
@@ -175,7 +176,7 @@ def test_sluice_and_tritonclient_protocol_modules_load_in_one_process(first: str
     # Both define `inference.*`; in one descriptor pool the second import failed with
     # "duplicate symbol 'inference.DataType'". The bytes on the wire are the same.
     imports = {
-        "sluice": "from server.proto import grpc_service_pb2 as ours",
+        "sluice": "from server.grpc.proto import grpc_service_pb2 as ours",
         "tritonclient": "from tritonclient.grpc import service_pb2 as theirs",
     }
     second = imports["tritonclient" if first == "sluice" else "sluice"]

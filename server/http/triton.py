@@ -22,8 +22,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from engine.errors import InvalidInput
-from server import codec
 from server.dataplane import DataPlane
+from server.http import codec
 
 
 def _json(body: Any) -> Response:

@@ -21,7 +21,7 @@ from tritonclient.http._utils import _get_inference_request
 
 from engine.errors import InvalidInput, PayloadTooLarge
 from engine.types import InferResponse
-from server import binary
+from server.http import binary
 
 FIXED = {
     "BOOL": np.bool_,

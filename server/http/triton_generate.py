@@ -22,7 +22,7 @@ from engine.errors import EngineError, InvalidInput
 from engine.generation.service import SAMPLING_KEYS, GenerateRequest, Generation, TokenStream
 from server.errors import error_headers, http_status
 from server.generation import FrontEnd, caller
-from server.openai import until_disconnected
+from server.http.openai import until_disconnected
 
 
 def v2_error(exc: EngineError) -> Response:

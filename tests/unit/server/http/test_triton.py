@@ -13,9 +13,9 @@ from fastapi.responses import Response
 from engine.auth import digest_key
 from engine.errors import EngineError
 from engine.settings import ApiKey, AuthSettings, Settings
-from server.app import error_response
 from server.dataplane import DataPlane
-from server.triton import triton_router
+from server.http.app import error_response
+from server.http.triton import triton_router
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
 

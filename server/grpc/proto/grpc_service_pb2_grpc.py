@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from server.proto import grpc_service_pb2 as server_dot_proto_dot_grpc__service__pb2
+from server.grpc.proto import grpc_service_pb2 as server_dot_grpc_dot_proto_dot_grpc__service__pb2
 
 GRPC_GENERATED_VERSION = '1.81.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in server/proto/grpc_service_pb2_grpc.py depends on'
+        + ' but the generated code in server/grpc/proto/grpc_service_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,103 +36,103 @@ class GRPCInferenceServiceStub:
         """
         self.ServerLive = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerLive',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ServerLiveResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerLiveResponse.FromString,
                 _registered_method=True)
         self.ServerReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerReady',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ServerReadyResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerReadyResponse.FromString,
                 _registered_method=True)
         self.ModelReady = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelReady',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelReadyResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelReadyResponse.FromString,
                 _registered_method=True)
         self.ServerMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ServerMetadata',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelMetadata = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelMetadata',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
                 _registered_method=True)
         self.ModelInfer = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelInfer',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelInferResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferResponse.FromString,
                 _registered_method=True)
         self.ModelStreamInfer = channel.stream_stream(
                 '/inference.GRPCInferenceService/ModelStreamInfer',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
                 _registered_method=True)
         self.ModelConfig = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelConfig',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.FromString,
                 _registered_method=True)
         self.ModelStatistics = channel.unary_unary(
                 '/inference.GRPCInferenceService/ModelStatistics',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
                 _registered_method=True)
         self.RepositoryIndex = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryIndex',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
                 _registered_method=True)
         self.RepositoryModelLoad = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryModelLoad',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
                 _registered_method=True)
         self.RepositoryModelUnload = channel.unary_unary(
                 '/inference.GRPCInferenceService/RepositoryModelUnload',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
                 _registered_method=True)
         self.SystemSharedMemoryStatus = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
                 _registered_method=True)
         self.SystemSharedMemoryRegister = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryRegister',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
                 _registered_method=True)
         self.SystemSharedMemoryUnregister = channel.unary_unary(
                 '/inference.GRPCInferenceService/SystemSharedMemoryUnregister',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryStatus = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryStatus',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryRegister = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryRegister',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
                 _registered_method=True)
         self.CudaSharedMemoryUnregister = channel.unary_unary(
                 '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
                 _registered_method=True)
         self.TraceSetting = channel.unary_unary(
                 '/inference.GRPCInferenceService/TraceSetting',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.FromString,
                 _registered_method=True)
         self.LogSettings = channel.unary_unary(
                 '/inference.GRPCInferenceService/LogSettings',
-                request_serializer=server_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
-                response_deserializer=server_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+                request_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+                response_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.FromString,
                 _registered_method=True)
 
 
@@ -266,103 +266,103 @@ def add_GRPCInferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ServerLive': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerLive,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ServerLiveRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ServerLiveResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerLiveRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerLiveResponse.SerializeToString,
             ),
             'ServerReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerReady,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ServerReadyRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ServerReadyResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerReadyRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerReadyResponse.SerializeToString,
             ),
             'ModelReady': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelReady,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelReadyRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ModelReadyResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelReadyRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelReadyResponse.SerializeToString,
             ),
             'ServerMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ServerMetadata,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ServerMetadataRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ServerMetadataResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerMetadataRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerMetadataResponse.SerializeToString,
             ),
             'ModelMetadata': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelMetadata,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelMetadataRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelMetadataResponse.SerializeToString,
             ),
             'ModelInfer': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelInfer,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelInferRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferResponse.SerializeToString,
             ),
             'ModelStreamInfer': grpc.stream_stream_rpc_method_handler(
                     servicer.ModelStreamInfer,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelInferRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStreamInferResponse.SerializeToString,
             ),
             'ModelConfig': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelConfig,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.SerializeToString,
             ),
             'ModelStatistics': grpc.unary_unary_rpc_method_handler(
                     servicer.ModelStatistics,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStatisticsRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStatisticsResponse.SerializeToString,
             ),
             'RepositoryIndex': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryIndex,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.SerializeToString,
             ),
             'RepositoryModelLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryModelLoad,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.SerializeToString,
             ),
             'RepositoryModelUnload': grpc.unary_unary_rpc_method_handler(
                     servicer.RepositoryModelUnload,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.SerializeToString,
             ),
             'SystemSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryStatus,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.SerializeToString,
             ),
             'SystemSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryRegister,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.SerializeToString,
             ),
             'SystemSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
                     servicer.SystemSharedMemoryUnregister,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.SerializeToString,
             ),
             'CudaSharedMemoryStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryStatus,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.SerializeToString,
             ),
             'CudaSharedMemoryRegister': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryRegister,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.SerializeToString,
             ),
             'CudaSharedMemoryUnregister': grpc.unary_unary_rpc_method_handler(
                     servicer.CudaSharedMemoryUnregister,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.SerializeToString,
             ),
             'TraceSetting': grpc.unary_unary_rpc_method_handler(
                     servicer.TraceSetting,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.SerializeToString,
             ),
             'LogSettings': grpc.unary_unary_rpc_method_handler(
                     servicer.LogSettings,
-                    request_deserializer=server_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.FromString,
-                    response_serializer=server_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
+                    request_deserializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.FromString,
+                    response_serializer=server_dot_grpc_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -390,8 +390,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerLive',
-            server_dot_proto_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ServerLiveResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerLiveRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerLiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -417,8 +417,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerReady',
-            server_dot_proto_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ServerReadyResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerReadyRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -444,8 +444,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelReady',
-            server_dot_proto_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ModelReadyResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelReadyRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelReadyResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -471,8 +471,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ServerMetadata',
-            server_dot_proto_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerMetadataRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ServerMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -498,8 +498,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelMetadata',
-            server_dot_proto_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelMetadataRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelMetadataResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -525,8 +525,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelInfer',
-            server_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ModelInferResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -552,8 +552,8 @@ class GRPCInferenceService:
             request_iterator,
             target,
             '/inference.GRPCInferenceService/ModelStreamInfer',
-            server_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelInferRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStreamInferResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -579,8 +579,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelConfig',
-            server_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelConfigRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelConfigResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -606,8 +606,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/ModelStatistics',
-            server_dot_proto_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStatisticsRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.ModelStatisticsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -633,8 +633,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryIndex',
-            server_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryIndexRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryIndexResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -660,8 +660,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryModelLoad',
-            server_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -687,8 +687,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/RepositoryModelUnload',
-            server_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.RepositoryModelUnloadResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -714,8 +714,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/SystemSharedMemoryStatus',
-            server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -741,8 +741,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/SystemSharedMemoryRegister',
-            server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryRegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -768,8 +768,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/SystemSharedMemoryUnregister',
-            server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.SystemSharedMemoryUnregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -795,8 +795,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/CudaSharedMemoryStatus',
-            server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -822,8 +822,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/CudaSharedMemoryRegister',
-            server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryRegisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -849,8 +849,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/CudaSharedMemoryUnregister',
-            server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.CudaSharedMemoryUnregisterResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -876,8 +876,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/TraceSetting',
-            server_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.TraceSettingRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.TraceSettingResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -903,8 +903,8 @@ class GRPCInferenceService:
             request,
             target,
             '/inference.GRPCInferenceService/LogSettings',
-            server_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
-            server_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.FromString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.LogSettingsRequest.SerializeToString,
+            server_dot_grpc_dot_proto_dot_grpc__service__pb2.LogSettingsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,10 +21,11 @@ from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDo
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
-from server import binary, codec, json_header, raw_tensors
-from server.connection import RESPOND, WHEN_GONE
+from server import raw_tensors
 from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
+from server.http import binary, codec, json_header
+from server.http.connection import RESPOND, WHEN_GONE
 from server.logs import choose_request_id, request_id
 
 log = logging.getLogger("sluice.http")
@@ -243,7 +244,7 @@ def _error_body(message: str) -> bytes:
 async def _unless_gone(when_gone: WhenGone | None, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it (the batcher withdraws the
     request) and raise ClientGone. `when_gone` is the WHEN_GONE scope extension of sluice's HTTP
-    protocol (server/connection.py); without it (another ASGI server) nobody is watching."""
+    protocol (server/http/connection.py); without it (another ASGI server) nobody is watching."""
     if when_gone is None:
         return await work
     current = asyncio.current_task()

@@ -1,5 +1,5 @@
 """The HTTP/REST front-end: the Open Inference Protocol (KServe v2). Inference is served by
-server/infer_route.py; everything else by FastAPI.
+server/http/infer_route.py; everything else by FastAPI.
 
 Exposed surfaces: `/openapi.json` answers any valid key once keys are configured (it lists every
 route); the `/docs` and `/redoc` pages are not served at all (they would load scripts from a
@@ -24,10 +24,10 @@ from engine.settings import Settings
 from engine.types import ModelMetadata
 from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
-from server.infer_route import InferRoute
+from server.http.infer_route import InferRoute
+from server.http.openai import mount_openai
+from server.http.triton import triton_router
 from server.logs import RequestIdMiddleware
-from server.openai import mount_openai
-from server.triton import triton_router
 
 log = logging.getLogger("sluice.http")
 READ = ["GET", "HEAD"]
@@ -58,7 +58,7 @@ def metadata_json(meta: ModelMetadata) -> dict[str, Any]:
 
 def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
     """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
-    hot path skips FastAPI's layers (see server/infer_route.py), both over one data plane."""
+    hot path skips FastAPI's layers (see server/http/infer_route.py), both over one data plane."""
     plane = DataPlane(engine, settings)
     bounded = BodyLimit(fastapi_app(settings, plane), settings.max_request_bytes)
     return InferRoute(bounded, plane, settings)
@@ -67,7 +67,7 @@ def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
 class BodyLimit:
     """ASGI middleware: a request body past `limit` bytes is PayloadTooLarge (413) when the app
     reads it, as soon as its Content-Length or the bytes received pass the limit. The infer
-    route bounds its own body (server/infer_route.py); this bounds every other route's: a
+    route bounds its own body (server/http/infer_route.py); this bounds every other route's: a
     prompt, a generate request, a repository load."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -133,7 +133,7 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
 
     # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
     app.include_router(triton_router(plane))
-    mount_openai(app, plane.engine)  # /v1: OpenAI-compatible generation (server/openai.py)
+    mount_openai(app, plane.engine)  # /v1: OpenAI-compatible generation (server/http/openai.py)
 
     @app.get("/v2")
     async def server_metadata(request: Request) -> Response:
