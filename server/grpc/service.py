@@ -11,6 +11,10 @@ Every call carries a request id: the caller's `x-request-id` metadata when it is
 fresh one; it is on every log line about the call and comes back as trailing metadata
 `x-request-id`. Inference requests (unary, and each message of a stream) are counted in the
 metrics with protocol `grpc` and the HTTP-equivalent status code.
+
+This module is the servicer and its server; what each call goes through around its RPC (context,
+request id, error status) is server/grpc/calls.py, and a ModelInfer request as the data plane
+sees it is server/grpc/infer.py.
 """
 
 from __future__ import annotations
@@ -20,62 +24,27 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import NoReturn, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import NoReturn, TypeVar
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from engine.errors import BackendError, DeadlineExceeded, EngineError
+from engine.errors import BackendError, EngineError
 from engine.facade import EngineFacade
 from engine.settings import Settings, SettingsError
-from engine.types import InferRequest, InferResponse
-from engine.validate import InputCheck
-from server import raw_tensors
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
-from server.errors import error_headers, grpc_code
 from server.grpc import tensors
+from server.grpc.calls import Context, bind_request_id, fail, metadata
 from server.grpc.generate import is_generative, stream_generation
+from server.grpc.infer import GrpcCall, reject_stream, stream_error
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.proto import model_config_pb2
-from server.logs import choose_request_id, request_id
+from server.logs import request_id
 
 log = logging.getLogger("sluice.grpc")
-
-Trailing = Sequence[tuple[str, str]]
-
-
-class Context(Protocol):
-    """What the servicer uses of grpc.aio's ServicerContext (grpcio ships no type hints)."""
-
-    def invocation_metadata(self) -> Metadata | None:
-        """The caller's metadata as (key, value) pairs."""
-        ...
-
-    def set_trailing_metadata(self, trailing_metadata: Trailing) -> None:
-        """Metadata sent with the status."""
-        ...
-
-    def set_code(self, code: grpc.StatusCode) -> None:
-        """The status the call ends with once its handler returns."""
-        ...
-
-    def set_details(self, details: str) -> None:
-        """The status message the call ends with."""
-        ...
-
-    async def abort(
-        self, code: grpc.StatusCode, details: str = "", trailing_metadata: Trailing = ()
-    ) -> NoReturn:
-        """End the call with `code` (raises grpc.aio.AbortError)."""
-        ...
-
-    def time_remaining(self) -> float | None:
-        """Seconds left before the call's deadline; None without one."""
-        ...
-
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -83,41 +52,8 @@ Method = Callable[["GrpcService", Req, Context, Metadata], Awaitable[Resp]]
 """A servicer method as written here: it also gets the call's metadata, read once."""
 Handler = Callable[["GrpcService", Req, Context], Awaitable[Resp | None]]
 """A servicer method as grpc calls it."""
-INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
 UNIMPLEMENTED_LOG_INTERVAL_S = 60.0
 """At most one log line per unimplemented RPC per this many seconds (callers can repeat them)."""
-STREAM_SETTLE_S = 1.0
-"""How long a rejected stream is read (and dropped) while waiting for the client to finish
-writing, before its status is sent anyway."""
-
-
-async def abort(context: Context, exc: EngineError) -> NoReturn:
-    """End the call with the error's status code, message and trailing metadata."""
-    await context.abort(grpc_code(exc), exc.message, trailing_metadata=_trailing(exc))
-
-
-def fail(context: Context, exc: EngineError) -> None:
-    """Set the error's status code, message and trailing metadata for the call to end with when
-    its handler returns. Unlike `abort`, nothing is raised: grpc keeps the AbortError that abort
-    raises in the call's state, which the error's traceback holds (a cycle), and one raised while
-    an engine error is handled holds that error as its context, whose traceback holds every frame
-    of the request, its inputs too, until the cyclic collector runs (seldom: see tune_gc)."""
-    context.set_code(grpc_code(exc))
-    context.set_details(exc.message)
-    context.set_trailing_metadata(_trailing(exc))
-
-
-def _trailing(exc: EngineError) -> Trailing:
-    metadata = tuple((key.lower(), value) for key, value in error_headers(exc).items())
-    rid = request_id.get()
-    if rid is not None:  # this metadata replaces what was set before: repeat the id
-        metadata = (*metadata, ("x-request-id", rid))
-    return metadata
-
-
-def metadata(context: Context) -> Metadata:
-    """The call's invocation metadata ((key, value) pairs, possibly none)."""
-    return context.invocation_metadata() or ()
 
 
 def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
@@ -128,7 +64,7 @@ def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
     async def wrapper(self: GrpcService, request: Req, context: Context) -> Resp | None:
         self._clock.last_call_at = time.monotonic()
         caller = metadata(context)
-        token = request_id.set(_bind_request_id(context, caller))
+        token = request_id.set(bind_request_id(context, caller))
         try:
             return await method(self, request, context, caller)
         except EngineError as exc:
@@ -143,19 +79,6 @@ def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
         return None  # the status set above ends the call; grpc sends no message with it
 
     return wrapper
-
-
-def _bind_request_id(context: Context, caller: Metadata) -> str:
-    """The call's request id (the caller's `x-request-id` if sane), also sent back as trailing
-    metadata."""
-    given = None
-    for key, value in caller:  # a loop: a generator would cost more than the search
-        if key == "x-request-id":
-            given = value
-            break
-    rid = choose_request_id(given if isinstance(given, str) else None)
-    context.set_trailing_metadata((("x-request-id", rid),))
-    return rid
 
 
 class _LogThrottle:
@@ -201,46 +124,6 @@ def _unimplemented(name: str, why: str) -> Handler[Message, NoReturn]:
 
 
 _SHARED_MEMORY = "send tensor data in the request (raw_input_contents)"
-
-
-class GrpcCall:
-    """One ModelInfer request as the data plane sees it (server.dataplane.InferCall)."""
-
-    __slots__ = ("_context", "_request", "headers", "model", "version")
-    protocol = "grpc"
-    span_name = INFER_SPAN
-
-    def __init__(self, request: pb.ModelInferRequest, context: Context, caller: Metadata) -> None:
-        self._request, self._context = request, context
-        self.headers = caller
-        self.model, self.version = request.model_name, request.model_version or None
-
-    @property
-    def access(self) -> str:
-        return f"gRPC ModelInfer {self.model}"
-
-    async def decode(self, check: InputCheck) -> InferRequest:
-        request = self._request
-        raw = request.raw_input_contents  # the bulk of a large request; ByteSize would encode it
-        size = sum(map(len, raw)) if raw else request.ByteSize()
-        if size > raw_tensors.OFFLOAD_BYTES:
-            decoded = await asyncio.to_thread(tensors.decode_request, request, check)
-        else:
-            decoded = tensors.decode_request(request, check)
-        remaining = self._context.time_remaining()
-        if remaining is not None:
-            # The call's own deadline bounds the engine's: no answer is useful after it.
-            if remaining <= 0:
-                raise DeadlineExceeded("the call's deadline passed before it was queued")
-            budget = decoded.timeout_s
-            decoded.timeout_s = remaining if budget is None else min(budget, remaining)
-        return decoded
-
-    def encode(self, response: InferResponse) -> pb.ModelInferResponse:
-        return tensors.encode_response(response)
-
-    async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
-        return await answer  # a cancelled call cancels the engine's request (the batcher drops it)
 
 
 class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
@@ -314,11 +197,11 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         read until the client reads."""
         self._clock.last_call_at = time.monotonic()
         caller = metadata(context)
-        request_id.set(_bind_request_id(context, caller))  # this call's own context: no reset
+        request_id.set(bind_request_id(context, caller))  # this call's own context: no reset
         try:
             principal = self._plane.authenticate(caller)
         except EngineError as exc:
-            await _reject_stream(request_iterator, context, exc, self._stream_max_pending)
+            await reject_stream(request_iterator, context, exc, self._stream_max_pending)
         results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self._stream_max_pending)
 
@@ -335,7 +218,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
                 response = await self._plane.infer(GrpcCall(request, context, caller), principal)
                 answer = pb.ModelStreamInferResponse(infer_response=response)
             except EngineError as exc:  # a bug too, logged by the data plane
-                answer = _stream_error(request, exc.message)
+                answer = stream_error(request, exc.message)
             results.put_nowait(answer)
 
         async def feed() -> None:
@@ -418,35 +301,6 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         names = list(request.parameters)
         await self._plane.unload_model(caller, request.model_name, names, "grpc")
         return pb.RepositoryModelUnloadResponse()
-
-
-async def _reject_stream(
-    request_iterator: AsyncIterator[pb.ModelInferRequest],
-    context: Context,
-    exc: EngineError,
-    most: int,
-) -> NoReturn:
-    """End a stream with `exc` before serving it, once the client has finished writing (up to
-    `most` messages, dropped, or STREAM_SETTLE_S). A grpc.aio client whose write is in flight when
-    the status arrives reports INTERNAL "Internal error from Core" instead of the status
-    (grpc/grpc#36066); a client still writing after the bound may still see that."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(STREAM_SETTLE_S):
-            read = 0
-            async for _ in request_iterator:
-                read += 1
-                if read >= most:
-                    break
-    await abort(context, exc)
-
-
-def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        ),
-    )
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:

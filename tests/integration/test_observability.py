@@ -25,9 +25,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from engine.demo import DEMO_CONFIG, mlp_model
+from server.grpc.infer import INFER_SPAN as GRPC_SPAN
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
-from server.grpc.service import INFER_SPAN as GRPC_SPAN
 from server.http.infer_route import INFER_SPAN as HTTP_SPAN
 from tests.integration.helpers_e2e import Key, infer_body, metrics, write_settings
 from tests.models import write_model

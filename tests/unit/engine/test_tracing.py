@@ -26,9 +26,9 @@ from engine.errors import BackendError
 from engine.settings import Settings, TracingSettings
 from engine.tracing import REQUEST_ID, Tracing, build_tracing, request_id
 from engine.types import InferRequest
+from server.grpc.infer import INFER_SPAN as GRPC_SPAN
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
-from server.grpc.service import INFER_SPAN as GRPC_SPAN
 from server.grpc.service import build_grpc_server
 from server.http.app import create_app
 from server.http.infer_route import INFER_SPAN as HTTP_SPAN
