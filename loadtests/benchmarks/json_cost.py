@@ -1,7 +1,8 @@
 """The per-core cost of JSON tensors: sluice serving the CNN and the tiny MLP over JSON against a
 plain FastAPI + onnxruntime server and the HTTP floor (a no-op ASGI app), in one run, each server
 on core 0 and wrk on core 1, with one worker; plus decode alone, in process, on core 0: the
-reference element walk (`codec.walk_data`) against the vectorized decoder (`codec.decode_data`).
+reference element walk (`json_arrays.walk_data`) against the vectorized decoder
+(`json_arrays.decode_data`).
 
     python -m loadtests.benchmarks.json_cost [--out DIR] [--seconds 5] [--rounds 5]
 
@@ -38,7 +39,7 @@ from loadtests.benchmarks.harness import (
     write_results,
 )
 from loadtests.benchmarks.models import MODELS, write_repository
-from server.http import codec, json_header
+from server.http import json_arrays, json_header
 
 CONCURRENCY = 16
 KINDS = ("sluice", "plain", "floor")
@@ -77,7 +78,7 @@ def per_call_us(funcs: dict[str, Callable[[], object]], seconds: float = 0.1) ->
 def read_body(body: bytes, parse: Callable[[bytes], Any]) -> np.ndarray:
     """The body's one tensor as an array: the body parsed by `parse`, then its data decoded."""
     tensor = parse(body)["inputs"][0]
-    return codec.decode_data("x", tensor["datatype"], tensor["shape"], tensor["data"])
+    return json_arrays.decode_data("x", tensor["datatype"], tensor["shape"], tensor["data"])
 
 
 def decode_costs() -> list[dict[str, Any]]:
@@ -93,16 +94,16 @@ def decode_costs() -> list[dict[str, Any]]:
             body = json_body(model, nested)
             tensor = orjson.loads(body)["inputs"][0]
             args = ("x", tensor["datatype"], tensor["shape"], tensor["data"])
-            walked = codec.walk_data(*args)
-            for way in (codec.decode_data(*args), read_body(body, orjson.loads),
+            walked = json_arrays.walk_data(*args)
+            for way in (json_arrays.decode_data(*args), read_body(body, orjson.loads),
                         read_body(body, json_header.loads)):  # fmt: skip
                 if way.dtype != walked.dtype or way.tobytes() != walked.tobytes():
                     raise AssertionError(f"{model}: a decoder disagrees with walk_data")
             times = per_call_us(
                 {
                     "parse_us": lambda b=body: orjson.loads(b),  # type: ignore[misc]
-                    "walk_us": lambda a=args: codec.walk_data(*a),  # type: ignore[misc]
-                    "decode_us": lambda a=args: codec.decode_data(*a),  # type: ignore[misc]
+                    "walk_us": lambda a=args: json_arrays.walk_data(*a),  # type: ignore[misc]
+                    "decode_us": lambda a=args: json_arrays.decode_data(*a),  # type: ignore[misc]
                     "parsed_us": lambda b=body: read_body(b, orjson.loads),  # type: ignore[misc]
                     "read_us": lambda b=body: read_body(b, json_header.loads),  # type: ignore[misc]
                 }
