@@ -1,27 +1,22 @@
 """ModelInfer over the data plane: one request as the data plane sees it (`GrpcCall`, which
-decodes it with server/grpc/tensors.py and bounds the engine's deadline by the call's), and how a
-ModelStreamInfer stream answers a failed request or refuses to start."""
+decodes it with server/grpc/tensors.py and bounds the engine's deadline by the call's), whether it
+came alone or on a ModelStreamInfer stream (server/grpc/stream.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable
-from typing import NoReturn
+from collections.abc import Awaitable
 
-from engine.errors import DeadlineExceeded, EngineError
+from engine.errors import DeadlineExceeded
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import raw_tensors
 from server.dataplane import Metadata
 from server.grpc import tensors
-from server.grpc.calls import Context, abort
+from server.grpc.calls import Context
 from server.grpc.proto import grpc_service_pb2 as pb
 
 INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
-STREAM_SETTLE_S = 1.0
-"""How long a rejected stream is read (and dropped) while waiting for the client to finish
-writing, before its status is sent anyway."""
 
 
 class GrpcCall:
@@ -62,32 +57,3 @@ class GrpcCall:
 
     async def wait(self, answer: Awaitable[InferResponse]) -> InferResponse:
         return await answer  # a cancelled call cancels the engine's request (the batcher drops it)
-
-
-async def reject_stream(
-    request_iterator: AsyncIterator[pb.ModelInferRequest],
-    context: Context,
-    exc: EngineError,
-    most: int,
-) -> NoReturn:
-    """End a stream with `exc` before serving it, once the client has finished writing (up to
-    `most` messages, dropped, or STREAM_SETTLE_S). A grpc.aio client whose write is in flight when
-    the status arrives reports INTERNAL "Internal error from Core" instead of the status
-    (grpc/grpc#36066); a client still writing after the bound may still see that."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(STREAM_SETTLE_S):
-            read = 0
-            async for _ in request_iterator:
-                read += 1
-                if read >= most:
-                    break
-    await abort(context, exc)
-
-
-def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        ),
-    )

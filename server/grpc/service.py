@@ -13,13 +13,13 @@ fresh one; it is on every log line about the call and comes back as trailing met
 metrics with protocol `grpc` and the HTTP-equivalent status code.
 
 This module is the servicer and its server; what each call goes through around its RPC (context,
-request id, error status) is server/grpc/calls.py, and a ModelInfer request as the data plane
-sees it is server/grpc/infer.py.
+request id, error status) is server/grpc/calls.py, a ModelInfer request as the data plane sees it
+is server/grpc/infer.py, and a ModelStreamInfer stream (its bound, order, errors and end) is
+server/grpc/stream.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -37,11 +37,11 @@ from engine.settings import Settings, SettingsError
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc import tensors
 from server.grpc.calls import Context, bind_request_id, fail, metadata
-from server.grpc.generate import is_generative, stream_generation
-from server.grpc.infer import GrpcCall, reject_stream, stream_error
+from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.proto import model_config_pb2
+from server.grpc.stream import InferStream
 from server.logs import request_id
 
 log = logging.getLogger("sluice.grpc")
@@ -191,58 +191,15 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request is answered as soon as it completes (out of order, matched by `id`); a
-        failed request answers `error_message` and the stream carries on. The stream has one
-        request id, shared by the log lines and spans of all its requests. At most
-        `stream_max_pending` requests are running or answered-but-unsent: then the stream is not
-        read until the client reads."""
+        failed request answers `error_message` and the stream carries on; at most
+        `stream_max_pending` requests are running or answered-but-unsent (server/grpc/stream.py
+        says what a stream guarantees)."""
         self._clock.last_call_at = time.monotonic()
-        caller = metadata(context)
-        request_id.set(bind_request_id(context, caller))  # this call's own context: no reset
-        try:
-            principal = self._plane.authenticate(caller)
-        except EngineError as exc:
-            await reject_stream(request_iterator, context, exc, self._stream_max_pending)
-        results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(self._stream_max_pending)
-
-        async def one(request: pb.ModelInferRequest) -> None:
-            if is_generative(self._plane.engine, request.model_name):  # decoupled: many answers
-                first, engine = True, self._plane.engine
-                async for answer in stream_generation(engine, request, metadata(context)):
-                    if not first:  # the first answer has this request's slot; later ones take one
-                        await slots.acquire()
-                    first = False
-                    results.put_nowait(answer)
-                return
-            try:
-                response = await self._plane.infer(GrpcCall(request, context, caller), principal)
-                answer = pb.ModelStreamInferResponse(infer_response=response)
-            except EngineError as exc:  # a bug too, logged by the data plane
-                answer = stream_error(request, exc.message)
-            results.put_nowait(answer)
-
-        async def feed() -> None:
-            try:
-                async with asyncio.TaskGroup() as group:
-                    # A slot per request read, freed once its answer is sent: no slot, no read.
-                    await slots.acquire()
-                    async for request in request_iterator:
-                        group.create_task(one(request))
-                        await slots.acquire()
-            finally:
-                results.put_nowait(None)  # the reader always ends, also when reading failed
-
-        feeder = asyncio.create_task(feed())
-        try:
-            while (answer := await results.get()) is not None:
-                yield answer  # returns once grpc has sent it: flow control holds us here
-                slots.release()
-            await feeder
-        finally:
-            if not feeder.done():  # the client went away: stop reading and running its requests
-                feeder.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await feeder
+        stream = InferStream(self._plane, context, self._stream_max_pending)
+        # aclosing: when grpc closes this generator (the client left), the stream ends at once.
+        async with contextlib.aclosing(stream.answers(request_iterator)) as answers:
+            async for answer in answers:
+                yield answer
 
     # -- Triton extensions -----------------------------------------------------------------------
 
