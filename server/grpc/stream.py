@@ -15,10 +15,10 @@ What a stream guarantees:
   bound the stream is not read, so HTTP/2 flow control holds the client's writes until it reads.
 - Order: each answer is sent as soon as its request completes, not in the order the requests
   came (match them by `id`); a generation request's answers come in order.
-- Errors: a message that fails with an engine error (for inference also a bug, which the data
-  plane logs and answers as an internal error) answers `error_message`, and the stream carries
-  on with the others. A failure outside a message's answer (reading the stream fails) ends the
-  stream, cancelling the requests still running.
+- Errors: a message that fails with an engine error, or with a bug (logged with its traceback and
+  answered as an internal error, by the data plane for inference and here for generation), answers
+  `error_message`, and the stream carries on with the others. A failure outside a message's answer
+  (reading the stream fails) ends the stream, cancelling the requests still running.
 - End: once the client stops writing, the stream ends (OK) after every request read has been
   answered. When the client leaves (or its deadline passes), its requests still running are
   cancelled, generation included: the engine drops what it had queued for them.
@@ -30,17 +30,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import NoReturn
 
 from engine.auth import Principal
 from engine.errors import EngineError
-from server.dataplane import DataPlane, Metadata
+from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc.calls import Context, abort, bind_request_id, metadata
 from server.grpc.generate import is_generative, stream_generation
 from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.logs import request_id
+
+log = logging.getLogger("sluice.grpc")
 
 STREAM_SETTLE_S = 1.0
 """How long a rejected stream is read (and dropped) while waiting for the client to finish
@@ -103,11 +106,17 @@ class InferStream:
         plane, results = self._plane, self._results
         if is_generative(plane.engine, request.model_name):
             first, engine = True, plane.engine
-            async for answer in stream_generation(engine, request, metadata(self._context)):
-                if not first:  # the first answer has this request's slot; later ones take one
+            try:
+                async for answer in stream_generation(engine, request, metadata(self._context)):
+                    if not first:  # the first answer has this request's slot; later ones take one
+                        await self._slots.acquire()
+                    first = False
+                    results.put_nowait(answer)
+            except Exception:  # a bug: had ended the stream, failing its other requests
+                log.exception("unhandled error in generation", extra={"model": request.model_name})
+                if not first:
                     await self._slots.acquire()
-                first = False
-                results.put_nowait(answer)
+                results.put_nowait(stream_error(request, INTERNAL_ERROR))
             return
         try:
             response = await plane.infer(GrpcCall(request, self._context, caller), principal)

@@ -10,7 +10,7 @@ import struct
 import time
 import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import numpy as np
@@ -595,6 +595,36 @@ async def test_stream_runs_at_most_its_bound_at_once(engine: FakeEngine) -> None
         await server.stop(grace=None)
     assert sorted(int(a.infer_response.id) for a in answers) == list(range(20))
     assert [a.error_message for a in answers if a.error_message] == []
+
+
+async def test_a_bug_in_a_generation_answers_it_and_the_stream_goes_on(
+    engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A generation request failing with a bug (not an engine error) escaped its task and ended
+    the whole stream with an error status, failing the stream's other requests with it."""
+
+    async def generate(request: object) -> NoReturn:
+        raise RuntimeError("a bug in generation")
+
+    engine.generate = generate  # type: ignore[attr-defined]  # a Generation now
+    engine.generative_models = lambda: {"gen"}  # type: ignore[attr-defined]
+    prompt = pb.ModelInferRequest(model_name="gen", id="gen")
+    prompt.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    prompt.inputs[0].contents.bytes_contents.append(b"hello")
+    good = raw_request("double", {"x": ("FP32", np.ones((1, 4), np.float32))}, id="good")
+    server, port = await _serve(engine)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+                _requests([prompt, good, good])
+            )
+            answers = [answer async for answer in call]
+            assert await call.code() == grpc.StatusCode.OK
+    finally:
+        await server.stop(grace=None)
+    by_id = sorted((a.infer_response.id, a.error_message) for a in answers)
+    assert by_id == [("gen", "internal error"), ("good", ""), ("good", "")]
+    assert "a bug in generation" in caplog.text  # its traceback, for whoever fixes it
 
 
 async def _requests(requests: list[Any]) -> AsyncIterator[Any]:
