@@ -147,10 +147,10 @@ class Supervisor:
         try:
             if not self._start_engine(wake_r):
                 return 0 if self._stopping else 1
-            # Nothing listens here: each slot's socket listens when its worker serves on it
-            # (uvicorn's create_server), so while the engine loads its models and the workers
-            # start, a connection is refused (as by one process) rather than queued where
-            # nothing accepts it yet; once listening, a socket stays so across restarts.
+            # Only now: while the engine loads its models, a connection is refused (as by one
+            # process) rather than queued on a socket that nothing would accept for minutes.
+            for sock in self.http:
+                sock.listen(2048)
             log.info(
                 "sluice serving HTTP on %s:%s%s with %d worker processes",
                 settings.host, update["http_port"],
@@ -188,7 +188,7 @@ class Supervisor:
         probe.close()
         sockets: list[socket.socket] = []
         try:
-            for _ in range(self.count):  # listening once its worker serves (run)
+            for _ in range(self.count):  # listening once the engine serves (run)
                 sockets.append(_bind(host, port, reuse_port=True))
         except BaseException:
             for sock in sockets:
