@@ -479,7 +479,7 @@ import time
 
 class SlowLoad:
     def load(self, config):
-        time.sleep(1.5)  # a queued connection would be held past the probe's 0.5 s
+        time.sleep(5.0)  # a connection queued meanwhile would be held past the probe's 3 s
 
     def infer(self, inputs):
         return {"y": inputs["x"]}
@@ -508,7 +508,9 @@ async def test_connections_are_refused_not_held_while_the_engine_loads(tmp_path:
 
     def probe() -> str:
         try:
-            with socket.create_connection(("127.0.0.1", server.http_port), 0.5) as client:
+            # 3 s: a connection made as the workers start waits for one to serve (about a
+            # second where their modules are not compiled yet), not for the models to load
+            with socket.create_connection(("127.0.0.1", server.http_port), 3) as client:
                 client.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
                 return "answered" if client.recv(100).startswith(b"HTTP/1.1") else "odd"
         except ConnectionRefusedError:
@@ -540,7 +542,7 @@ def test_a_signal_while_the_models_load_stops_the_server_at_once(
     models = tmp_path / "models"
     (models / "slow" / "1").mkdir(parents=True)
     (models / "slow" / "1" / "model.py").write_text(
-        SLOW_LOAD_PY.replace("time.sleep(1.5)", f"open({str(marker)!r}, 'w').close()\n"
+        SLOW_LOAD_PY.replace("time.sleep(5.0)", f"open({str(marker)!r}, 'w').close()\n"
                              "        time.sleep(30.0)")
     )  # fmt: skip
     (models / "slow" / "config.yaml").write_text(SLOW_LOAD_CONFIG)

@@ -11,10 +11,10 @@ from typing import Literal
 import numpy as np
 import pytest
 
+import batching.deadlines as deadlines_module
 import batching.former as former_module
 from batching.assembly import Padding
 from batching.batcher import Batcher, BatchTimings
-from batching.deadlines import MIN_RESERVE_S
 from batching.errors import BatcherClosed, BatchFailed, DeadlinePassed, QueueFull
 from batching.policy import BatchPolicy
 
@@ -351,8 +351,10 @@ async def test_a_batch_window_never_outlasts_its_first_requests_deadline(
         recorder, max_batch_size=8, max_queue_delay_s=5.0, dispatch_when_idle=dispatch_when_idle
     )
     batcher._former._company = 2  # an idle batch waits for company (the callers of the last one)
-    # 0.5 s, a tenth of the window: a margin a loaded machine's scheduling cannot eat
-    deadline = time.monotonic() + MIN_RESERVE_S + 0.5
+    # The batch starts a reserve before the deadline, at least MIN_RESERVE_S (2 ms): a loaded
+    # machine's timers wake later than that. 0.2 s here, and the deadline a tenth of the window.
+    monkeypatch.setattr(deadlines_module, "MIN_RESERVE_S", 0.2)
+    deadline = time.monotonic() + 0.5
     answer = await asyncio.wait_for(batcher.submit(rows(3), 1, deadline=deadline), 10)
     assert int(answer["y"][0, 0]) == 6  # run, not DeadlinePassed at its deadline
     assert recorder.batches == [[3]]
@@ -710,8 +712,10 @@ async def test_a_later_request_due_before_the_window_ends_is_run_in_time(
     )
     batcher._former._company = 3  # an idle batch waits for company (the callers of the last one)
     first = await submit_all(batcher, [rows(1)])
-    # 0.5 s, a tenth of the window: a margin a loaded machine's scheduling cannot eat
-    deadline = time.monotonic() + MIN_RESERVE_S + 0.5
+    # The batch starts a reserve before the deadline, at least MIN_RESERVE_S (2 ms): a loaded
+    # machine's timers wake later than that. 0.2 s here, and the deadline a tenth of the window.
+    monkeypatch.setattr(deadlines_module, "MIN_RESERVE_S", 0.2)
+    deadline = time.monotonic() + 0.5
     urgent = await asyncio.wait_for(batcher.submit(rows(2, width=width), 1, deadline=deadline), 2)
     assert int(urgent["y"][0, 0]) == 4  # run, not DeadlinePassed at its deadline
     await asyncio.wait_for(first[0], 10)
