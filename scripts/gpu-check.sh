@@ -151,6 +151,7 @@ gpu_tests() {
     "$python" -m pytest -q -p no:cacheprovider -m gpu -rA \
         -W "ignore::pytest.PytestConfigWarning" \
         tests/unit/engine/backends/test_cuda.py tests/unit/engine/backends/test_tensorrt.py \
+        tests/unit/engine/backends/test_tensorrt_instance.py \
         tests/unit/engine/backends/test_onnxruntime_gpu.py tests/unit/converters/test_tensorrt.py \
         tests/unit/converters/test_serving_provider.py tests/unit/engine/test_gpu_metrics.py \
         tests/unit/engine/generation/test_generation_gpu.py

@@ -11,6 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[4]
 GPU_SOURCES = [
     "engine/backends/tensorrt.py",
+    "engine/backends/tensorrt_instance.py",
+    "engine/backends/tensorrt_specs.py",
     "engine/backends/cuda.py",
     "engine/backends/onnxruntime.py",
     "engine/gpu_metrics.py",
