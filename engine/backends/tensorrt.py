@@ -58,8 +58,9 @@ def import_gpu_modules(label: str) -> tuple[Any, Cuda]:
 
 
 class TensorRTBackend:
-    """A serialized TensorRT engine, one execution context per instance (each run takes a free
-    instance, so concurrent batches never share a context, stream or buffer)."""
+    """A serialized TensorRT engine run by its instances, each with its own execution contexts
+    (one per optimization profile), stream and buffers; each run takes a free instance, so
+    concurrent batches never share a context, stream or buffer."""
 
     platform = "tensorrt_plan"
     provider = "TensorrtExecutionProvider"
