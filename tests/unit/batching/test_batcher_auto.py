@@ -351,7 +351,7 @@ async def test_an_idle_auto_batch_waits_for_company_only_briefly() -> None:
     """An idle model gathers callers who have been coming together, up to its window; under auto
     the window runs to the head's deadline (here 0.4 s), so after a crowd left, a lone caller
     would wait most of that for company that is gone. It waits a fixed window's time at most."""
-    from tests.unit.batching.test_batcher import hand_over
+    from tests.unit.batching.recorder import hand_over
 
     recorder = Recorder()
     batcher = auto(recorder, cost_s=0.001, max_batch_size=16, latency_target_s=0.4)

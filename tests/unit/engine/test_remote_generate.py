@@ -27,7 +27,7 @@ from engine.remote import RemoteEngine
 from engine.settings import load_settings
 from engine.shm import Arena
 from engine.wire import FrameBuffer, Kind, error_payload, frame
-from tests.unit.engine.test_remote import until
+from tests.unit.engine.rig import until
 
 STATE = {"draining": False, "models": ["tiny"], "generative": ["tiny"]}
 

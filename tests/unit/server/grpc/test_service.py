@@ -1,16 +1,14 @@
-"""The gRPC front-end over a real grpc.aio server on a free port, backed by FakeEngine (real ONNX
-Runtime sessions at the engine-facade seam)."""
+"""The gRPC servicer and its server (server/grpc/service.py) over a real grpc.aio server on a free
+port, backed by FakeEngine (real ONNX Runtime sessions at the engine-facade seam): every unary RPC,
+authentication, limits and the call clock. Its streams are tested in test_stream.py, how an
+engine error ends a call in test_calls.py."""
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 import struct
-import time
-import weakref
-from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 import numpy as np
@@ -18,56 +16,12 @@ import pytest
 from google.protobuf import json_format
 
 from engine.auth import digest_key
-from engine.errors import Overloaded, RateLimited
 from engine.settings import ApiKey, AuthSettings, Settings, SettingsError
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.service import CallClock, GrpcService, build_grpc_server, server_options
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
-
-Stub = Any
-
-
-async def _serve(engine: FakeEngine, **overrides: Any) -> tuple[grpc.aio.Server, int]:
-    server, port = build_grpc_server(Settings(grpc_port=0, **overrides), engine)  # type: ignore[arg-type]
-    await server.start()
-    return server, port
-
-
-@pytest.fixture
-def engine() -> FakeEngine:
-    return FakeEngine()
-
-
-@pytest.fixture
-async def stub(engine: FakeEngine) -> AsyncIterator[Stub]:
-    server, port = await _serve(engine)
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
-    await server.stop(grace=None)
-
-
-def raw_request(model: str, tensors: dict[str, tuple[str, np.ndarray]], **kw: Any) -> Any:
-    request = pb.ModelInferRequest(model_name=model, **kw)
-    for name, (datatype, array) in tensors.items():
-        request.inputs.add(name=name, datatype=datatype, shape=list(array.shape))
-        request.raw_input_contents.append(array.tobytes())
-    return request
-
-
-def output(response: Any, name: str) -> np.ndarray:
-    index = [o.name for o in response.outputs].index(name)
-    spec = response.outputs[index]
-    dtype = {"FP32": np.float32, "FP16": np.float16, "INT8": np.int8, "BOOL": np.bool_}
-    return np.frombuffer(response.raw_output_contents[index], dtype[spec.datatype]).reshape(
-        tuple(spec.shape)
-    )
-
-
-async def _status(call: Any) -> grpc.aio.AioRpcError:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await call
-    return info.value
+from tests.unit.server.grpc.serving import Stub, _serve, _status, output, raw_request
 
 
 async def test_health_and_server_metadata(stub: Stub, engine: FakeEngine) -> None:
@@ -234,56 +188,6 @@ async def test_declared_shapes_are_checked_against_the_model_before_decoding(
     assert engine.requests == []
 
 
-async def test_engine_errors_map_to_status_and_trailing_metadata(
-    stub: Stub, engine: FakeEngine
-) -> None:
-    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
-    engine.fail_next = RateLimited("tenant 'a' is over 5/s", 2.2, {"X-RateLimit-Limit": "5"})
-    error = await _status(stub.ModelInfer(request))
-    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert error.details() == "tenant 'a' is over 5/s"
-    trailing = dict(error.trailing_metadata() or ())
-    assert trailing["retry-after"] == "3"
-    assert trailing["x-ratelimit-limit"] == "5"
-
-    engine.fail_next = Overloaded("queue of model 'double' is full (64 rows)")
-    error = await _status(stub.ModelInfer(request))
-    assert error.code() == grpc.StatusCode.UNAVAILABLE
-    assert "queue of model 'double' is full" in error.details()
-
-    engine.fail_next = ZeroDivisionError("secret detail")
-    error = await _status(stub.ModelInfer(request))
-    assert error.code() == grpc.StatusCode.INTERNAL
-    assert error.details() == "internal error"
-
-
-async def test_a_refused_call_leaves_no_cycle_holding_its_inputs(
-    stub: Stub, engine: FakeEngine
-) -> None:
-    """An engine error was answered by context.abort inside the handler's `except`: grpc keeps
-    the AbortError it raises in the call's state, which its traceback holds (a cycle), and the
-    AbortError held the engine's error as its context, whose traceback held every frame of the
-    request. The inputs waited for the cyclic collector, which the server runs seldom."""
-    request = raw_request("double", {"x": ("FP32", np.zeros((1, 4), np.float32))})
-    gc.collect()
-    gc.disable()
-    try:
-        engine.fail_next = Overloaded("queue of model 'double' is full (64 rows)")
-        error = await _status(stub.ModelInfer(request))
-        assert error.code() == grpc.StatusCode.UNAVAILABLE
-        assert error.details() == "queue of model 'double' is full (64 rows)"
-        inputs = weakref.ref(engine.requests.pop().inputs["x"])
-        # grpc's accept loop keeps the latest call's state until the next call arrives.
-        assert (await stub.ServerLive(pb.ServerLiveRequest())).live is True
-        for _ in range(100):  # the refused call's task ends just after the client has its status
-            if inputs() is None:
-                break
-            await asyncio.sleep(0.01)  # polling a condition
-        assert inputs() is None, "the refused call's inputs are kept until the collector runs"
-    finally:
-        gc.enable()
-
-
 async def test_parameters_deadline_and_tenant_reach_the_engine(
     stub: Stub, engine: FakeEngine
 ) -> None:
@@ -374,22 +278,6 @@ async def test_repository_index_load_unload(stub: Stub) -> None:
     unload.parameters["force"].bool_param = True
     error = await _status(stub.RepositoryModelUnload(unload))
     assert "unknown unload parameters force; allowed: unload_dependents" in error.details()
-
-
-async def test_stream_infer_answers_each_request(stub: Stub) -> None:
-    good = raw_request("double", {"x": ("FP32", np.ones((1, 4), np.float32))}, id="good")
-    bad = raw_request("double", {"x": ("FP32", np.ones((1, 4), np.float32))}, id="bad")
-    bad.raw_input_contents[0] = b"\0"
-
-    async def requests() -> AsyncIterator[Any]:
-        for request in (good, bad, good):
-            yield request
-
-    answers = [answer async for answer in stub.ModelStreamInfer(requests())]
-    by_id = sorted((a.infer_response.id, a.error_message) for a in answers)
-    assert by_id[0][0] == "bad"
-    assert "received 1 bytes" in by_id[0][1]
-    assert [a for a in by_id if a[0] == "good"] == [("good", ""), ("good", "")]
 
 
 UNIMPLEMENTED = {
@@ -499,194 +387,6 @@ async def test_port_in_use_is_a_settings_error(engine: FakeEngine) -> None:
         port = taken.getsockname()[1]
         with pytest.raises(SettingsError, match=f"cannot listen on 127.0.0.1:{port} for gRPC"):
             build_grpc_server(Settings(grpc_port=port), engine)  # type: ignore[arg-type]
-
-
-async def test_stream_cancellation_reaches_the_engine(stub: Stub, engine: FakeEngine) -> None:
-    slow = raw_request("slow", {"x": ("FP32", np.zeros((1, 4), np.float32))}, id="s")
-    hold = asyncio.Event()
-
-    async def requests() -> AsyncIterator[Any]:
-        yield slow
-        await hold.wait()  # keep the stream open
-
-    call = stub.ModelStreamInfer(requests())
-    await asyncio.wait_for(engine.started.wait(), 10)
-    call.cancel()
-    await asyncio.wait_for(engine.cancelled.wait(), 10)
-    assert engine.cancelled.is_set()
-    hold.set()
-
-
-def _double(index: int, rows: int = 1) -> Any:
-    x = np.full((rows, 4), index, np.float32)
-    return raw_request("double", {"x": ("FP32", x)}, id=str(index))
-
-
-async def _poll(condition: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"condition not met in {timeout_s} s"
-        await asyncio.sleep(0.01)
-
-
-async def test_stream_is_not_read_past_its_bound(engine: FakeEngine) -> None:
-    """With nothing read by the client, the engine sees at most the bound plus the few answers
-    the client's flow-control window absorbs; reading then lets every request through."""
-    server, port = await _serve(engine, grpc_stream_max_pending=4)
-    total, rows = 200, 1024  # 20 KiB answers: a 64 KiB window holds 3
-    try:
-        options = [("grpc.http2.bdp_probe", 0)]  # the client's window stays 64 KiB
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
-            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
-            written = 0
-
-            async def writer() -> None:
-                nonlocal written
-                for index in range(total):
-                    await call.write(_double(index, rows))
-                    written += 1
-                await call.done_writing()
-
-            writing = asyncio.create_task(writer())
-            await _poll(lambda: len(engine.requests) >= 4)
-            peak, watch_until = 0, time.monotonic() + 1.0
-            while time.monotonic() < watch_until:  # nothing read: the count must stay put
-                peak = max(peak, len(engine.requests))
-                await asyncio.sleep(0.05)
-            answers = [answer async for answer in call]
-            await asyncio.wait_for(writing, 10)
-    finally:
-        await server.stop(grace=None)
-    assert peak <= 4 + 8, f"the engine got {peak} requests of an unread stream"
-    assert written == total
-    assert sorted(int(a.infer_response.id) for a in answers) == list(range(total))
-    for answer in answers:
-        expected = np.full((rows, 4), 2 * int(answer.infer_response.id), np.float32)
-        np.testing.assert_array_equal(output(answer.infer_response, "y"), expected)
-
-
-def test_stream_bound_setting() -> None:
-    assert Settings().grpc_stream_max_pending == 64
-    for bad in (0, 65537):
-        with pytest.raises(ValueError, match="grpc_stream_max_pending"):
-            Settings(grpc_stream_max_pending=bad)
-
-
-async def test_stream_runs_at_most_its_bound_at_once(engine: FakeEngine) -> None:
-    """Requests held by the engine count against the bound: no flow-control slack here."""
-    server, port = await _serve(engine, grpc_stream_max_pending=4)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            slow = [
-                raw_request("slow", {"x": ("FP32", np.full((1, 4), i, np.float32))}, id=str(i))
-                for i in range(20)
-            ]
-            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(_requests(slow))
-            answers: list[Any] = []
-            reading = asyncio.create_task(_collect(call, answers))
-            await _poll(lambda: len(engine.requests) >= 4)
-            watch_until = time.monotonic() + 0.5
-            while time.monotonic() < watch_until:  # all four held: the fifth is never read
-                assert len(engine.requests) == 4
-                await asyncio.sleep(0.02)
-            engine.release.set()
-            await asyncio.wait_for(reading, 10)
-    finally:
-        await server.stop(grace=None)
-    assert sorted(int(a.infer_response.id) for a in answers) == list(range(20))
-    assert [a.error_message for a in answers if a.error_message] == []
-
-
-async def test_a_bug_in_a_generation_answers_it_and_the_stream_goes_on(
-    engine: FakeEngine, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A generation request failing with a bug (not an engine error) escaped its task and ended
-    the whole stream with an error status, failing the stream's other requests with it."""
-
-    async def generate(request: object) -> NoReturn:
-        raise RuntimeError("a bug in generation")
-
-    engine.generate = generate  # type: ignore[attr-defined]  # a Generation now
-    engine.generative_models = lambda: {"gen"}  # type: ignore[attr-defined]
-    prompt = pb.ModelInferRequest(model_name="gen", id="gen")
-    prompt.inputs.add(name="text_input", datatype="BYTES", shape=[1])
-    prompt.inputs[0].contents.bytes_contents.append(b"hello")
-    good = raw_request("double", {"x": ("FP32", np.ones((1, 4), np.float32))}, id="good")
-    server, port = await _serve(engine)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-                _requests([prompt, good, good])
-            )
-            answers = [answer async for answer in call]
-            assert await call.code() == grpc.StatusCode.OK
-    finally:
-        await server.stop(grace=None)
-    by_id = sorted((a.infer_response.id, a.error_message) for a in answers)
-    assert by_id == [("gen", "internal error"), ("good", ""), ("good", "")]
-    assert "a bug in generation" in caplog.text  # its traceback, for whoever fixes it
-
-
-async def _requests(requests: list[Any]) -> AsyncIterator[Any]:
-    for request in requests:
-        yield request
-
-
-async def _collect(call: Any, into: list[Any]) -> None:
-    async for answer in call:
-        into.append(answer)
-
-
-async def test_rejected_stream_that_never_stops_writing_still_ends(engine: FakeEngine) -> None:
-    """The server reads a rejected stream only up to its bound (or a second), then ends it."""
-    keyed = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
-    server, port = await _serve(keyed, grpc_stream_max_pending=4)
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-
-            async def forever() -> AsyncIterator[Any]:
-                index = 0
-                while True:
-                    yield _double(index)
-                    index += 1
-
-            call = stub.ModelStreamInfer(forever())
-            async with asyncio.timeout(10):
-                with pytest.raises(grpc.aio.AioRpcError):
-                    async for _ in call:
-                        pass
-            # A client still writing when the status comes may see grpc.aio's INTERNAL
-            # (grpc/grpc#36066); the point here is that the call ended.
-            assert await call.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INTERNAL)
-    finally:
-        await server.stop(grace=None)
-    assert keyed.requests == []
-
-
-async def test_stream_without_a_key_is_unauthenticated_every_time() -> None:
-    engine = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
-    server, port = await _serve(engine)
-    codes = []
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for attempt in range(30):
-
-                async def requests(count: int = attempt % 8) -> AsyncIterator[Any]:
-                    for index in range(count):
-                        yield _double(index)
-
-                codes.append((await _status(_drain(stub.ModelStreamInfer(requests())))).code())
-    finally:
-        await server.stop(grace=None)
-    assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 30
-    assert engine.requests == []
-
-
-async def _drain(call: Any) -> None:
-    async for _ in call:
-        pass
 
 
 async def test_the_call_clock_sees_every_kind_of_call(engine: FakeEngine) -> None:

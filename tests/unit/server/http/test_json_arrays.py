@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
-from server.http import json_arrays, json_header
+from server.http import json_arrays
 from server.http.codec import json_data
 from server.http.json_arrays import decode_data, raw_numbers, vectorized_data, walk_data
 from server.http.json_header import RawData
@@ -418,34 +418,6 @@ def test_a_bool_among_many_numbers_is_refused(datatype: str, data: list[Any]) ->
     shape = list(np.shape(data))
     assert vectorized_data(datatype, shape, data) is None
     assert "data holds a boolean" in data_rejected(datatype, shape, data)
-
-
-@pytest.mark.parametrize(
-    "text",
-    [b"[[1, 2], [3]]", b"[[1, 2], [[3], 4]]", b"[[1, 2], [3, [4]]]", b"[[1], 2]", b"[1, [2]]",
-     b"[[], [1]]", b"[" * 65 + b"1" + b"]" * 65, b'[1, "[2"]', b"[1, true]", b"[1, null]",
-     b"[1e400]", b"[18446744073709551616]", b"[1,]", b"[01]", b"[NaN]", b"5", b"[1] 2"],
-)  # fmt: skip
-def test_only_numbers_in_regularly_nested_lists_are_read_to_numbers(text: bytes) -> None:
-    # simdjson flattens any nesting, ragged too: the lists are checked a level at a time, and
-    # everything else is left to the walk, which names the problem.
-    assert RawData(text, 0, len(text)).numbers("d") is None
-    for good, values in ((b"[1, 2.5]", [1, 2.5]), (b"[[1, 2], [3, 4]]", [1, 2, 3, 4]),
-                         (b"[[[1]], [[2]]]", [1, 2]), (b"[[]]", [])):  # fmt: skip
-        read = RawData(good, 0, len(good)).numbers("d")  # the parser is fine after a refusal
-        assert read is not None
-        assert np.frombuffer(read, np.float64).tolist() == values
-
-
-def test_a_kept_parser_is_not_replaced_by_a_large_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A thread keeps one parser for small data; data past PARSER_KEEPS_BYTES gets its own, so
-    # no thread holds the buffers of the largest body it ever read.
-    small, large = b"[1, 2]", b"[" + b"1, " * 40 + b"2]"
-    monkeypatch.setattr(json_header, "PARSER_KEEPS_BYTES", 64)
-    assert np.frombuffer(RawData(small, 0, len(small)).numbers("i"), "i8").sum() == 3
-    kept = json_header._PARSERS.parser
-    assert np.frombuffer(RawData(large, 0, len(large)).numbers("i"), "i8").sum() == 42
-    assert json_header._PARSERS.parser is kept
 
 
 def test_ints_are_rounded_to_floats_as_python_casts_them() -> None:

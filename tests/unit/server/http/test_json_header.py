@@ -1,9 +1,11 @@
-"""json_header.loads: the same document as orjson.loads, with large bodies' input data deferred."""
+"""json_header.loads: the same document as orjson.loads, with large bodies' input data deferred;
+and RawData.numbers, which reads deferred data straight to numbers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -169,3 +171,31 @@ def test_a_body_of_more_data_values_than_any_model_has_inputs_is_parsed_whole(
     parsed = loads(body)
     assert spans <= 4096, spans  # two scans of at most _MAX_CUTS + 1 values each
     assert parsed == orjson.loads(body)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"[[1, 2], [3]]", b"[[1, 2], [[3], 4]]", b"[[1, 2], [3, [4]]]", b"[[1], 2]", b"[1, [2]]",
+     b"[[], [1]]", b"[" * 65 + b"1" + b"]" * 65, b'[1, "[2"]', b"[1, true]", b"[1, null]",
+     b"[1e400]", b"[18446744073709551616]", b"[1,]", b"[01]", b"[NaN]", b"5", b"[1] 2"],
+)  # fmt: skip
+def test_only_numbers_in_regularly_nested_lists_are_read_to_numbers(text: bytes) -> None:
+    # simdjson flattens any nesting, ragged too: the lists are checked a level at a time, and
+    # everything else is left to the walk, which names the problem.
+    assert RawData(text, 0, len(text)).numbers("d") is None
+    for good, values in ((b"[1, 2.5]", [1, 2.5]), (b"[[1, 2], [3, 4]]", [1, 2, 3, 4]),
+                         (b"[[[1]], [[2]]]", [1, 2]), (b"[[]]", [])):  # fmt: skip
+        read = RawData(good, 0, len(good)).numbers("d")  # the parser is fine after a refusal
+        assert read is not None
+        assert np.frombuffer(read, np.float64).tolist() == values
+
+
+def test_a_kept_parser_is_not_replaced_by_a_large_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A thread keeps one parser for small data; data past PARSER_KEEPS_BYTES gets its own, so
+    # no thread holds the buffers of the largest body it ever read.
+    small, large = b"[1, 2]", b"[" + b"1, " * 40 + b"2]"
+    monkeypatch.setattr(json_header, "PARSER_KEEPS_BYTES", 64)
+    assert np.frombuffer(RawData(small, 0, len(small)).numbers("i"), "i8").sum() == 3
+    kept = json_header._PARSERS.parser
+    assert np.frombuffer(RawData(large, 0, len(large)).numbers("i"), "i8").sum() == 42
+    assert json_header._PARSERS.parser is kept

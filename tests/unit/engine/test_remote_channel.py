@@ -1,0 +1,107 @@
+"""The worker's connection to the engine process (engine/remote_channel.py), through the rig of
+tests/unit/engine/rig.py: freed answer slots riding on the next frame, and requests the channel
+cannot carry refused before anything is sent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.errors import (
+    InvalidInput,
+    PayloadTooLarge,
+)
+from engine.generation.service import GenerateRequest
+from engine.remote_channel import FREE_DELAY_S
+from engine.types import InferRequest
+from engine.wire import MAX_FRAME_BYTES, FrameBuffer, Kind
+from tests.unit.engine.rig import Rig, request, until
+
+
+async def test_freed_answer_slots_ride_on_the_next_request_or_go_within_a_bound(rig: Rig) -> None:
+    # A frame carrying only frees woke the engine process for nothing else: 43% of its reads
+    # under HTTP load were such frames.
+    remote = await rig.remote()
+    assert remote._transport is not None
+    writes: list[bytes] = []
+    write = remote._transport.write
+    remote._transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]  # type: ignore[method-assign]
+    x = np.ones((1, 16), np.float32)
+    answer = await remote.infer(request(x))
+    del answer  # its slot is free: no frame goes for that alone
+    for _ in range(5):  # loop iterations pass (the response being sent, say)
+        await asyncio.sleep(0)
+    await remote.infer(request(x))  # the next request carries it
+    kinds = [[kind for kind, _ in FrameBuffer().feed(data)] for data in writes]
+    assert kinds == [[Kind.INFER], [Kind.INFER, Kind.FREE_OUT]]
+    # With nothing else to send, the frees still go, within FREE_DELAY_S.
+    await until(lambda: rig.host.workers[0].out_allocator.used_bytes == 0, timeout_s=1.0)
+    assert [kind for kind, _ in FrameBuffer().feed(writes[-1])] == [Kind.FREE_OUT]
+
+
+async def test_frees_that_rode_on_a_request_leave_no_timer_to_wake_the_worker(rig: Rig) -> None:
+    # At 16 connections a worker idles between its bursts longer than FREE_DELAY_S: the timer
+    # of frees already sent woke it for nothing once a batch (0.96 -> 0.90 switches a request).
+    remote = await rig.remote()
+    fired: list[None] = []
+    send_frees = remote._send_frees
+    remote._send_frees = lambda: (fired.append(None), send_frees())[1]  # type: ignore[method-assign]
+    x = np.ones((1, 16), np.float32)
+    answer = await remote.infer(request(x))
+    del answer  # its slot is free: the timer starts
+    held = await remote.infer(request(x))  # the frees ride on this request (held: no new free)
+    await asyncio.sleep(3 * FREE_DELAY_S)
+    assert fired == []
+    del held
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_request_the_channel_cannot_carry_is_invalid_input_and_holds_nothing(
+    rig: Rig,
+) -> None:
+    """What JSON cannot hold (bytes, nesting past orjson's 254 levels) raised TypeError from the
+    frame encoder after the call was registered: a 500, and a generation stayed counted in flight,
+    so a drain waited its whole bound. A load answered 500 where one process answers 400."""
+    remote = await rig.remote()
+    for parameters in ({"config": b"\xff"}, {"x": nested(300)}):
+        with pytest.raises(InvalidInput) as in_process:
+            await rig.engine.load_model("demo", parameters)
+        with pytest.raises(InvalidInput) as through_worker:
+            await remote.load_model("demo", parameters)
+        assert through_worker.value.message == in_process.value.message
+    x = np.zeros((1, 16), np.float32)
+    deep = InferRequest("demo", {"x": x}, {"x": "FP32"}, parameters={"tag": nested(300)})
+    with pytest.raises(InvalidInput, match="nests lists or objects deeper than 254 levels"):
+        await remote.infer(deep)
+    assert remote.allocator.used_bytes == 0  # its slot, never sent, is free again
+    stop = GenerateRequest("demo", None, "hi", options={"stop": nested(300)})
+    with pytest.raises(InvalidInput, match="the generation request cannot be passed"):
+        await remote.generate(stop)
+    assert (remote._pending, remote._streams, remote._idle.is_set()) == ({}, {}, True)
+    answer = await remote.infer(request(x))  # the connection serves on
+    assert answer.outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_request_past_the_frame_limit_is_refused_not_the_connection(rig: Rig) -> None:
+    """A request within max_request_bytes made a control frame past MAX_FRAME_BYTES (a large
+    parameter; gRPC strings grow 6x as JSON escapes): the engine took the worker for a broken
+    peer and closed its connection, failing every request of the worker, which restarted."""
+    remote = await rig.remote()
+    x = np.zeros((1, 16), np.float32)
+    big = InferRequest("demo", {"x": x}, {"x": "FP32"}, parameters={"tag": "\x01" * (11 << 20)})
+    with pytest.raises(PayloadTooLarge, match=f"more than the {MAX_FRAME_BYTES} bytes"):
+        await remote.infer(big)
+    del big
+    assert remote.allocator.used_bytes == 0
+    answer = await remote.infer(request(x))
+    assert answer.outputs["probabilities"].shape == (1, 10)
+    assert remote.live
