@@ -5,7 +5,7 @@ each with the new text as `text_output` (BYTES [1]); the last has the parameters
 `triton_final_response: true`, `finish_reason` and the token counts; with the request parameter
 `triton_enable_empty_final_response` (tritonclient's `enable_empty_final_response=True`) those
 come on a last response of their own, without outputs, as Triton sends them. A failure is one
-`error_message` answer, as for any stream request."""
+`error_message` answer naming its request (`stream_error`), as for any stream request."""
 
 from __future__ import annotations
 
@@ -81,6 +81,17 @@ def _answer(
     return pb.ModelStreamInferResponse(infer_response=encode_response(response))
 
 
+def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    """The answer to a stream's request that failed with `message`: its model and `id` are
+    named, so that a client matches it to its request as it does the others."""
+    return pb.ModelStreamInferResponse(
+        error_message=message,
+        infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id
+        ),
+    )
+
+
 async def stream_generation(
     engine: object, request: pb.ModelInferRequest, metadata: Metadata
 ) -> AsyncIterator[pb.ModelStreamInferResponse]:
@@ -101,12 +112,12 @@ async def stream_generation(
         generate = GenerateRequest(request.model_name, tenant, _text(request), None, options)
         tokens = await generation.generate(generate)
     except EngineError as exc:
-        yield pb.ModelStreamInferResponse(error_message=exc.message)
+        yield stream_error(request, exc.message)
         return
     try:
         async for chunk in tokens.chunks():
             if chunk.error is not None:
-                yield pb.ModelStreamInferResponse(error_message=chunk.error.message)
+                yield stream_error(request, chunk.error.message)
                 return
             if chunk.finish_reason is None:
                 if chunk.text:

@@ -38,7 +38,7 @@ from engine.auth import Principal
 from engine.errors import EngineError
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc.calls import Context, abort, bind_request_id, metadata
-from server.grpc.generate import is_generative, stream_generation
+from server.grpc.generate import is_generative, stream_error, stream_generation
 from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.logs import request_id
@@ -112,6 +112,8 @@ class InferStream:
                         await self._slots.acquire()
                     first = False
                     results.put_nowait(answer)
+                if first:  # ended without its final answer (a bug): it still gets one
+                    raise RuntimeError("a generation ended without an answer")
             except Exception:  # a bug: had ended the stream, failing its other requests
                 log.exception("unhandled error in generation", extra={"model": request.model_name})
                 if not first:
@@ -144,13 +146,3 @@ async def reject_stream(
                 if read >= most:
                     break
     await abort(context, exc)
-
-
-def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    """The answer to a stream's inference request that failed with `message`."""
-    return pb.ModelStreamInferResponse(
-        error_message=message,
-        infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id
-        ),
-    )

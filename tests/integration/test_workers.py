@@ -230,7 +230,7 @@ def test_failed_requests_leave_no_arena_slot_taken(tmp_path: Path, repo: Path) -
     try:
         x = {"name": "x", "datatype": "FP32", "shape": [1, 100_000], "data": [1.0] * 100_000}
         y = {"name": "y", "datatype": "FP32", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}
-        body = {"inputs": [x, y]}
+        body: dict[str, object] = {"inputs": [x, y]}
         replies = asyncio.run(fresh_posts(f"{server.url}/v2/models/add/infer", [body] * 6))
         assert {reply.status_code for reply in replies} == {500}, replies[0].text
 

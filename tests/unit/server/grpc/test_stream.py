@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from engine.auth import digest_key
+from engine.errors import BackendError, RateLimited
+from engine.generation.scheduler import Chunk
 from engine.settings import ApiKey, AuthSettings, Settings
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
@@ -142,6 +144,73 @@ async def test_a_bug_in_a_generation_answers_it_and_the_stream_goes_on(
     async def generate(request: object) -> NoReturn:
         raise RuntimeError("a bug in generation")
 
+    assert await _beside_two_inferences(engine, generate) == [
+        ("gen", "internal error"), ("good", ""), ("good", "")
+    ]  # fmt: skip
+    assert "a bug in generation" in caplog.text  # its traceback, for whoever fixes it
+
+
+async def test_a_refused_generation_names_its_request(engine: FakeEngine) -> None:
+    """A generation refused at admission answered an error without its request's id, which a
+    client matching answers to requests by id (as the protocol docs say to) could not place."""
+
+    async def generate(request: object) -> NoReturn:
+        raise RateLimited("tenant 'anonymous' is over its rate limit", 1.0)
+
+    assert await _beside_two_inferences(engine, generate) == [
+        ("gen", "tenant 'anonymous' is over its rate limit"), ("good", ""), ("good", "")
+    ]  # fmt: skip
+
+
+async def test_a_generation_failing_midway_names_its_request(engine: FakeEngine) -> None:
+    """An error chunk (the engine failed the sequence after its first tokens) answered without
+    its request's id too; the tokens before it are answered first."""
+
+    async def generate(request: object) -> _Tokens:
+        return _Tokens([Chunk([1], "hel"), Chunk([], "", error=BackendError("the step failed"))])
+
+    assert await _beside_two_inferences(engine, generate) == [
+        ("gen", ""), ("gen", "the step failed"), ("good", ""), ("good", "")
+    ]  # fmt: skip
+
+
+async def test_a_generation_that_ends_without_an_answer_still_gets_one(
+    engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token stream that ended with no chunk (a bug: the last carries a finish reason or an
+    error) left its request unanswered and its slot taken for the rest of the stream."""
+
+    async def generate(request: object) -> _Tokens:
+        return _Tokens([])
+
+    assert await _beside_two_inferences(engine, generate) == [
+        ("gen", "internal error"), ("good", ""), ("good", "")
+    ]  # fmt: skip
+    assert "a generation ended without an answer" in caplog.text
+
+
+class _Tokens:
+    """A TokenStream (engine/generation/service.py) giving `chunks` as they are."""
+
+    prompt_tokens = completion_tokens = 1
+
+    def __init__(self, chunks: list[Chunk]) -> None:
+        self._chunks = chunks
+        self.headers: dict[str, str] = {}
+
+    async def chunks(self) -> AsyncIterator[Chunk]:
+        for chunk in self._chunks:
+            yield chunk
+
+    def cancel(self) -> None:
+        pass
+
+
+async def _beside_two_inferences(
+    engine: FakeEngine, generate: Callable[[object], Awaitable[object]]
+) -> list[tuple[str, str]]:
+    """The (id, error_message) of every answer, sorted, to one stream carrying a generation
+    request (id "gen", served by `generate`) and two inference requests (id "good")."""
     engine.generate = generate  # type: ignore[attr-defined]  # a Generation now
     engine.generative_models = lambda: {"gen"}  # type: ignore[attr-defined]
     prompt = pb.ModelInferRequest(model_name="gen", id="gen")
@@ -158,9 +227,7 @@ async def test_a_bug_in_a_generation_answers_it_and_the_stream_goes_on(
             assert await call.code() == grpc.StatusCode.OK
     finally:
         await server.stop(grace=None)
-    by_id = sorted((a.infer_response.id, a.error_message) for a in answers)
-    assert by_id == [("gen", "internal error"), ("good", ""), ("good", "")]
-    assert "a bug in generation" in caplog.text  # its traceback, for whoever fixes it
+    return sorted((a.infer_response.id, a.error_message) for a in answers)
 
 
 async def _requests(requests: list[Any]) -> AsyncIterator[Any]:
