@@ -2,7 +2,7 @@
 control connections (engine/wire.py) in front of one `Engine`, so admission, the result cache and
 the batchers are the engine's own, shared by every worker.
 
-A worker's inputs are viewed in place in its in-arena (engine/shm.py) and its answers written once
+A worker's inputs are viewed in place in its in-arena (engine/shm/) and its answers written once
 into its out-arena. When a worker's connection ends (the worker died or stopped) every request it
 had in flight is cancelled (withdrawn from the batchers, its generations' cache slots freed at
 the next step) and the out-slots it held are freed; the in-slots stay reserved until no array
@@ -30,16 +30,10 @@ from engine.host_control import HostControl
 from engine.host_generate import relay_generation
 from engine.host_peer import Peer, WorkerSlots, call_finished, cancel_call
 from engine.metrics import WorkerArenas, WorkerCollector
-from engine.shm import (
-    WRITE_OFF_LOOP_BYTES,
-    Allocator,
-    Arena,
-    SlotWatcher,
-    place_now,
-    place_tensors,
-    slot_bytes,
-    view_tensors,
-)
+from engine.shm.allocator import Allocator
+from engine.shm.arena import Arena, SlotWatcher
+from engine.shm.layout import slot_bytes, view_tensors
+from engine.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
 from engine.tracing import request_id
 from engine.types import InferRequest
 from engine.wire import INFER_ITEMS, FrameBuffer, Kind, ProtocolError, error_payload

@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from engine import errors
-from engine.shm import Allocator, Arena, SlotWatcher
+from engine.shm.allocator import Allocator
+from engine.shm.arena import Arena, SlotWatcher
 from engine.types import InferResponse
 from engine.wire import HEADER, MAX_FRAME_BYTES, Kind, Outbox, error_payload, frame
 

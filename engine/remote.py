@@ -1,7 +1,7 @@
 """The worker process's engine: `RemoteEngine` implements `engine.facade.EngineFacade` by talking
 to the engine process (engine/host.py), so the normal front-ends run unchanged in a worker.
 
-Inference writes the decoded inputs once into this worker's in-arena (engine/shm.py), sends their
+Inference writes the decoded inputs once into this worker's in-arena (engine/shm/), sends their
 descriptors, and answers with arrays viewing the out-arena in place; the out-slot is freed when the
 last of those arrays is gone (after the response is encoded). Authentication runs here (each worker
 holds the keys); admission, the cache and the batchers are the engine process's.
@@ -28,16 +28,10 @@ from engine.generation.service import GenerateRequest
 from engine.remote_control import RemoteControl
 from engine.remote_generate import RemoteStream, rebuild_error
 from engine.settings import Settings
-from engine.shm import (
-    WRITE_OFF_LOOP_BYTES,
-    Allocator,
-    Arena,
-    SlotWatcher,
-    place_now,
-    place_tensors,
-    slot_bytes,
-    view_tensors,
-)
+from engine.shm.allocator import Allocator
+from engine.shm.arena import Arena, SlotWatcher
+from engine.shm.layout import slot_bytes, view_tensors
+from engine.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse
 from engine.wire import RESULT_ITEMS, Kind, ProtocolError

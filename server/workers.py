@@ -27,7 +27,7 @@ from typing import Any
 import uvicorn
 
 from engine.settings import Settings
-from engine.shm import Arena
+from engine.shm.arena import Arena
 
 log = logging.getLogger("sluice.workers")
 

@@ -32,7 +32,7 @@ from engine.engine import Engine
 from engine.host import EngineHost
 from engine.remote import RemoteEngine
 from engine.settings import load_settings
-from engine.shm import Arena
+from engine.shm.arena import Arena
 from engine.types import InferRequest, InferResponse
 from loadtests.benchmarks.batching import machine
 from loadtests.benchmarks.harness import markdown_table, spread, write_results

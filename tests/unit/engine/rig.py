@@ -17,7 +17,7 @@ from engine.engine import Engine
 from engine.host import EngineHost
 from engine.remote import RemoteEngine
 from engine.settings import Settings
-from engine.shm import Arena
+from engine.shm.arena import Arena
 from engine.types import InferRequest
 
 

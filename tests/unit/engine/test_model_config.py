@@ -1,4 +1,6 @@
-"""A model's config.yaml: defaults, version policies, and errors that name the file and key."""
+"""A model's config.yaml: defaults, the errors that name the file, key and value, the checks
+across sections (instances against the backend and its providers) and the batching values
+with the server's defaults (engine/model_config.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_config import (
-    DynamicBatching,
-    ModelConfig,
-    VersionPolicy,
-    effective_batching,
-    load_model_config,
-)
+from engine.model_config import ModelConfig, effective_batching, load_model_config
+from engine.model_config_sections import DynamicBatching
 from engine.settings import BatchingDefaults, SettingsError
 
 
@@ -96,56 +93,9 @@ def test_bad_value_names_key_and_value(tmp_path: Path, text: str, key: str, show
     assert f"(got {shown})" in line
 
 
-def test_two_version_policies_are_rejected(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "version_policy:\n  latest: 2\n  all: true\n")
-    assert "version_policy" in message
-    assert "set only one of latest, all, specific" in message
-
-
-@pytest.mark.parametrize("level", [0, 3])
-def test_default_priority_level_is_one_of_the_levels(tmp_path: Path, level: int) -> None:
-    text = f"dynamic_batching:\n  priority_levels: 2\n  default_priority_level: {level}\n"
-    message = error_of(tmp_path, text)
-    assert (
-        f"default_priority_level {level} is not a priority level: levels are 1 (highest) to 2 "
-        "(lowest)"
-    ) in message
-
-
-def test_default_priority_level_defaults_to_the_lowest_level(tmp_path: Path) -> None:
-    (tmp_path / "config.yaml").write_text("dynamic_batching:\n  priority_levels: 3\n")
-    batching = load_model_config(tmp_path).dynamic_batching
-    assert (batching.priority_levels, batching.default_level) == (3, 3)
-    assert ModelConfig().dynamic_batching.default_level == 1
-
-
-def test_the_old_default_priority_key_says_what_replaced_it(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "dynamic_batching:\n  priority_levels: 2\n  default_priority: 1\n")
-    assert "default_priority was replaced by default_priority_level" in message
-    assert "1 is the highest" in message
-
-
 def test_non_mapping_config_names_the_file(tmp_path: Path) -> None:
     message = error_of(tmp_path, "- max_batch_size\n")
     assert "expected a mapping" in message
-
-
-@pytest.mark.parametrize(
-    ("policy", "versions", "served"),
-    [
-        (VersionPolicy(), [1, 3, 2], [3]),
-        (VersionPolicy(latest=2), [1, 3, 2], [3, 2]),
-        (VersionPolicy(latest=5), [1, 2], [2, 1]),
-        (VersionPolicy(all=True), [2, 10, 1], [10, 2, 1]),
-        (VersionPolicy(specific=[1, 3]), [1, 2, 3], [3, 1]),
-        (VersionPolicy(specific=[7]), [1, 2], []),
-        (VersionPolicy(), [], []),
-    ],
-)
-def test_version_policy_select(
-    policy: VersionPolicy, versions: list[int], served: list[int]
-) -> None:
-    assert policy.select(versions) == served
 
 
 def test_effective_batching_fills_server_defaults() -> None:
@@ -155,24 +105,44 @@ def test_effective_batching_fills_server_defaults() -> None:
     assert effective_batching(own, defaults) == (0, 7)
 
 
-def test_auto_delay_and_latency_target_are_read(tmp_path: Path) -> None:
+def test_instance_groups_count_per_gpu(tmp_path: Path) -> None:
     config = load(
-        tmp_path, "dynamic_batching:\n  max_queue_delay_s: auto\n  latency_target_s: 0.05\n"
+        tmp_path,
+        "instances:\n  - {count: 2, kind: gpu, gpus: [0, 1]}\n  - {count: 1, kind: cpu}\n"
+        "onnxruntime:\n  execution_providers: [CUDAExecutionProvider]\n",
     )
-    assert config.dynamic_batching.max_queue_delay_s == "auto"
-    assert config.dynamic_batching.latency_target_s == 0.05
-    delay, _ = effective_batching(config, BatchingDefaults(max_queue_delay_s=0.5))
-    assert delay == "auto"
+    gpu, cpu = config.instance_groups
+    assert gpu.devices == [0, 0, 1, 1]
+    assert cpu.devices == []
+    assert config.instance_count == 5
 
 
-def test_a_delay_that_is_neither_seconds_nor_auto_is_one_clear_error(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "dynamic_batching:\n  max_queue_delay_s: fast\n")
-    assert "max_queue_delay_s must be seconds (0 to 10) or auto (got 'fast')" in message
-    assert "literal" not in message
+def test_a_bare_count_is_one_group(tmp_path: Path) -> None:
+    config = load(tmp_path, "instances: 3\n")
+    [group] = config.instance_groups
+    assert (group.kind, group.count, config.instance_count) == ("cpu", 3, 3)
+    trt = load(tmp_path, "backend: tensorrt\ninstances: 2\n")
+    assert [g.devices for g in trt.instance_groups] == [[0, 0]]
 
 
-@pytest.mark.parametrize("delay", ["", "  max_queue_delay_s: 0.002\n"])
-def test_a_latency_target_needs_the_auto_delay(tmp_path: Path, delay: str) -> None:
-    message = error_of(tmp_path, f"dynamic_batching:\n{delay}  latency_target_s: 0.05\n")
-    assert "latency_target_s 0.05 is the deadline max_queue_delay_s: auto plans for" in message
-    assert ("is unset" if not delay else "is 0.002") in message
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("instances: []\n", "instances lists no instance group"),
+        ("instances:\n  - {count: 40, kind: gpu, gpus: [0, 1]}\n"
+         "onnxruntime:\n  execution_providers: [CUDAExecutionProvider]\n",
+         "instances must add up to 1 to 64, not 80"),
+        ("instances:\n  - {count: 1, kind: gpu}\n",
+         "instances of kind gpu need a GPU provider (one of TensorrtExecutionProvider, "
+         "CUDAExecutionProvider) in onnxruntime.execution_providers; it lists "
+         "CPUExecutionProvider"),
+        ("backend: tensorrt\ninstances:\n  - {count: 1, kind: cpu}\n",
+         "backend tensorrt runs on GPUs only"),
+        ("instances:\n  - {count: 1, kind: gpu, gpus: [1]}\n"
+         "onnxruntime:\n  execution_providers: [{name: CUDAExecutionProvider, "
+         "options: {device_id: 0}}]\n",
+         "CUDAExecutionProvider sets device_id, but instances of kind gpu choose their GPUs"),
+    ],
+)  # fmt: skip
+def test_mistakes_are_named(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in error_of(tmp_path, text)

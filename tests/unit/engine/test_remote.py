@@ -25,7 +25,8 @@ from engine.errors import (
 )
 from engine.remote import RemoteEngine
 from engine.settings import load_settings
-from engine.shm import WRITE_OFF_LOOP_BYTES, Arena
+from engine.shm.arena import Arena
+from engine.shm.placement import WRITE_OFF_LOOP_BYTES
 from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse
 from engine.wire import FrameBuffer, Kind, frame

@@ -25,7 +25,7 @@ from engine.errors import (
 from engine.generation.service import GenerateRequest
 from engine.remote import RemoteEngine
 from engine.settings import load_settings
-from engine.shm import Arena
+from engine.shm.arena import Arena
 from engine.wire import FrameBuffer, Kind, error_payload, frame
 from tests.unit.engine.rig import until
 
