@@ -219,9 +219,10 @@ def convert(**params: Any) -> None:
     *ForSequenceClassification, with tokenizer.json: a text pipeline, text in and embeddings or
     logits and labels out).
     """
-    from converters.causal_lm import convert_causal_lm, is_causal_lm_folder
+    from converters.causal_lm import convert_causal_lm
     from converters.encoder_conversion import convert_encoder
     from converters.errors import ConversionError
+    from converters.hf_decoder import is_causal_lm_folder
     from converters.hf_encoder import is_hf_folder
     from converters.options import ConvertOptions
     from converters.pipeline import convert_model

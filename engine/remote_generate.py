@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from engine import errors
-from engine.generation.scheduler import Chunk
+from engine.generation.sequence import Chunk
 from engine.wire import Kind
 
 _ERRORS: dict[str, type[errors.EngineError]] = {

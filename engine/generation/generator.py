@@ -14,7 +14,8 @@ from engine.generation.config import GenerativeOptions
 from engine.generation.context import check_prompt_chars
 from engine.generation.kv_cache import CacheLayout
 from engine.generation.sampling import SamplingParams
-from engine.generation.scheduler import GenerationScheduler, GenSequence
+from engine.generation.scheduler import GenerationScheduler
+from engine.generation.sequence import GenSequence
 from engine.generation.text import Detokenizer, ModelText
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")

@@ -9,7 +9,8 @@ the longest with attention_mask zeros over the padding, each at its own position
 sequence samples its next token with its own sampler; finished sequences leave at once and new
 ones join at the next step.
 
-The decoder contract is converters/causal_lm.py's (past key/values in, present out)."""
+The sequences' state is engine/generation/sequence.py's; the decoder runs of a step are
+engine/generation/decoder.py's."""
 
 from __future__ import annotations
 
@@ -19,12 +20,8 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Literal
-
-import numpy as np
 
 from engine.errors import (
     BackendError,
@@ -35,60 +32,15 @@ from engine.errors import (
 )
 from engine.generation.config import GenerativeOptions
 from engine.generation.context import completion_budget
-from engine.generation.kv_cache import CacheLayout, KVCacheManager, Slot
+from engine.generation.decoder import RunDecoder, SlotDecoder
+from engine.generation.kv_cache import CacheLayout, KVCacheManager
 from engine.generation.prefix_cache import PrefixCache
-from engine.generation.sampling import Sampler, SamplingParams
+from engine.generation.sampling import SamplingParams
+from engine.generation.sequence import Chunk, FinishReason, GenSequence
 from engine.generation.stats import GenerationStats
 from engine.generation.text import Detokenizer
 
 log = logging.getLogger("sluice.generation")
-
-RunDecoder = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-FinishReason = Literal["stop", "length", "cancelled", "error"]
-
-
-@dataclass(slots=True)
-class Chunk:
-    """What one step gave a sequence: new tokens, their final text, and the finish reason
-    once it is done (`error` carries the engine error)."""
-
-    tokens: list[int]
-    text: str
-    finish_reason: FinishReason | None = None
-    error: EngineError | None = None
-
-
-@dataclass(eq=False)
-class GenSequence:
-    """One request's generation: its prompt, sampling, cache slot and output stream."""
-
-    prompt: list[int]
-    params: SamplingParams
-    max_tokens: int
-    detokenizer: Detokenizer | None
-    sampler: Sampler = field(init=False)
-    events: asyncio.Queue[Chunk] = field(default_factory=asyncio.Queue)
-    slot: Slot | None = None
-    generated: list[int] = field(default_factory=list)
-    finish_reason: FinishReason | None = None
-    cancelled: bool = False
-    arrived: float = field(default_factory=time.monotonic)
-    last_token_at: float | None = None
-
-    def __post_init__(self) -> None:
-        self.sampler = Sampler(self.params)
-
-    @property
-    def prefilled(self) -> bool:
-        return self.slot is not None and self.slot.length >= len(self.prompt)
-
-    async def stream(self) -> AsyncIterator[Chunk]:
-        """Chunks until the one with a finish reason (included)."""
-        while True:
-            chunk = await self.events.get()
-            yield chunk
-            if chunk.finish_reason is not None:
-                return
 
 
 class GenerationScheduler:
@@ -102,7 +54,7 @@ class GenerationScheduler:
         executor: Executor,
         label: str,
     ) -> None:
-        self._run = run
+        self._decoder = SlotDecoder(run, layout)
         self.layout = layout
         self.options = options
         self._executor = executor
@@ -118,12 +70,6 @@ class GenerationScheduler:
         self._idle = asyncio.Event()  # set when a sequence finishes (drain re-checks)
         self._closed = False
         self._task: asyncio.Task[None] | None = None
-        self._past_names = [
-            f"past_key_values.{i}.{kv}" for i in range(layout.layers) for kv in ("key", "value")
-        ]
-        self._present_names = [
-            f"present.{i}.{kv}" for i in range(layout.layers) for kv in ("key", "value")
-        ]
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -218,7 +164,9 @@ class GenerationScheduler:
             prefill = self._prefill_plan()
             decode = [s for s in self.running if s.prefilled and s not in dict(prefill)]
             try:
-                logits = await loop.run_in_executor(self._executor, self._step, prefill, decode)
+                logits = await loop.run_in_executor(
+                    self._executor, self._decoder.step, prefill, decode
+                )
             except EngineError as exc:
                 self._fail([s for s, _ in prefill] + decode, exc)
                 continue
@@ -293,70 +241,6 @@ class GenerationScheduler:
             plan.append((sequence, tokens))
             budget -= tokens
         return plan
-
-    # -- one step, in a worker thread ----------------------------------------------------------
-
-    def _step(
-        self, prefill: list[tuple[GenSequence, int]], decode: list[GenSequence]
-    ) -> list[tuple[GenSequence, np.ndarray]]:
-        """Run the prefill chunks (one batch) and the decode batch; the logits of every
-        sequence that has a next token to sample (a prefill that reached the prompt's end,
-        every decode)."""
-        rows = []
-        if prefill:
-            slots = [s.slot for s, _ in prefill if s.slot is not None]
-            chunks = [
-                s.prompt[slot.length : slot.length + n]
-                for (s, n), slot in zip(prefill, slots, strict=True)
-            ]
-            logits = self._forward(slots, chunks)
-            for (sequence, _), row in zip(prefill, logits, strict=True):
-                if sequence.prefilled:
-                    rows.append((sequence, row))
-        if decode:
-            slots = [s.slot for s in decode if s.slot is not None]
-            logits = self._forward(slots, [[s.generated[-1]] for s in decode])
-            rows += list(zip(decode, logits, strict=True))
-        return rows
-
-    def _forward(self, slots: list[Slot], ids: list[list[int]]) -> np.ndarray:
-        """One decoder run: row b feeds `ids[b]` after the `slots[b].length` positions cached
-        in its slot. Rows are padded to the longest past (on the left of the new tokens) and
-        the longest `ids` (on the right), attention_mask hiding both paddings; each row keeps
-        its own positions. Writes the new keys/values into the slots; returns each row's
-        logits at its last real token."""
-        starts = [slot.length for slot in slots]
-        lengths = [len(row) for row in ids]
-        batch, new, past = len(slots), max(lengths), max(starts)
-        mask = np.zeros((batch, past + new), np.int64)
-        tokens = np.zeros((batch, new), np.int64)
-        positions = np.zeros((batch, new), np.int64)
-        for b, (start, length, row) in enumerate(zip(starts, lengths, ids, strict=True)):
-            mask[b, :start] = 1
-            mask[b, past : past + length] = 1
-            tokens[b, :length] = row
-            # Padding takes a real position (its outputs are discarded): never past the table.
-            positions[b] = start + np.minimum(np.arange(new), length - 1)
-        feed: dict[str, np.ndarray] = {
-            "input_ids": tokens,
-            "attention_mask": mask,
-            "position_ids": positions,
-        }
-        layout = self.layout
-        for j, name in enumerate(self._past_names):
-            tensor = np.zeros((batch, layout.kv_heads, past, layout.head_dim), np.float32)
-            for b, (slot, start) in enumerate(zip(slots, starts, strict=True)):
-                tensor[b, :, :start] = slot.kv[j, :, :start]
-            feed[name] = tensor
-        outputs = self._run(feed)
-        for j, name in enumerate(self._present_names):
-            present = outputs[name]
-            for b, (slot, start, length) in enumerate(zip(slots, starts, lengths, strict=True)):
-                slot.kv[j, :, start : start + length] = present[b, :, past : past + length]
-        for slot, length in zip(slots, lengths, strict=True):
-            slot.length += length
-        logits = outputs["logits"]
-        return np.stack([logits[b, length - 1] for b, length in enumerate(lengths)])
 
     # -- results, on the loop ------------------------------------------------------------------
 

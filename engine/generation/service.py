@@ -22,7 +22,7 @@ from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.context import completion_budget
 from engine.generation.generator import Generator
 from engine.generation.sampling import sampling_params
-from engine.generation.scheduler import Chunk, GenSequence
+from engine.generation.sequence import Chunk, GenSequence
 from engine.limits import Limiter
 from engine.limits.limiter import Admission
 from engine.registry import ModelRegistry

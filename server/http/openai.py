@@ -26,7 +26,7 @@ from engine.auth import authenticate_headers
 from engine.datatypes import past_64_bits, received
 from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, InvalidInput
 from engine.generation.sampling import check_max_tokens
-from engine.generation.scheduler import Chunk
+from engine.generation.sequence import Chunk
 from engine.generation.service import (
     SAMPLING_KEYS,
     GenerateRequest,

@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 from click.testing import Result
 
-from converters.causal_lm import is_causal_lm_folder
 from engine.model_config import load_model_config
 from tests.generative import tiny_gpt2
 
@@ -85,12 +84,3 @@ def test_folder_without_tokenizer_json_is_refused(
     result = convert_cli(str(folder), "--repository", tmp_path / "repo")
     assert result.exit_code == 1
     assert "has no tokenizer.json" in result.output
-
-
-def test_only_causal_lm_folders_are_detected(hf_folder: Path, tmp_path: Path) -> None:
-    assert is_causal_lm_folder(str(hf_folder))
-    (tmp_path / "config.json").write_text('{"architectures": ["BertModel"]}')
-    assert not is_causal_lm_folder(str(tmp_path))
-    (tmp_path / "config.json").write_text("not json")
-    assert not is_causal_lm_folder(str(tmp_path))
-    assert not is_causal_lm_folder(str(tmp_path / "missing"))

@@ -14,7 +14,7 @@ import onnxruntime as ort
 import pytest
 from click.testing import Result
 
-from converters.causal_lm import is_causal_lm_folder
+from converters.hf_decoder import is_causal_lm_folder
 from converters.hf_encoder import is_encoder_folder
 from engine.backends.tokenizer import TokenizerBackend
 from engine.model_config import load_model_config

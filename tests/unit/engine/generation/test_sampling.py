@@ -122,3 +122,21 @@ def test_a_refused_parameter_is_named_in_param(options: str, param: str) -> None
     with pytest.raises(InvalidInput) as caught:
         sampling_params(**({"max_tokens": 1} | orjson.loads(options)))
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", 3.0, "temperature must be from 0 to 2; got 3.0"),
+        ("top_p", 1.5, "top_p must be from 0 to 1; got 1.5"),
+        ("top_k", -1, "top_k must be from 0"),
+        ("max_tokens", 0, "max_tokens must be from 1"),
+        ("seed", "x", "seed must be an integer"),
+    ],
+)
+def test_sampling_parameters_out_of_range_are_invalid(
+    field: str, value: object, message: str
+) -> None:
+    params: dict[str, object] = {"max_tokens": 4, field: value}
+    with pytest.raises(InvalidInput, match=message):
+        sampling_params(**params)  # type: ignore[arg-type]
