@@ -15,7 +15,7 @@ import pytest
 
 from engine.auth import digest_key
 from engine.errors import BackendError, RateLimited
-from engine.generation.scheduler import Chunk
+from engine.generation.sequence import Chunk
 from engine.settings import ApiKey, AuthSettings, Settings
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
