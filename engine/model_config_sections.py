@@ -18,6 +18,9 @@ more)."""
 
 
 class Section(BaseModel):
+    """A part of a model's config.yaml (every section of it derives from this one): unknown keys
+    are refused, and each field's docstring is its description in the generated reference."""
+
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 

@@ -7,18 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from engine.datatypes import NUMPY_DTYPES
+from engine.model_config_sections import Section
 
 TensorName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]{0,127}$")]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-
-class TokenizerOptions(_Section):
+class TokenizerOptions(Section):
     direction: Literal["encode", "decode"] = "encode"
     """`encode`: BYTES `text` [-1] in, `input_ids`, `attention_mask`, `token_type_ids` (INT64
     [-1, -1]) and `truncated` (BOOL [-1]) out. `decode`: INT64 `input_ids` [-1, -1] in, BYTES
@@ -37,7 +34,7 @@ class TokenizerOptions(_Section):
     """Leave special tokens (padding included) out of decoded text."""
 
 
-class TensorDecl(_Section):
+class TensorDecl(Section):
     name: TensorName
     """Tensor name."""
     datatype: str
@@ -55,7 +52,7 @@ class TensorDecl(_Section):
         return self
 
 
-class PythonOptions(_Section):
+class PythonOptions(Section):
     class_name: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     """The class in `model.py` to serve; default: the one class that defines both `load` and
     `infer`."""
@@ -67,7 +64,7 @@ class PythonOptions(_Section):
     """Passed to `load(config)` as `config["parameters"]`."""
 
 
-class PipelineStep(_Section):
+class PipelineStep(Section):
     model: TensorName
     """A repository model (not itself a pipeline) that runs this step."""
     version: str | None = Field(None, pattern=r"^[0-9]+$")
@@ -81,7 +78,7 @@ class PipelineStep(_Section):
     want; the response's `truncated_rows` counts them); false: such a row is a 400 naming it."""
 
 
-class PipelineOptions(_Section):
+class PipelineOptions(Section):
     steps: list[PipelineStep] = Field(min_length=1)
     """The steps; they run in dependency order (a step runs once every tensor it reads exists)."""
     outputs: list[TensorName] | None = None

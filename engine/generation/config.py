@@ -3,12 +3,12 @@ LM folder): what the decoder's context holds and how the generation scheduler ru
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from engine.model_config_sections import Section
 
 
-class GenerativeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
+class GenerativeOptions(Section):
     context_length: int = Field(gt=1)
     """Tokens one sequence may hold, prompt and completion together (the model's positions)."""
     eos_token_ids: list[int] = Field(default_factory=list)
