@@ -11,20 +11,8 @@ import pytest
 
 from engine.model_config import ModelConfig, effective_batching, load_model_config
 from engine.model_config_sections import VersionPolicy
-from engine.settings import BatchingDefaults, SettingsError
-
-
-def load(tmp_path: Path, text: str) -> ModelConfig:
-    (tmp_path / "config.yaml").write_text(text)
-    return load_model_config(tmp_path)
-
-
-def error_of(tmp_path: Path, text: str) -> str:
-    with pytest.raises(SettingsError) as caught:
-        load(tmp_path, text)
-    message = str(caught.value)
-    assert str(tmp_path / "config.yaml") in message
-    return message
+from engine.settings import BatchingDefaults
+from tests.unit.engine.config_files import error_of, load
 
 
 def test_two_version_policies_are_rejected(tmp_path: Path) -> None:

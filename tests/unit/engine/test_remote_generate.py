@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -64,13 +62,6 @@ class ScriptedEngine:
 
     def sent_by_worker(self, kind: Kind) -> list[Any]:
         return [message for k, message in self.received if k is kind]
-
-
-@pytest.fixture
-def socket_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="sluice-g", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
