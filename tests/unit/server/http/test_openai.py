@@ -9,20 +9,12 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.auth import ANONYMOUS_TENANT, Principal
 from engine.errors import InvalidInput
 from server.generation import caller
 from server.http.openai import _messages, _options, _prompt, _streamed
-
-ANYONE = Principal(ANONYMOUS_TENANT, "admin")  # the caller as authenticated before the body
+from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 
 PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
-
-
-def parsed(body: str) -> dict[str, Any]:
-    """A body as the route reads it: orjson hands an integer past 64 bits over as a double."""
-    loaded: dict[str, Any] = orjson.loads(body)
-    return loaded
 
 
 @pytest.mark.parametrize(("value", "shown"), PAST_64_BITS)
@@ -65,27 +57,6 @@ def test_a_token_id_past_64_bits_goes_on_to_the_vocabulary_check(value: int, sho
 def test_other_prompts_are_refused(prompt: object) -> None:
     with pytest.raises(InvalidInput, match=r"^prompt must be a string or a list of token ids"):
         _prompt({"prompt": prompt})
-
-
-# Fields of the wrong JSON type are named as sent: an integer past 64 bits by its side (not the
-# double's digits, 1.8446744073709552e+19, nor "float"), null/true/false as JSON spells them.
-WRONG_KINDS = [
-    ("18446744073709551616", "2^64 or more"),
-    ("-18446744073709551616", "below -2^63"),
-    ("null", "null"),
-    ("true", "true"),
-    ("5", "5"),
-    ("2.5", "2.5"),
-    ('["tiny", 18446744073709551616]', "['tiny', 2^64 or more]"),
-    ('{"a": null}', "{'a': null}"),
-]
-
-
-@pytest.mark.parametrize(("value", "shown"), WRONG_KINDS)
-def test_a_model_of_the_wrong_kind_is_named_as_sent(value: str, shown: str) -> None:
-    with pytest.raises(InvalidInput) as caught:
-        caller(None, ANYONE, parsed(f'{{"model": {value}}}')["model"])  # type: ignore[arg-type]
-    assert caught.value.message == f"model must be a model name (string); got {shown}"
 
 
 @pytest.mark.parametrize(
