@@ -6,10 +6,13 @@ the server, from /proc, and the engine process's part of it), context switches o
 processes per request, and for the CNN samples/s and the average batch size (Triton statistics).
 
     python -m loadtests.benchmarks.workers --out loadtests/benchmarks/results \
-        [--seconds 5] [--server-cores 0-2] [--client-cores 3]
+        [--seconds 5] [--server-cores 0-2] [--client-cores 3] [--engine-cores 3]
 
 The server is pinned to --server-cores and the load generator (wrk; a grpc.aio client for gRPC)
-to --client-cores; the defaults give the client the last core and the server the rest. Both
+to --client-cores; the defaults give the client the last core and the server the rest. With
+--engine-cores, the engine process of `--workers 2` is moved to those cores once it serves (its
+workers stay on --server-cores): what the worker mode costs when its engine does not take turns
+on one core with its workers, as on a machine with a core to spare for it. Both
 servers run for the whole benchmark (an idle one costs nothing) and each round loads every case
 on one, then the other, so the figures a ratio compares are measured seconds apart, not one
 half of the run after the other. Writes workers.json (every measurement) and workers.md (the
@@ -52,14 +55,23 @@ CNN_CONCURRENCY = 64
 
 
 @contextmanager
-def server(repo: Path, workers: int, cores: str) -> Iterator[tuple[str, str, psutil.Process]]:
+def server(
+    repo: Path, workers: int, cores: str, engine_cores: str | None = None
+) -> Iterator[tuple[str, str, psutil.Process]]:
+    """A sluice server with `workers`, pinned to `cores`, its engine process (if any) then to
+    `engine_cores` (every thread of it: taskset -a)."""
     port, grpc_port = free_port(), free_port()
     command = pinned(cores, *sluice_command(repo, port, grpc_port, "--workers", str(workers)))
     url = f"http://127.0.0.1:{port}"
     # A supervisor forks an engine and the workers (slower to start) and drains them all on stop.
     ready = http_ready(url + "/v2/health/ready")
     with running(command, ready, "sluice", timeout_s=90, stop_s=60) as process:
-        yield url, f"127.0.0.1:{grpc_port}", psutil.Process(process.pid)
+        root = psutil.Process(process.pid)
+        engine = engine_process(root)
+        if engine_cores and engine is not None:
+            subprocess.run(["taskset", "-a", "-p", "-c", engine_cores, str(engine.pid)],
+                           check=True, capture_output=True)  # fmt: skip
+        yield url, f"127.0.0.1:{grpc_port}", root
 
 
 def cpu_s(root: psutil.Process) -> float:
@@ -161,6 +173,7 @@ def main() -> None:
     default_server = ",".join(map(str, cores[:-1] or cores))
     parser.add_argument("--server-cores", default=default_server)
     parser.add_argument("--client-cores", default=str(cores[-1]))
+    parser.add_argument("--engine-cores", default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--name", default="workers", help="the results files' name")
     args = parser.parse_args()
@@ -170,7 +183,10 @@ def main() -> None:
     cases = [("mlp", p, c) for p, c in MLP_CASES] + [("cnn", "binary", CNN_CONCURRENCY)]
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         repo = write_repository(Path(tmp))
-        servers = {n: stack.enter_context(server(repo, n, args.server_cores)) for n in WORKERS}
+        servers = {
+            n: stack.enter_context(server(repo, n, args.server_cores, args.engine_cores))
+            for n in WORKERS
+        }
         for round_ in range(args.rounds):
             for model, protocol, concurrency in cases:
                 for workers, (url, grpc_target, root) in servers.items():
@@ -179,7 +195,8 @@ def main() -> None:
                     rows.append({"round": round_, "workers": workers, **row})
                     print(json.dumps(rows[-1]), flush=True)
     report = {"rows": rows, "machine": machine(), "server_cores": args.server_cores,
-              "client_cores": args.client_cores, "seconds": args.seconds,
+              "client_cores": args.client_cores, "engine_cores": args.engine_cores,
+              "seconds": args.seconds,
               "rounds": args.rounds, "name": args.name}  # fmt: skip
     write_results(args.out, args.name, report, table(report))
 
@@ -187,6 +204,7 @@ def main() -> None:
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
     name = "" if report.get("name", "workers") == "workers" else f" --name {report['name']}"
+    engine = f" --engine-cores {report['engine_cores']}" if report.get("engine_cores") else ""
     rounds = sorted({r.get("round", 0) for r in rows})
     keys = list(dict.fromkeys((r["workers"], r["model"], r["protocol"], r["concurrency"])
                               for r in rows))  # fmt: skip
@@ -197,7 +215,7 @@ def table(report: dict[str, Any]) -> str:
         "",
         f"Command: `python -m loadtests.benchmarks.workers --seconds {report['seconds']:g} "
         f"--rounds {len(rounds)} --server-cores {report['server_cores']} "
-        f"--client-cores {report['client_cores']}{name}`; {report['machine']}. Medians of "
+        f"--client-cores {report['client_cores']}{engine}{name}`; {report['machine']}. Medians of "
         f"{len(rounds)} rounds, the range in brackets; a ratio is taken within each round "
         "(2 workers over 1, measured seconds apart) and its median shown.",
         "",
