@@ -1,10 +1,11 @@
-"""The tuning benchmark's tables: auto vs fixed compared round by round, with ranges."""
+"""The tuning benchmark's tables (loadtests/benchmarks/tune_tables.py): auto vs fixed compared round
+by round, with ranges."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from loadtests.benchmarks.tune import auto_markdown, confirm_markdown
+from loadtests.benchmarks.tune_tables import auto_markdown, confirm_markdown
 
 
 def closed(round_: int, delay: str, ok_rps: float, p99_ms: float) -> dict[str, Any]:
