@@ -113,7 +113,10 @@ class InferStream:
                     first = False
                     results.put_nowait(answer)
                 if first:  # ended without its final answer (a bug): it still gets one
-                    raise RuntimeError("a generation ended without an answer")
+                    log.error(
+                        "a generation ended without an answer", extra={"model": request.model_name}
+                    )
+                    results.put_nowait(stream_error(request, INTERNAL_ERROR))
             except Exception:  # a bug: had ended the stream, failing its other requests
                 log.exception("unhandled error in generation", extra={"model": request.model_name})
                 if not first:
