@@ -25,6 +25,7 @@ from typing import Any
 from engine import errors
 from engine.auth import Authenticator
 from engine.generation.service import GenerateRequest
+from engine.remote_channel import INFER_FLUSH_TURNS
 from engine.remote_control import RemoteControl
 from engine.remote_generate import RemoteStream, rebuild_error
 from engine.settings import Settings
@@ -134,7 +135,7 @@ class RemoteEngine(RemoteControl):
         self._pending[call_id] = future
         self._outbox.items.append(data)  # one INFER frame for all of this flush's
         if not self._flush_scheduled:
-            self._schedule_flush()
+            self._schedule_flush(INFER_FLUSH_TURNS)
         if not self._infers:
             self._idle.clear()
         self._infers += 1

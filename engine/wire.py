@@ -44,7 +44,7 @@ class Kind(enum.IntEnum):
 
 
 INFER_ITEMS = 16
-"""An INFER frame is a list of requests, every one a side sends in a loop iteration (a frame
+"""An INFER frame is a list of requests, every one a side sends in a flush (a frame
 each cost ~0.4 µs a request to frame, split and dispatch), each request itself a list, not an
 object (keys cost ~0.5 µs a request to write and to read): `[id, slot, size, [descriptor...],
 model_name, datatypes, model_version, the request's id, outputs, parameters, priority,

@@ -4,12 +4,13 @@ hour says little about what a change did; two servers measured seconds apart, ma
 
     git worktree add /tmp/before <commit>
     python -m loadtests.benchmarks.versus --base /tmp/before [--rounds 8] [--seconds 3]
-        [--cases mlp:json:16,mlp:json:64] [--out DIR]
+        [--cases mlp:json:16,mlp:json:64] [--workers 1] [--out DIR]
 
 A case is model:protocol:concurrency, the protocol `json` (wrk) or `grpc`; the servers run on
-core 0 and the load on core 1, one sluice worker each. The base server runs in --base, so
-`python -m server` imports that checkout's code. Prints the table; with --out, writes
-versus.json and versus.md there.
+core 0 and the load on core 1, with --workers worker processes each (1: one process; more: a
+supervisor, an engine process and the workers, whose CPU is counted together). The base server
+runs in --base, so `python -m server` imports that checkout's code. Prints the table; with
+--out, writes versus.json and versus.md there.
 """
 
 from __future__ import annotations
@@ -23,10 +24,13 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from loadtests.benchmarks.batching import SERVER_CORE, grpc_load, machine, wrk
-from loadtests.benchmarks.harness import Served, cpu_s, markdown_table, require, serving, spread
+from loadtests.benchmarks.harness import Served, markdown_table, require, serving, spread
 from loadtests.benchmarks.json_cost import json_body
 from loadtests.benchmarks.models import write_repository
+from loadtests.benchmarks.workers import cpu_s
 
 KINDS = ("base", "this")
 PERCENTILES = ("p50_us", "p99_us")
@@ -35,7 +39,8 @@ PERCENTILES = ("p50_us", "p99_us")
 def measure(served: Served, case: str, seconds: float) -> dict[str, Any]:
     """One case's load on `served`: calls/s and the server's CPU µs per answered call."""
     model, protocol, concurrency = case.split(":")
-    used = cpu_s(served.pid)
+    server = psutil.Process(served.pid)
+    used = cpu_s(server)
     if protocol == "json":
         url = f"{served.url}/v2/models/{model}/infer"
         result = wrk(url, json_body(model), int(concurrency), seconds, {})
@@ -45,13 +50,14 @@ def measure(served: Served, case: str, seconds: float) -> dict[str, Any]:
         answered = result["requests"] - result["errors"]
     else:
         raise SystemExit(f"case {case}: protocol must be json or grpc")
-    cpu_us = (cpu_s(served.pid) - used) / max(answered, 1) * 1e6
+    cpu_us = (cpu_s(server) - used) / max(answered, 1) * 1e6
     return {"throughput": result["throughput"], "cpu_us": cpu_us, "p50_us": result["p50_us"],
             "p99_us": result["p99_us"], "errors": result["requests"] - answered}  # fmt: skip
 
 
 def table(report: dict[str, Any]) -> str:
     rows = report["rows"]
+    workers = f" --workers {report['workers']}" if report.get("workers", 1) != 1 else ""
     cells = []
     for case in report["cases"]:
         mine = {k: [r for r in rows if (r["case"], r["server"]) == (case, k)] for k in KINDS}
@@ -69,11 +75,12 @@ def table(report: dict[str, Any]) -> str:
         "# This checkout against another",
         "",
         f"Command: `python -m loadtests.benchmarks.versus --base {report['base']} --rounds "
-        f"{report['rounds']} --seconds {report['seconds']:g} --cases {','.join(report['cases'])}`"
-        f"; base: {report['base_commit']}, this: {report['this_commit']}; servers on core "
-        f"{SERVER_CORE}, load on the other core; {report['machine']}. Server CPU µs per answered "
-        "request, median of the rounds with the range in brackets; base / this is taken within "
-        "each round (above 1: this checkout costs less). p50 / p99: the load generator's "
+        f"{report['rounds']} --seconds {report['seconds']:g} --cases "
+        f"{','.join(report['cases'])}{workers}`; base: {report['base_commit']}, this: "
+        f"{report['this_commit']}; servers on core {SERVER_CORE}, load on the other core; "
+        f"{report['machine']}. Server CPU µs per answered request (every process of it), median "
+        "of the rounds with the range in brackets; base / this is taken within each round "
+        "(above 1: this checkout costs less). p50 / p99: the load generator's "
         "latency percentiles, µs, median of the rounds.",
         "",
     ]
@@ -95,6 +102,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--cases", default="mlp:json:16,mlp:json:64")
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     require("wrk", "taskset")
@@ -105,7 +113,7 @@ def main() -> None:
         codes = dict(zip(KINDS, (args.base.resolve(), None), strict=True))
         servers = {
             kind: stack.enter_context(
-                serving("sluice", repo, SERVER_CORE, "--workers", "1", cwd=code)
+                serving("sluice", repo, SERVER_CORE, "--workers", str(args.workers), cwd=code)
             )
             for kind, code in codes.items()
         }
@@ -120,7 +128,7 @@ def main() -> None:
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     report = {"rows": rows, "cases": cases, "rounds": args.rounds, "seconds": args.seconds,
-              "base": str(args.base), "base_commit": commit(args.base),
+              "workers": args.workers, "base": str(args.base), "base_commit": commit(args.base),
               "this_commit": commit(Path.cwd()), "machine": machine()}  # fmt: skip
     text = table(report)
     if args.out is not None:

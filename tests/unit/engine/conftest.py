@@ -3,6 +3,7 @@ factory of rigs over the demo repository, and one started rig."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -10,10 +11,22 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from engine.demo import write_demo_repository
 from engine.settings import load_settings
 from tests.unit.engine.rig import Rig
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """asyncio's loop for each test here; a test marked
+    `pytest.mark.asyncio(loop_factories=["asyncio", "uvloop"])` runs on uvloop too."""
+    marker = item.get_closest_marker("asyncio")
+    if marker is not None and "loop_factories" in marker.kwargs:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture

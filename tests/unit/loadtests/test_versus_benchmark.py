@@ -5,11 +5,14 @@ and the table's ratios are taken round by round."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
+import psutil
 
 import loadtests.benchmarks.versus as versus
+from loadtests.benchmarks import harness
 from loadtests.benchmarks.batching import SERVER_CORE
 from loadtests.benchmarks.harness import serving
 from loadtests.benchmarks.models import write_repository
@@ -50,3 +53,25 @@ def test_the_table_takes_each_ratio_within_a_round() -> None:
     assert cells == ["mlp:json:16", "300.0 (200.0-400.0)", "250.0 (100.0-400.0)",
                      "1.50 (1.00-2.00)", "2.00 1.00", "1,000 / 4,000", "600 / 3,000",
                      "1"]  # fmt: skip
+
+
+def test_a_server_s_cpu_counts_every_process_under_it() -> None:
+    # With --workers 2 the supervisor's own process idles while its engine and workers work.
+    child = (
+        "import sys, time\nend = time.process_time() + 0.3\n"
+        "while time.process_time() < end: pass\nprint('spun', flush=True)\nsys.stdin.read()"
+    )
+    spawn = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    with subprocess.Popen(  # the child inherits its pipes: it lives until stdin closes
+        [sys.executable, "-c", spawn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as parent:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == "spun\n"
+        assert versus.cpu_s(psutil.Process(parent.pid)) >= 0.25
+        assert harness.cpu_s(parent.pid) < 0.2  # the parent's own, which versus counted before
+
+
+def test_the_table_names_the_worker_count() -> None:
+    report = {"rows": [], "cases": [], "rounds": 1, "seconds": 3.0, "base": "/b", "workers": 2,
+              "base_commit": "abc", "this_commit": "def", "machine": {}}  # fmt: skip
+    assert "--workers 2`" in versus.table(report)
