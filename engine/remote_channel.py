@@ -35,9 +35,10 @@ INFER_FLUSH_TURNS = 2
 """Requests go to the engine process a loop iteration later than other frames, so those that
 reach the worker's loop an iteration apart share a frame and a wake-up of the engine process:
 gRPC calls, which grpc.aio hands over an iteration apart, and HTTP requests whose bytes arrive
-in the next poll. Measured with `versus --workers 2` against one iteration (8 rounds): 1.05x
-less CPU a request for the MLP over JSON at 16 connections, 1.03x over gRPC, the same at one
-request at a time (latency too); three iterations cost gRPC 1.10x more."""
+in the next poll. `versus --workers 2` against one iteration, 8 rounds
+(loadtests/benchmarks/results/versus_flush_turns.md): 1.06x less CPU a request for the MLP over
+JSON at 16 connections, 1.04x at 64, 1.06x over gRPC at 16 calls, 1.03x at one request at a
+time (latency alike); three iterations cost gRPC 1.10x more."""
 
 NESTED = "a value nests lists or objects deeper than 254 levels"
 """Why a request cannot be passed to the engine: orjson's depth limit (the wire is JSON)."""

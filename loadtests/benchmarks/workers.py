@@ -2,8 +2,10 @@
 `--workers 2` (a supervisor, an engine process and two front-end workers) in one run, on the
 benchmark MLP over JSON, binary HTTP and gRPC at concurrency 16 and 64, and the CNN over binary
 HTTP at 64. Reported per row: req/s, p99, server CPU-seconds per 1,000 requests (every process of
-the server, from /proc, and the engine process's part of it), context switches of the server's
-processes per request, and for the CNN samples/s and the average batch size (Triton statistics).
+the server, from /proc, and the engine process's part of it), the engine process's read system
+calls per request (about one a wake-up, each bringing the frames the workers sent meanwhile),
+context switches of the server's processes per request, and the average batch size (Triton
+statistics; for the CNN req/s are samples/s).
 
     python -m loadtests.benchmarks.workers --out loadtests/benchmarks/results \
         [--seconds 5] [--server-cores 0-2] [--client-cores 3] [--engine-cores 3]
@@ -110,6 +112,16 @@ def engine_process(root: psutil.Process) -> psutil.Process | None:
     return None
 
 
+def reads(proc: psutil.Process | None) -> int:
+    """The read system calls `proc` has made (0 for none)."""
+    if proc is None:
+        return 0
+    try:
+        return int(proc.io_counters().read_count)
+    except psutil.NoSuchProcess:
+        return 0
+
+
 def process_cpu_s(proc: psutil.Process | None) -> float:
     if proc is None:
         return 0.0
@@ -141,7 +153,7 @@ def measure(
     target = f"{url}/v2/models/{model}/infer"
     engine = engine_process(root)
     before_stats, before_cpu, before_engine = stats(url, model), cpu_s(root), process_cpu_s(engine)
-    before_switches = switches(root)
+    before_switches, before_reads = switches(root), reads(engine)
     if protocol == "grpc":
         result = grpc_load(grpc_target, model, concurrency, seconds, client)
     elif protocol == "json":
@@ -151,7 +163,7 @@ def measure(
         headers = {"Inference-Header-Content-Length": str(length)}
         result = wrk(target, body, concurrency, seconds, headers, core=client)
     used, switched = cpu_s(root) - before_cpu, switches(root) - before_switches
-    engine_used = process_cpu_s(engine) - before_engine
+    engine_used, engine_reads = process_cpu_s(engine) - before_engine, reads(engine) - before_reads
     after = stats(url, model)
     rows, batches = after[0] - before_stats[0], after[1] - before_stats[1]
     served = max(1, result["requests"] - result.get("non2xx", 0) - result["errors"])
@@ -160,6 +172,8 @@ def measure(
         "cpu_s_per_1000": 1000 * used / served,
         # The engine process's part (serial: one per server); None with one process.
         "engine_cpu_s_per_1000": None if engine is None else 1000 * engine_used / served,
+        # Its reads: about one per wake-up, which brings the frames the workers sent meanwhile.
+        "engine_reads_per_request": None if engine is None else engine_reads / served,
         "avg_batch": rows / batches if batches else 0.0,
         "switches_per_request": switched / served,
     }  # fmt: skip
@@ -221,8 +235,8 @@ def table(report: dict[str, Any]) -> str:
         "",
     ]
     columns = ["workers", "model", "protocol", "concurrency", "req/s", "x 1 worker", "p99 ms",
-               "CPU s / 1,000 req", "x 1 worker", "engine process", "switches / req",
-               "avg batch", "errors"]  # fmt: skip
+               "CPU s / 1,000 req", "x 1 worker", "engine process", "engine reads / req",
+               "switches / req", "avg batch", "errors"]  # fmt: skip
     cells = []
     for key in keys:
         runs = [by[(n, *key)] for n in rounds if (n, *key) in by]
@@ -232,7 +246,7 @@ def table(report: dict[str, Any]) -> str:
             *key, spread([r["throughput"] for r in runs], "{:,.0f}"), ratio(pairs, "throughput"),
             f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f}",
             spread([r["cpu_s_per_1000"] for r in runs], "{:.3f}"), ratio(pairs, "cpu_s_per_1000"),
-            engine_part(runs), switched(runs),
+            engine_part(runs), median_of(runs, "engine_reads_per_request"), switched(runs),
             f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
             sum(r["errors"] + r.get("non2xx", 0) for r in runs),
         ])  # fmt: skip
@@ -253,6 +267,13 @@ def switched(rows: list[dict[str, Any]]) -> str:
     from before they were counted)."""
     counts = [r["switches_per_request"] for r in rows if "switches_per_request" in r]
     return f"{statistics.median(counts):.2f}" if counts else "-"
+
+
+def median_of(rows: list[dict[str, Any]], field: str) -> str:
+    """The median of `field` over `rows` that have it ("-" where none has: one process, or
+    runs from before it was counted)."""
+    values = [r[field] for r in rows if r.get(field) is not None]
+    return f"{statistics.median(values):.2f}" if values else "-"
 
 
 def engine_part(rows: list[dict[str, Any]]) -> str:
