@@ -246,7 +246,8 @@ def table(report: dict[str, Any]) -> str:
             *key, spread([r["throughput"] for r in runs], "{:,.0f}"), ratio(pairs, "throughput"),
             f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f}",
             spread([r["cpu_s_per_1000"] for r in runs], "{:.3f}"), ratio(pairs, "cpu_s_per_1000"),
-            engine_part(runs), median_of(runs, "engine_reads_per_request"), switched(runs),
+            engine_part(runs), median_of(runs, "engine_reads_per_request"),
+            median_of(runs, "switches_per_request"),
             f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
             sum(r["errors"] + r.get("non2xx", 0) for r in runs),
         ])  # fmt: skip
@@ -262,16 +263,9 @@ def ratio(pairs: list[tuple[dict[str, Any], Any]], field: str) -> str:
     return f"{statistics.median(row[field] / base[field] for row, base in pairs):.2f}"
 
 
-def switched(rows: list[dict[str, Any]]) -> str:
-    """Context switches of the server's processes per request, median of `rows` ("-" for runs
-    from before they were counted)."""
-    counts = [r["switches_per_request"] for r in rows if "switches_per_request" in r]
-    return f"{statistics.median(counts):.2f}" if counts else "-"
-
-
 def median_of(rows: list[dict[str, Any]], field: str) -> str:
-    """The median of `field` over `rows` that have it ("-" where none has: one process, or
-    runs from before it was counted)."""
+    """The median of `field` over `rows` that have it, two decimals ("-" where none has: one
+    process for the engine's figures, or runs from before a figure was counted)."""
     values = [r[field] for r in rows if r.get(field) is not None]
     return f"{statistics.median(values):.2f}" if values else "-"
 
