@@ -38,7 +38,8 @@ gRPC calls, which grpc.aio hands over an iteration apart, and HTTP requests whos
 in the next poll. `versus --workers 2` against one iteration, 8 rounds
 (loadtests/benchmarks/results/versus_flush_turns.md): 1.06x less CPU a request for the MLP over
 JSON at 16 connections, 1.04x at 64, 1.06x over gRPC at 16 calls, 1.03x at one request at a
-time (latency alike); three iterations cost gRPC 1.10x more."""
+time (latency alike). Three iterations cost gRPC 1.11x more than two, JSON the same
+(versus_flush_turns3.md)."""
 
 NESTED = "a value nests lists or objects deeper than 254 levels"
 """Why a request cannot be passed to the engine: orjson's depth limit (the wire is JSON)."""
