@@ -14,16 +14,20 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/sluice
 WORKDIR /src
+COPY requirements/serve.txt requirements/serve.txt
+# The locked runtime dependencies first (exact versions, hash-checked, no resolution), in their
+# own layer so a code change does not reinstall them; then the sluice wheel alone.
+RUN --mount=type=cache,target=/root/.cache/pip \
+    /opt/sluice/bin/pip install --require-hashes --no-deps -r requirements/serve.txt
 COPY pyproject.toml README.md ./
 COPY server/ server/
 COPY engine/ engine/
 COPY batching/ batching/
 COPY converters/ converters/
 COPY loadtests/ loadtests/
-# Builds the sluice wheel and installs it with its runtime dependencies only (no extras):
-# the image carries ONNX Runtime but not torch or the load-test tools.
+# The image carries ONNX Runtime but not torch or the load-test tools (no extras).
 RUN --mount=type=cache,target=/root/.cache/pip \
-    /opt/sluice/bin/pip install /src \
+    /opt/sluice/bin/pip install --no-deps /src \
     && /opt/sluice/bin/pip uninstall --yes pip setuptools
 
 FROM ${PYTHON_IMAGE} AS runtime

