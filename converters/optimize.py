@@ -35,6 +35,14 @@ INT8_OP_TYPES = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 """Ops quantized by default: the compute-heavy ones; normalizations and element-wise ops stay
 in float, which keeps int8 models close to their source."""
 
+U8S8_WEIGHT_LIMIT = 64
+"""Largest |int8 weight| in a model quantized for ONNX Runtime on a CPU (7-bit weights, ONNX
+Runtime's `reduce_range`). x86 CPUs without VNNI (AVX2, AVX-512 without VNNI) multiply uint8
+activations by int8 weights with vpmaddubsw, which adds each two neighbouring products into an
+int16 and saturates: 2 * 255 * 127 = 64770 does not fit in 32767, 2 * 255 * 64 = 32640 does. So
+the kernels with and without VNNI compute the same integers and a model validated on one host
+answers the same on the next."""
+
 
 def simplify(model: Any) -> Any:
     """Constant-fold and remove redundant nodes with onnxslim."""
@@ -68,10 +76,13 @@ def quantize_int8(
     calibration: Sequence[Mapping[str, np.ndarray]] | None = None,
     per_channel: bool = True,
     symmetric: bool = False,
+    reduce_range: bool = True,
 ) -> Any:
     """int8 weights: dynamic quantization (activations quantized at run time) when no
     calibration data is given, else static QDQ quantization calibrated on those batches.
-    `symmetric` makes activations signed and symmetric, as TensorRT requires."""
+    `symmetric` makes activations signed and symmetric, as TensorRT requires. `reduce_range`
+    keeps weights within +-U8S8_WEIGHT_LIMIT (7 bits) so that no x86 kernel saturates; only a
+    model for TensorRT, whose GPU kernels do not saturate, needs the full 8 bits."""
     import onnx
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -100,6 +111,7 @@ def quantize_int8(
                     str(prepared),
                     str(output),
                     per_channel=per_channel,
+                    reduce_range=reduce_range,
                     weight_type=QuantType.QInt8,
                     op_types_to_quantize=["MatMul", "Gemm", "Attention", "LSTM"],
                 )
@@ -110,6 +122,7 @@ def quantize_int8(
                     Reader(calibration),
                     quant_format=QuantFormat.QDQ,
                     per_channel=per_channel,
+                    reduce_range=reduce_range,
                     activation_type=QuantType.QInt8 if symmetric else QuantType.QUInt8,
                     weight_type=QuantType.QInt8,
                     op_types_to_quantize=list(INT8_OP_TYPES),

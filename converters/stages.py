@@ -99,10 +99,21 @@ def _quantize(
         if options.calibration is not None:
             arrays = load_npz(options.calibration, specs, max_batch > 0)
             calibration = split_rows(arrays, min(max_batch, CALIBRATION_BATCH_ROWS), max_batch > 0)
-        symmetric = options.target == "tensorrt"
-        model = quantize_int8(model, workdir, calibration, options.per_channel, symmetric)
+        # TensorRT wants symmetric activations and its kernels do not saturate; ONNX Runtime's
+        # x86 kernels without VNNI do unless the weights have 7 bits (see U8S8_WEIGHT_LIMIT).
+        tensorrt_model = options.target == "tensorrt"
+        model = quantize_int8(
+            model,
+            workdir,
+            calibration,
+            options.per_channel,
+            symmetric=tensorrt_model,
+            reduce_range=not tensorrt_model,
+        )
         kind = f"static QDQ, {len(calibration)} batches" if calibration else "dynamic"
-        step.detail = f"{kind}, {'per-channel' if options.per_channel else 'per-tensor'}"
+        bits = "8-bit" if tensorrt_model else "7-bit"
+        granularity = "per-channel" if options.per_channel else "per-tensor"
+        step.detail = f"{kind}, {granularity}, {bits} weights"
     return model
 
 

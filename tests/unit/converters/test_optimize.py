@@ -3,9 +3,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
-from converters.optimize import ort_optimize, quantize_int8, simplify, to_fp16
+from converters.optimize import (
+    U8S8_WEIGHT_LIMIT,
+    ort_optimize,
+    quantize_int8,
+    simplify,
+    to_fp16,
+)
 from converters.runners import OnnxRunner
 from tests.unit.converters.graphs import mlp
 
@@ -15,6 +21,15 @@ def outputs(model: object, x: np.ndarray) -> np.ndarray:
 
 
 X = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+
+
+def int8_peak(model: object) -> int:
+    """The largest |value| of the model's int8 tensors (its quantized weights)."""
+    return max(
+        int(np.abs(numpy_helper.to_array(init).astype(np.int64)).max())
+        for init in model.graph.initializer  # type: ignore[attr-defined]
+        if init.data_type == TensorProto.INT8
+    )
 
 
 def test_simplify_keeps_the_function() -> None:
@@ -50,6 +65,7 @@ def test_dynamic_int8_quantizes_matmuls(tmp_path: Path) -> None:
     quantized = quantize_int8(mlp(), tmp_path)
     ops = {node.op_type for node in quantized.graph.node}
     assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+    assert int8_peak(quantized) == U8S8_WEIGHT_LIMIT  # 7 bits: x86 without VNNI cannot saturate
     a, b = outputs(quantized, X), outputs(mlp(), X)
     assert np.dot(a.ravel(), b.ravel()) / np.linalg.norm(a) / np.linalg.norm(b) > 0.99
 
@@ -65,6 +81,7 @@ def test_static_int8_is_qdq_per_channel_calibrated(tmp_path: Path) -> None:
     ]
     assert weight_dq
     assert any(attr.name == "axis" for attr in weight_dq[0].attribute)  # per channel
+    assert int8_peak(quantized) == U8S8_WEIGHT_LIMIT
     a, b = outputs(quantized, X), outputs(mlp(), X)
     assert np.dot(a.ravel(), b.ravel()) / np.linalg.norm(a) / np.linalg.norm(b) > 0.98
 
@@ -77,6 +94,9 @@ def test_symmetric_static_int8_uses_signed_activations(tmp_path: Path) -> None:
         types[node.input[2]] for node in quantized.graph.node if node.op_type == "QuantizeLinear"
     }
     assert activation_zero_points == {TensorProto.INT8}
+    # For TensorRT, whose kernels do not saturate, weights keep all 8 bits.
+    tensorrt = quantize_int8(mlp(), tmp_path, calibration, symmetric=True, reduce_range=False)
+    assert int8_peak(tensorrt) == 127
 
 
 def test_ort_optimize_saves_an_equivalent_model_with_only_used_opsets(tmp_path: Path) -> None:
