@@ -210,6 +210,4 @@ def quantize_int8(source: Path, target: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with quiet():
-        quantize_dynamic(
-            str(source), str(target), weight_type=QuantType.QInt8, reduce_range=True
-        )
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, reduce_range=True)
