@@ -191,7 +191,15 @@ def _check_tensorrt_options(params: dict[str, Any]) -> None:
     type=click.IntRange(min=0),
     default=50,
     show_default=True,
-    help="Timed runs per model and batch size (0 skips measuring).",
+    help="Most timed runs per model and batch size (0 skips measuring).",
+)
+@click.option(
+    "--measure-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,  # converters.measure.MEASURE_SECONDS, not imported here: imports stay light
+    show_default=True,
+    help="Time bound of the measurement at each batch size, warm-up included: runs stop once "
+    "it is spent (after at least 3 timed runs per model).",
 )
 @click.option(
     "--threads",
@@ -264,6 +272,7 @@ def convert(**params: Any) -> None:
         version=params["version"],
         replace_config=params["replace_config"],
         measure_iterations=params["measure_iterations"],
+        measure_seconds=params["measure_seconds"],
         threads=params["threads"],
         force=params["force"],
         dry_run=params["dry_run"],

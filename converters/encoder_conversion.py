@@ -31,7 +31,7 @@ from converters.hf_encoder import (
     export_encoder,
     load_encoder,
 )
-from converters.measure import measure
+from converters.measure import measure, measure_detail
 from converters.options import ConvertOptions
 from converters.publish import build_config, check_name, config_text, publish, versions
 from converters.quiet import quiet
@@ -177,8 +177,13 @@ def convert_encoder(options: ConvertOptions, steps: Steps) -> Report:
                 ]
                 for batch in sorted({1, min(max_batch, len(texts))}):
                     feeds = {"text": np.array(texts[:batch], dtype=object)}
-                    report.timings += measure(runners, feeds, batch, options.measure_iterations)
-                step.detail = f"{options.measure_iterations} runs per model and batch size (texts)"
+                    report.timings += measure(
+                        runners, feeds, batch, options.measure_iterations, options.measure_seconds
+                    )
+                detail = measure_detail(
+                    report.timings, options.measure_iterations, options.measure_seconds
+                )
+                step.detail = f"{detail} (texts)"
     if not report.may_publish(options.force, options.dry_run):
         return report
     with steps.step("publish") as step:

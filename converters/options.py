@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from converters.measure import MEASURE_SECONDS
 from converters.spec import InputSpec, PadRequest
 
 
@@ -47,6 +48,9 @@ class ConvertOptions:
     version: int | None = None
     replace_config: bool = False
     measure_iterations: int = 50
+    """Most timed runs per model and batch size (0: no measurement)."""
+    measure_seconds: float = MEASURE_SECONDS
+    """Time bound of each batch size's measurement (converters.measure)."""
     threads: int = 1
     force: bool = False
     dry_run: bool = False

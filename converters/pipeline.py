@@ -12,7 +12,7 @@ from converters import tensorrt
 from converters.data import load_npz, random_batches, split_rows
 from converters.errors import ConversionError
 from converters.export import finalize
-from converters.measure import measure
+from converters.measure import measure, measure_detail
 from converters.options import ConvertOptions
 from converters.publish import build_config, check_name, config_text, describe_tensors, publish
 from converters.report import Report, Steps
@@ -91,8 +91,12 @@ def convert_model(options: ConvertOptions, steps: Steps) -> Report:
             for batch in sorted({1, max_batch}) if batched else [1]:
                 feeds = random_feeds(specs, batch if batched else None, rng)
                 runners = [("source", source_runner), ("converted", converted)]
-                report.timings += measure(runners, feeds, batch, options.measure_iterations)
-            step.detail = f"{options.measure_iterations} runs per model and batch size"
+                report.timings += measure(
+                    runners, feeds, batch, options.measure_iterations, options.measure_seconds
+                )
+            step.detail = measure_detail(
+                report.timings, options.measure_iterations, options.measure_seconds
+            )
     if not report.may_publish(options.force, options.dry_run):
         return report
     with steps.step("publish") as step:

@@ -204,20 +204,20 @@ def failures(validation: Validation) -> list[str]:
 
 
 def timing_table(timings: list[Timing], threads: int) -> Table:
-    note = f"{threads} thread{'s' if threads > 1 else ''}, {timings[0].iterations} runs each"
-    table = Table(title=f"Performance on this machine ({note})")
+    table = Table(title=f"Performance on this machine ({threads} thread{'s' * (threads > 1)})")
     table.add_column("model", overflow="fold")
-    for column in ("batch", "p50 latency ms", "throughput rows/s"):
+    for column in ("batch", "runs", "p50 latency ms", "throughput rows/s"):
         table.add_column(column, justify="right", overflow="fold")
     for timing in timings:
         table.add_row(
             timing.model,
             str(timing.batch),
+            str(timing.iterations),
             f"{timing.p50_ms:.3f}",
             f"{timing.throughput_rows_s:,.0f}",
         )
     for batch, ratio in speedups(timings).items():
-        table.add_row("[bold]speedup[/]", str(batch), "", f"[bold]{ratio:.2f}x[/]")
+        table.add_row("[bold]speedup[/]", str(batch), "", "", f"[bold]{ratio:.2f}x[/]")
     return table
 
 

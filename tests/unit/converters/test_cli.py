@@ -64,6 +64,9 @@ def test_cnn_factory_is_exported_validated_measured_and_published(
         ("source", 1), ("converted", 1), ("source", 4), ("converted", 4),
     }  # fmt: skip
     assert set(data["speedup"]) == {"1", "4"}
+    assert {t["iterations"] for t in data["timings"]} == {2}  # far within the 10 s bound
+    steps = {s["name"]: s["detail"] for s in data["steps"]}
+    assert steps["measure"] == "2 runs per model and batch size"
     version_dir = tmp_path / "cnn" / "1"
     assert sorted(p.name for p in version_dir.iterdir()) == ["conversion.json", "model.onnx"]
     config = load_model_config(tmp_path / "cnn")
@@ -325,6 +328,7 @@ def test_fixed_batch_model_is_published_unbatched(tmp_path: Path, convert_cli: C
         (["--input", "x:FP32"], "Invalid value for --input: --input 'x:FP32' is not NAME:DTYPE"),
         (["--pad", "x:0:0"], "the batch axis 0 is never padded"),
         (["--precision", "fp64"], "'fp64' is not one of 'fp32', 'fp16', 'int8'"),
+        (["--measure-seconds", "0"], "'--measure-seconds': 0.0 is not in the range x>0"),
     ],
 )
 def test_usage_errors_exit_2(

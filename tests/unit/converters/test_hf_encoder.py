@@ -74,11 +74,14 @@ def test_sentence_transformer_folder_publishes_a_text_pipeline_matching_encode(
 
     result = convert_cli(
         str(st_folder), "--name", "emb", "--repository", tmp_path,
-        "--measure-iterations", "0", "--json", tmp_path / "report.json",
+        "--measure-iterations", "2", "--json", tmp_path / "report.json",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["status"] == "published"
+    steps = {step["name"]: step["detail"] for step in report["steps"]}
+    assert steps["measure"] == "2 runs per model and batch size (texts)"
+    assert {timing["iterations"] for timing in report["timings"]} == {2}
     assert report["validation"]["passed"]
     assert report["validation"]["samples"] == 32
     pipeline = load_model_config(tmp_path / "emb").pipeline

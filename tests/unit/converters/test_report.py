@@ -52,7 +52,7 @@ def test_render_shows_tables_failures_and_outcome() -> None:
     assert "probabilities" in text
     assert "FAIL" in text
     assert "✗ probabilities: cosine 0.900000 is below 0.999" in text
-    assert "Performance on this machine (1 thread, 5 runs each)" in text
+    assert "Performance on this machine (1 thread)" in text
     assert "Validation failed: nothing was published" in text
 
 
@@ -78,3 +78,24 @@ def test_steps_record_time_detail_and_failure() -> None:
     text = buffer.getvalue()
     assert "✓ export opset 20" in text
     assert "✗ quantize" in text
+
+
+def test_performance_table_says_the_runs_of_each_model_and_batch_size() -> None:
+    report = Report(source="x", status="published")
+    report.timings = [
+        Timing("source", 1, 2.0, 500.0, 50),
+        Timing("converted", 1, 1.0, 1000.0, 50),
+        Timing("source", 32, 5000.0, 6.4, 3),
+        Timing("converted", 32, 900.0, 35.6, 3),
+    ]
+    out, buffer = console()
+    render(report, out)
+    rows = [line.split("│")[1:4] for line in buffer.getvalue().splitlines() if "│" in line]
+    assert [[cell.strip() for cell in row] for row in rows] == [
+        ["source", "1", "50"],
+        ["converted", "1", "50"],
+        ["source", "32", "3"],
+        ["converted", "32", "3"],
+        ["speedup", "1", ""],
+        ["speedup", "32", ""],
+    ]
