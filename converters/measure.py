@@ -49,7 +49,8 @@ def measure(
 ) -> list[Timing]:
     """Time up to `iterations` runs of `feeds` (a batch of `batch` rows) on each labelled runner,
     and stop early once `seconds` have passed since this batch size's warm-up began and each
-    runner has made MIN_RUNS timed runs. `clock` measures durations (a fake one in tests)."""
+    runner has made MIN_RUNS timed runs. `clock` (monotonic, like perf_counter) measures the
+    durations and the bound; tests pass a fake one."""
     start = clock()
     for warmup in range(max(1, iterations // 10)):
         if warmup and clock() - start > seconds * WARMUP_SHARE:
