@@ -5,7 +5,9 @@ Every RPC but ServerLive/ServerReady authenticates the caller from the `authoriz
 ("Bearer <key>") or `x-api-key` metadata. Engine errors become the status code of the one table
 in server/errors.py with the engine's message, plus trailing metadata such as `retry-after`.
 Malformed tensors (raw contents of the wrong size, contents that disagree with the shape, an
-unknown datatype) are INVALID_ARGUMENT with a message naming the input.
+unknown datatype) are INVALID_ARGUMENT with a message naming the input. A request message that
+does not parse at all is INVALID_ARGUMENT too, naming the method, once the caller's key is checked
+(server/grpc/handlers.py), with at most one log line per method per MALFORMED_LOG_INTERVAL_S.
 
 Every call carries a request id: the caller's `x-request-id` metadata when it is sane, else a
 fresh one; it is on every log line about the call and comes back as trailing metadata
@@ -14,7 +16,8 @@ metrics with protocol `grpc` and the HTTP-equivalent status code.
 
 This module is the servicer and its server; what each call goes through around its RPC (context,
 request id, error status) is server/grpc/calls.py, a ModelInfer request as the data plane sees it
-is server/grpc/infer.py, and a ModelStreamInfer stream (its bound, order, errors and end) is
+is server/grpc/infer.py, how grpc calls the servicer (and parses requests) is
+server/grpc/handlers.py, and a ModelStreamInfer stream (its bound, order, errors and end) is
 server/grpc/stream.py.
 """
 
@@ -36,7 +39,8 @@ from engine.facade import EngineFacade
 from engine.settings import Settings, SettingsError
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc import tensors
-from server.grpc.calls import Context, bind_request_id, fail, metadata
+from server.grpc.calls import Context, abort, bind_request_id, fail, metadata
+from server.grpc.handlers import Malformed, add_service
 from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
@@ -54,6 +58,10 @@ Handler = Callable[["GrpcService", Req, Context], Awaitable[Resp | None]]
 """A servicer method as grpc calls it."""
 UNIMPLEMENTED_LOG_INTERVAL_S = 60.0
 """At most one log line per unimplemented RPC per this many seconds (callers can repeat them)."""
+MALFORMED_LOG_INTERVAL_S = 60.0
+"""At most one log line per RPC per this many seconds about request messages that do not parse."""
+PUBLIC_RPCS = frozenset({"ServerLive", "ServerReady"})
+"""The RPCs that need no API key (health probes)."""
 
 
 def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
@@ -66,6 +74,10 @@ def _guarded(method: Method[Req, Resp]) -> Handler[Req, Resp]:
         caller = metadata(context)
         token = request_id.set(bind_request_id(context, caller))
         try:
+            if isinstance(request, Malformed):  # grpc could not parse it (server/grpc/handlers.py)
+                if method.__name__ not in PUBLIC_RPCS:
+                    self._plane.authenticate(caller)
+                raise self._refusal(request)
             return await method(self, request, context, caller)
         except EngineError as exc:
             fail(context, exc)
@@ -141,6 +153,21 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         self._clock = clock if clock is not None else CallClock()
         self._stream_max_pending = stream_max_pending
         self._unimplemented_log = _LogThrottle(UNIMPLEMENTED_LOG_INTERVAL_S)
+        self._malformed_log = _LogThrottle(MALFORMED_LOG_INTERVAL_S)
+
+    def _refusal(self, malformed: Malformed) -> EngineError:
+        """The error a request that did not parse answers, logged once per method and interval
+        (a client sending garbage would otherwise fill the log)."""
+        skipped = self._malformed_log.due(malformed.method)
+        if skipped is not None:
+            log.warning(
+                "gRPC %s: a request message could not be parsed as %s (answered "
+                "INVALID_ARGUMENT; %d more such calls since the last line)",
+                malformed.method,
+                malformed.message_type,
+                skipped,
+            )
+        return malformed.error()
 
     # -- health and metadata ---------------------------------------------------------------------
 
@@ -188,18 +215,21 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         return await self._plane.infer(GrpcCall(request, context, caller))
 
     async def ModelStreamInfer(
-        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Context
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest | Malformed], context: Context
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Each request is answered as soon as it completes (out of order, matched by `id`); a
         failed request answers `error_message` and the stream carries on; at most
-        `stream_max_pending` requests are running or answered-but-unsent (server/grpc/stream.py
-        says what a stream guarantees)."""
+        `stream_max_pending` requests are running or answered-but-unsent; a message that does
+        not parse ends the stream with INVALID_ARGUMENT once those read before it are answered
+        (server/grpc/stream.py says what a stream guarantees)."""
         self._clock.last_call_at = time.monotonic()
         stream = InferStream(self._plane, context, self._stream_max_pending)
         # aclosing: when grpc closes this generator (the client left), the stream ends at once.
         async with contextlib.aclosing(stream.answers(request_iterator)) as answers:
             async for answer in answers:
                 yield answer
+        if stream.malformed is not None:  # answered what it read before, then ends
+            await abort(context, self._refusal(stream.malformed))
 
     # -- Triton extensions -----------------------------------------------------------------------
 
@@ -294,7 +324,7 @@ def build_grpc_server(
     With `credentials` (server/tls.py) the port speaks TLS only; `clock` sees every call."""
     server = grpc.aio.server(options=server_options(settings))
     servicer = GrpcService(DataPlane(engine, settings), settings.grpc_stream_max_pending, clock)
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    add_service(servicer, server)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.grpc_port}"
     try:

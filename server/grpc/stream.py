@@ -18,7 +18,9 @@ What a stream guarantees:
 - Errors: a message that fails with an engine error, or with a bug (logged with its traceback and
   answered as an internal error, by the data plane for inference and here for generation), answers
   `error_message`, and the stream carries on with the others. A failure outside a message's answer
-  (reading the stream fails) ends the stream, cancelling the requests still running.
+  (reading the stream fails) ends the stream, cancelling the requests still running. A message
+  that does not parse (`malformed`, server/grpc/handlers.py) stops the reading: the requests read
+  before it are answered, then the servicer ends the stream with INVALID_ARGUMENT.
 - End: once the client stops writing, the stream ends (OK) after every request read has been
   answered. When the client leaves (or its deadline passes), its requests still running are
   cancelled, generation included: the engine drops what it had queued for them.
@@ -39,6 +41,7 @@ from engine.errors import EngineError
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc.calls import Context, abort, bind_request_id, metadata
 from server.grpc.generate import is_generative, stream_error, stream_generation
+from server.grpc.handlers import Malformed
 from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.logs import request_id
@@ -58,9 +61,11 @@ class InferStream:
         self._plane, self._context, self._max_pending = plane, context, max_pending
         self._results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         self._slots = asyncio.Semaphore(max_pending)
+        self.malformed: Malformed | None = None
+        """The message that did not parse, once one has ended the reading."""
 
     async def answers(
-        self, requests: AsyncIterator[pb.ModelInferRequest]
+        self, requests: AsyncIterator[pb.ModelInferRequest | Malformed]
     ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
         """The stream's answers, each as its request completes. The stream has one request id,
         shared by the log lines and spans of all its requests."""
@@ -84,7 +89,10 @@ class InferStream:
                     await feeder
 
     async def _feed(
-        self, requests: AsyncIterator[pb.ModelInferRequest], caller: Metadata, principal: Principal
+        self,
+        requests: AsyncIterator[pb.ModelInferRequest | Malformed],
+        caller: Metadata,
+        principal: Principal,
     ) -> None:
         """Read the requests, each once a slot is free, and run each in its own task."""
         slots = self._slots
@@ -93,6 +101,9 @@ class InferStream:
                 # A slot per request read, freed once its answer is sent: no slot, no read.
                 await slots.acquire()
                 async for request in requests:
+                    if isinstance(request, Malformed):  # the client is broken: read no more
+                        self.malformed = request
+                        break
                     group.create_task(self._one(request, caller, principal))
                     await slots.acquire()
         finally:
@@ -132,7 +143,7 @@ class InferStream:
 
 
 async def reject_stream(
-    request_iterator: AsyncIterator[pb.ModelInferRequest],
+    request_iterator: AsyncIterator[pb.ModelInferRequest | Malformed],
     context: Context,
     exc: EngineError,
     most: int,

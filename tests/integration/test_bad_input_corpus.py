@@ -17,7 +17,8 @@ from typing import Any
 import grpc
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from google.protobuf.message import DecodeError
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from engine.demo import write_demo_repository
@@ -61,7 +62,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     alive = process.process is not None and process.process.poll() is None
     tried = sum(count for key, count in SEEN.items() if not key.startswith("health"))
     print(f"\nbad-input corpus: {tried} inputs tried; statuses: {dict(sorted(SEEN.items()))}")
-    assert "Exception in ASGI application" not in (root / "server.log").read_text()
+    log = (root / "server.log").read_text()
+    assert "Exception in ASGI application" not in log
+    assert "Unexpected [" not in log  # grpc's line for an exception escaping a handler
     process.stop()
     assert alive, "the server died during the corpus"
 
@@ -374,6 +377,74 @@ def test_near_valid_grpc_requests(
     SEEN[f"grpc {code.name}"] += 1
     assert code not in GRPC_BAD, details
     healthy(http)
+
+
+# -- gRPC raw bytes (issue 38): any method, any bytes -------------------------------------------
+
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+REPOSITORY_CHANGES = {"RepositoryModelLoad", "RepositoryModelUnload"}
+
+
+def raw_grpc(channel: grpc.Channel, method: str, raw: bytes) -> tuple[grpc.StatusCode, str]:
+    """`raw` sent unparsed as the request message of `method` (a stream: its one message)."""
+    path = f"/{SERVICE.full_name}/{method}"
+    try:
+        if SERVICE.methods_by_name[method].client_streaming:
+            list(channel.stream_stream(path)(iter([raw]), timeout=30))
+        else:
+            channel.unary_unary(path)(raw, timeout=30)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def parses(method: str, raw: bytes) -> bool:
+    message = getattr(pb, SERVICE.methods_by_name[method].input_type.name)
+    try:
+        message.FromString(raw)
+    except DecodeError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def channel(server: ServerProcess) -> Iterator[grpc.Channel]:
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        yield channel
+
+
+@CORPUS
+@given(method=st.sampled_from(sorted(SERVICE.methods_by_name)), raw=st.binary(max_size=200))
+def test_grpc_raw_bytes(http: httpx.Client, channel: grpc.Channel, method: str, raw: bytes) -> None:
+    valid = parses(method, raw)
+    assume(not (valid and method in REPOSITORY_CHANGES))  # would unload the corpus's models
+    code, details = raw_grpc(channel, method, raw)
+    SEEN[f"grpc raw {code.name}"] += 1
+    assert code not in GRPC_BAD, details
+    if not valid:
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+        assert details.startswith(f"gRPC {method}: the request message could not be parsed")
+    healthy(http)
+
+
+def test_grpc_garbage_is_invalid_argument_with_bounded_logging(
+    server: ServerProcess, http: httpx.Client, channel: grpc.Channel
+) -> None:
+    """15 calls of each kind log one line per method (grpc had logged a traceback per call)."""
+    assert server.log_path is not None
+    start = len(server.log_path.read_text())
+    methods = ["ModelInfer", "ModelMetadata", "RepositoryModelLoad", "ModelStreamInfer"]
+    for method in methods:
+        for _ in range(15):
+            code, details = raw_grpc(channel, method, b"\xff\xff\xff")
+            SEEN[f"grpc raw {code.name}"] += 1
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, details
+            assert details.startswith(f"gRPC {method}: the request message could not be parsed")
+    healthy(http)
+    logged = server.log_path.read_text()
+    assert logged.count("could not be parsed") >= 1  # here, or by the corpus above
+    assert logged[start:].count("could not be parsed") <= len(methods)
+    assert "Traceback" not in logged[start:]
 
 
 # -- the explicit cases of issue 12 -----------------------------------------------------------

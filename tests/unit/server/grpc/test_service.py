@@ -6,6 +6,7 @@ engine error ends a call in test_calls.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import struct
 from typing import Any
@@ -414,3 +415,58 @@ async def test_the_call_clock_sees_every_kind_of_call(engine: FakeEngine) -> Non
             assert clock.last_call_at > 0.0
     finally:
         await server.stop(grace=None)
+
+
+GARBAGE = b"\xff\xff\xff"
+"""Not a protobuf message of any type (field number 0 is invalid)."""
+
+
+async def _raw_call(channel: grpc.aio.Channel, rpc: str, raw: bytes, **kw: Any) -> Any:
+    """`raw` sent as the request message of `rpc`, unparsed on this side."""
+    call = channel.unary_unary(f"/inference.GRPCInferenceService/{rpc}")
+    return await _status(call(raw, **kw))
+
+
+UNARY_RPCS = sorted(
+    m.name
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+    if not m.client_streaming
+)
+
+
+async def test_a_message_that_does_not_parse_is_invalid_argument_with_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every unary RPC; after the key check (the probes need none); and 3 bad calls of each RPC
+    log one line per RPC, no traceback (grpc answered UNKNOWN and logged one per call)."""
+    key = (("x-api-key", "k"),)
+    engine = FakeEngine(AuthSettings(keys=[ApiKey(digest=digest_key("k"), tenant="a")]))
+    server, port = await _serve(engine)
+    caplog.set_level("INFO")
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for rpc in UNARY_RPCS:
+                for _ in range(3):
+                    error = await _raw_call(channel, rpc, GARBAGE, metadata=key)
+                    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, rpc
+                    assert error.details().startswith(
+                        f"gRPC {rpc}: the request message could not be parsed as inference."
+                    )
+                    assert dict(error.trailing_metadata() or ())["x-request-id"]
+                error = await _raw_call(channel, rpc, GARBAGE)  # no key
+                expected = (
+                    grpc.StatusCode.INVALID_ARGUMENT
+                    if rpc in ("ServerLive", "ServerReady")
+                    else grpc.StatusCode.UNAUTHENTICATED
+                )
+                assert error.code() == expected, rpc
+    finally:
+        await server.stop(grace=None)
+    assert [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR] == []
+    lines = [r.getMessage() for r in caplog.records if "could not be parsed" in r.getMessage()]
+    assert len(lines) == len(UNARY_RPCS) == 19
+    assert lines[0] == (
+        "gRPC CudaSharedMemoryRegister: a request message could not be parsed as "
+        "inference.CudaSharedMemoryRegisterRequest (answered INVALID_ARGUMENT; 0 more such "
+        "calls since the last line)"
+    )

@@ -290,3 +290,33 @@ async def test_stream_without_a_key_is_unauthenticated_every_time() -> None:
 async def _drain(call: Any) -> None:
     async for _ in call:
         pass
+
+
+async def test_a_message_that_does_not_parse_ends_the_stream_after_those_before_it(
+    engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The requests read before it are answered; then INVALID_ARGUMENT naming the method, with a
+    log line but no traceback (grpc answered UNKNOWN and logged one)."""
+    server, port = await _serve(engine)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            for _ in range(2):
+                call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+                await call.write(_double(1).SerializeToString())
+                await call.write(b"\xff\xff\xff")
+                await call.write(_double(2).SerializeToString())  # not read
+                await call.done_writing()
+                answer = pb.ModelStreamInferResponse.FromString(await call.read())
+                assert (answer.infer_response.id, answer.error_message) == ("1", "")
+                error = await _status(call.read())
+                assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert error.details() == (
+                    "gRPC ModelStreamInfer: the request message could not be parsed as "
+                    "inference.ModelInferRequest (3 bytes); send a serialized "
+                    "inference.ModelInferRequest"
+                )
+    finally:
+        await server.stop(grace=None)
+    assert [r for r in caplog.records if r.exc_info] == []
+    assert len([r for r in caplog.records if "could not be parsed" in r.getMessage()]) == 1
+    assert [r.inputs["x"][0, 0] for r in engine.requests] == [1.0, 1.0]
