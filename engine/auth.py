@@ -124,6 +124,25 @@ def log_admin_action(principal: Principal, action: str, **fields: Any) -> None:
     )
 
 
+def log_key_change(action: str, subject: Principal, path: str) -> None:
+    """One audit line for a key the keys file added, changed or revoked. The actor is the file
+    (an operator's edit, or `sluice keys`), not the key: the key is the subject."""
+    audit.info(
+        "keys file %s: %s key %s (tenant %s)",
+        path,
+        action,
+        subject.key_name,
+        subject.tenant,
+        extra={
+            "action": action,
+            "actor": "auth.keys_file",
+            "path": path,
+            "subject_key": subject.key_name,
+            "subject_tenant": subject.tenant,
+        },
+    )
+
+
 @contextlib.contextmanager
 def admin_action(principal: Principal, action: str, **fields: Any) -> Iterator[None]:
     """Log the admin action done inside the block once it ends, with its outcome: `ok`, or
@@ -184,10 +203,10 @@ class Authenticator:
         for name, entry in after.items():
             if before.get(name) != entry:
                 action = "key_added" if name not in before else "key_changed"
-                log_admin_action(entry.principal, action, path=str(self.keys_file))
+                log_key_change(action, entry.principal, str(self.keys_file))
         for name, entry in before.items():
             if name not in after:
-                log_admin_action(entry.principal, "key_revoked", path=str(self.keys_file))
+                log_key_change("key_revoked", entry.principal, str(self.keys_file))
         log.info(
             "auth.keys_file reloaded: %d keys",
             len(entries),

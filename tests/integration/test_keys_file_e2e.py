@@ -107,7 +107,9 @@ def test_keys_file_create_revoke_break_without_restart(
     assert elapsed < 1.0
     assert infer(server, other).status_code == 200
     revoked = [r for r in audit_lines(server) if r["action"] == "key_revoked"]
-    assert [(r["key"], r["tenant"]) for r in revoked] == [("ci", "acme")]
+    assert [(r["subject_key"], r["subject_tenant"], r["actor"]) for r in revoked] == [
+        ("ci", "acme", "auth.keys_file")
+    ]
 
     # A broken file keeps the keys read before (and says why in the log): bad YAML, then a
     # digest listed twice.

@@ -124,12 +124,21 @@ def test_reload_logs_added_and_revoked_keys(
     authenticator = Authenticator(file_settings(path))
     caplog.set_level(logging.INFO, logger="sluice.audit")
     authenticator.reload_file(parse_keys(keys_yaml(entry("b", "key-b", tenant="beta")), "f"))
+    records = [r for r in caplog.records if r.name == "sluice.audit"]
     actions = [
-        (r.action, r.key, r.tenant)  # type: ignore[attr-defined]
-        for r in caplog.records
-        if r.name == "sluice.audit"
+        (r.action, r.actor, r.subject_key, r.subject_tenant)  # type: ignore[attr-defined]
+        for r in records
     ]
-    assert actions == [("key_added", "b", "beta"), ("key_revoked", "a", "acme")]
+    assert actions == [
+        ("key_added", "auth.keys_file", "b", "beta"),
+        ("key_revoked", "auth.keys_file", "a", "acme"),
+    ]
+    # The file is the actor, the key the subject: never "key_revoked by key a".
+    assert [r.getMessage() for r in records] == [
+        f"keys file {path}: key_added key b (tenant beta)",
+        f"keys file {path}: key_revoked key a (tenant acme)",
+    ]
+    assert not any(hasattr(r, "key") or hasattr(r, "tenant") for r in records)
     with pytest.raises(Unauthenticated):
         authenticator.authenticate("key-a")
     assert authenticator.authenticate("key-b").tenant == "beta"
