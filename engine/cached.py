@@ -39,8 +39,8 @@ class CachedInference:
     def __init__(self, cache: ResultCache, settings: CacheSettings) -> None:
         self.cache = cache
         self.settings = settings
-        self._coalescer: Coalescer[CachedResult] = Coalescer(clone=copy_result)
-        self._running_flights: dict[bytes, asyncio.Event] = {}  # set once its batch runs
+        self._coalescer: Coalescer[_Computed] = Coalescer(clone=_copy_computed)
+        self._running_flights: dict[bytes, _Run] = {}  # started once its batch runs
 
     async def result(
         self,
@@ -71,43 +71,87 @@ class CachedInference:
         looked_up = time.monotonic()
         lookup = cache.get(key, expected)
         hit = await (lookup if tracing is None else tracing.stage("cache", lookup))
+        missed = time.monotonic()
         if hit is not None:
-            model.stats.cache_hit_served(time.monotonic() - looked_up)
+            model.stats.cache_hit_served(missed - looked_up)
             return hit, True
-        model.stats.cache_miss.add(time.monotonic() - looked_up)
+        # Every lookup that missed is a miss, a caller that joins a computation in flight too;
+        # the one that computes adds the insert's time, as Triton counts a miss.
+        model.stats.cache_miss.add(missed - looked_up)
 
         # Callers join a computation queued at their own priority level: one queued at a lower
         # level would make a higher-priority caller wait behind that level's backlog.
         flight = key + b"|%d" % priority
+        led = False
 
-        async def compute_and_store() -> CachedResult:
+        async def compute_and_store() -> _Computed:
+            nonlocal led
+            led = True  # only the caller that starts the flight runs this
             # Registered by the computation itself: one cancelled before it ran leaves nothing.
-            running = self._running_flights[flight] = asyncio.Event()
+            run = self._running_flights[flight] = _Run()
             try:
-                result = await compute(None, running.set)
+                result = await compute(None, run.start)
             finally:
-                if self._running_flights.get(flight) is running:
+                if self._running_flights.get(flight) is run:
                     del self._running_flights[flight]
+            stored = time.monotonic()
             await cache.put(key, result, model.config.cache.ttl_s)
-            return result
+            model.stats.cache_miss.add(time.monotonic() - stored, count=0)
+            return result, run.started_at if run.started_at is not None else stored
 
+        result, started_at = await self._shared(model, flight, compute_and_store, deadline)
+        if not led:
+            # Queued as long as the computation it joined still waited for its batch: counted
+            # in `queue` like every other success (Triton's success == queue; the batcher
+            # counted the computation's own request when it ran).
+            model.stats.request_dequeued(max(0.0, started_at - missed))
+        return result, False
+
+    async def _shared(
+        self,
+        model: LoadedModel,
+        flight: bytes,
+        compute_and_store: Callable[[], Awaitable[_Computed]],
+        deadline: float | None,
+    ) -> _Computed:
+        """The flight's result, within the caller's deadline while the flight is queued."""
         if deadline is None:
-            return await self._coalescer.run(flight, compute_and_store), False
+            return await self._coalescer.run(flight, compute_and_store)
         joined = asyncio.ensure_future(self._coalescer.run(flight, compute_and_store))
         try:
             try:
                 async with asyncio.timeout(deadline - time.monotonic()):
-                    return await asyncio.shield(joined), False
+                    return await asyncio.shield(joined)
             except TimeoutError:
                 pass
             # Out of the handler, as in Batcher.submit: a CancelledError raised in it would carry
             # the TimeoutError, and through its traceback this task, in a cycle with the inputs.
-            running = self._running_flights.get(flight)
-            if running is not None and running.is_set():
-                return await joined, False
+            run = self._running_flights.get(flight)
+            if run is not None and run.started_at is not None:
+                return await joined
             raise DeadlineExceeded(
                 f"request to {model.label} waited past its timeout in the queue; it was not run"
             )
         except BaseException:
             joined.cancel()  # this caller leaves the flight (withdrawn when the last one does)
             raise
+
+
+_Computed = tuple[CachedResult, float]
+"""A flight's result and when its batch started running (time.monotonic())."""
+
+
+def _copy_computed(computed: _Computed) -> _Computed:
+    return copy_result(computed[0]), computed[1]
+
+
+class _Run:
+    """When a flight's batch started running (None: still queued)."""
+
+    __slots__ = ("started_at",)
+
+    def __init__(self) -> None:
+        self.started_at: float | None = None
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
