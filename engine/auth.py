@@ -345,6 +345,31 @@ def is_loopback(host: str) -> bool:
         return False  # any other host name may resolve to a public address
 
 
+def metrics_need_key(host: str, require_key: bool | None) -> bool:
+    """Whether /metrics on the HTTP port asks for an admin key: as `metrics.require_key` says,
+    or when it is unset, whenever `host` is reachable from other machines (the metrics name
+    tenants and models). Without keys configured every caller is the anonymous admin, so this
+    changes nothing there."""
+    return require_key if require_key is not None else not is_loopback(host)
+
+
+def note_metrics_key(host: str, settings: AuthSettings, require_key: bool | None) -> bool:
+    """Log (and return True) when /metrics on the HTTP port asks for an admin key only because
+    the server binds beyond loopback with keys: a scraper without one gets 401 from now on."""
+    if require_key is not None or not (settings.keys or settings.keys_file):
+        return False
+    if not metrics_need_key(host, require_key):
+        return False
+    log.info(
+        "/metrics on the HTTP port needs an admin key (bound to %s with API keys; "
+        "metrics.require_key unset). Scrape with one, serve them on metrics.port, or set "
+        "metrics.require_key: false",
+        host,
+        extra={"host": host},
+    )
+    return True
+
+
 def ensure_safe_bind(host: str, settings: AuthSettings, allow_unauthenticated: bool) -> None:
     """Raise SettingsError when `host` is not loopback, no keys are set and nobody said it's OK."""
     if settings.keys or settings.keys_file or allow_unauthenticated or is_loopback(host):

@@ -174,9 +174,12 @@ class MetricsSettings(Section):
     """Serve Prometheus metrics at /metrics on the HTTP port."""
     port: int | None = Field(None, gt=0, lt=65536)
     """Also serve them on this port of their own."""
-    require_key: bool = False
-    """With keys configured, /metrics on the HTTP port needs an admin key (the metrics name
-    tenants and models). The `port` listener never asks for one: keep that port private."""
+    require_key: bool | None = None
+    """Whether /metrics on the HTTP port needs an admin key once keys are configured (its
+    labels name tenants and models). Unset: it does when `host` is not loopback, and answers
+    anyone on a loopback bind. Scrape with an admin key (Prometheus `authorization`), or
+    serve the metrics on `port` instead, whose listener never asks for one: keep that port
+    private. `false` answers anyone on the HTTP port."""
 
 
 class TlsSettings(Section):

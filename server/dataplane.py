@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from engine.auth import Principal, admin_action, authenticate_headers
+from engine.auth import Principal, admin_action, authenticate_headers, metrics_need_key
 from engine.errors import BackendError, EngineError, ShuttingDown
 from engine.facade import EngineFacade
 from engine.settings import Settings
@@ -110,7 +110,13 @@ class DataPlane:
 
     def __init__(self, engine: EngineFacade, settings: Settings) -> None:
         self.engine = engine
-        self._metrics_need_key = settings.metrics.require_key
+        self._metrics_need_key = metrics_need_key(settings.host, settings.metrics.require_key)
+        self._metrics_what = (
+            "/metrics (metrics.require_key)"
+            if settings.metrics.require_key
+            else f"/metrics on a server bound to {settings.host} (metrics.require_key unset; "
+            "metrics.port serves them without a key)"
+        )
 
     # -- identity --------------------------------------------------------------------------------
 
@@ -174,9 +180,10 @@ class DataPlane:
         return await self.engine.usage(self.authenticate(who).tenant)
 
     async def metrics(self, who: Caller) -> bytes:
-        """The Prometheus exposition; with `metrics.require_key`, for admin keys only."""
+        """The Prometheus exposition; for admin keys only when `metrics.require_key` says so,
+        or, unset, when the server binds beyond loopback (engine.auth.metrics_need_key)."""
         if self._metrics_need_key:
-            self.authenticate(who).require_admin_role("/metrics (metrics.require_key)")
+            self.authenticate(who).require_admin_role(self._metrics_what)
         return await self.engine.metrics.exposition()
 
     # -- Triton extensions -----------------------------------------------------------------------

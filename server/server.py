@@ -31,7 +31,7 @@ from typing import Any
 
 import uvicorn
 
-from engine.auth import ensure_safe_bind, warn_plaintext_bind
+from engine.auth import ensure_safe_bind, note_metrics_key, warn_plaintext_bind
 from engine.engine import Engine
 from engine.facade import EngineFacade
 from engine.keys_file import KeyFileWatcher
@@ -181,6 +181,10 @@ class Server:
             self.settings.host, self.settings.auth, self.settings.allow_unauthenticated
         )
         warn_plaintext_bind(self.settings.host, self.settings.tls)
+        if self.settings.metrics.enabled:
+            note_metrics_key(
+                self.settings.host, self.settings.auth, self.settings.metrics.require_key
+            )
         log.info("starting sluice", extra={"settings": effective_settings(self.settings)})
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if self._own_signals else ()

@@ -4,7 +4,8 @@ server/http/infer_route.py; everything else by FastAPI.
 Exposed surfaces: `/openapi.json` answers any valid key once keys are configured (it lists every
 route); the `/docs` and `/redoc` pages are not served at all (they would load scripts from a
 CDN, which air-gapped sites cannot reach and nobody should have to trust). `/metrics` names
-tenants and models: with `metrics.require_key` it needs an admin key."""
+tenants and models: it needs an admin key with `metrics.require_key`, or by default when the
+server binds beyond loopback."""
 
 from __future__ import annotations
 

@@ -91,7 +91,11 @@ def test_ports_and_probes_match_sluice(
     settings = settings_of(rendered, tmp_path, monkeypatch)
     container = rendered.container
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"http": settings.http_port, "grpc": settings.grpc_port}
+    assert ports == {
+        "http": settings.http_port,
+        "grpc": settings.grpc_port,
+        "metrics": settings.metrics.port,
+    }
     probes = {
         kind: (container[kind]["httpGet"]["path"], container[kind]["httpGet"]["port"])
         for kind in ("startupProbe", "livenessProbe", "readinessProbe")
@@ -106,10 +110,16 @@ def test_ports_and_probes_match_sluice(
             if port["name"] in ports:
                 assert (port["port"], port["targetPort"]) == (ports[port["name"]], port["name"])
     annotations = rendered.deployment["spec"]["template"]["metadata"]["annotations"]
+    # Scraped on metrics.port, which asks for no key: on the HTTP port, bound beyond loopback
+    # with keys, /metrics needs an admin key. No Service routes that port.
     assert (annotations["prometheus.io/port"], annotations["prometheus.io/path"]) == (
-        str(settings.http_port),
+        str(settings.metrics.port),
         "/metrics",
     )
+    assert settings.metrics.require_key is None
+    routed = {p["targetPort"] for s in rendered.all("Service") for p in s["spec"]["ports"]}
+    assert "metrics" not in routed
+    assert settings.metrics.port not in routed
 
 
 def test_grace_period_covers_pre_stop_and_drain(

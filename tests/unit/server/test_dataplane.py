@@ -197,3 +197,24 @@ async def test_metrics_need_an_admin_key_only_when_configured(engine: FakeEngine
     with pytest.raises(Forbidden, match=r"/metrics \(metrics.require_key\) needs an admin key"):
         await locked.metrics(USER)
     assert b"sluice_requests" in await locked.metrics(ROOT)
+
+
+async def test_metrics_need_an_admin_key_by_default_off_loopback(engine: FakeEngine) -> None:
+    """The metrics name tenants: a server bound beyond loopback shows them to admins only,
+    unless told otherwise (before, `require_key` defaulted to false: anyone could read them)."""
+    public = DataPlane(engine, Settings(host="0.0.0.0"))  # type: ignore[arg-type]
+    with pytest.raises(Forbidden) as caught:
+        await public.metrics(USER)
+    assert caught.value.message == (
+        "tenant 'acme' has role 'user'; /metrics on a server bound to 0.0.0.0 "
+        "(metrics.require_key unset; metrics.port serves them without a key) needs an admin key"
+    )
+    with pytest.raises(Unauthenticated):
+        await public.metrics({})
+    assert b"sluice_requests" in await public.metrics(ROOT)
+    loopback = DataPlane(engine, Settings())  # type: ignore[arg-type]
+    assert b"sluice_requests" in await loopback.metrics(USER)
+    opted_out = DataPlane(
+        engine, Settings(host="0.0.0.0", metrics=MetricsSettings(require_key=False))
+    )  # type: ignore[arg-type]
+    assert b"sluice_requests" in await opted_out.metrics(USER)

@@ -137,7 +137,7 @@ def test_effective_settings_mask_secrets() -> None:
     # Everything else is the effective value, defaults included.
     assert shown["http_port"] == 8000
     assert shown["tracing"]["otlp_endpoint"] is None
-    assert shown["metrics"] == {"enabled": True, "port": None, "require_key": False}
+    assert shown["metrics"] == {"enabled": True, "port": None, "require_key": None}
 
 
 @pytest.mark.parametrize(
