@@ -75,8 +75,9 @@ class Settings(BaseSettings):
     """Serve the gRPC front-end."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Least severe log level written."""
-    log_format: Literal["json", "text"] = "json"
-    """Structured JSON lines, or plain text."""
+    log_format: Literal["auto", "json", "text"] = "auto"
+    """`auto`: plain text lines when stderr is a terminal, structured JSON lines otherwise (a
+    file, a pipe, a container's log); `json` or `text` force either."""
     model_repository: Path | None = None
     """Folder of models (`<name>/config.yaml`, `<name>/<version>/model.onnx`); unset serves the
     built-in demo model."""

@@ -107,8 +107,9 @@ def main() -> None:
 )
 @click.option(
     "--log-format",
-    type=click.Choice(["json", "text"]),
-    help="JSON lines or plain text logs (default json).",
+    type=click.Choice(["auto", "json", "text"]),
+    help="JSON lines or plain text logs; auto (default): text when stderr is a terminal, "
+    "else JSON.",
 )
 @click.option(
     "--model-control-mode",
@@ -174,7 +175,9 @@ def serve(config_file: Path | None, **flags: Any) -> None:
         settings = load_settings(config_file, **flags)
     except SettingsError as exc:
         raise click.ClickException(str(exc)) from exc
-    configure_logging(settings.log_level, settings.log_format)
+    # Resolved once: the server's start line and forked workers see the format in use.
+    log_format = configure_logging(settings.log_level, settings.log_format)
+    settings = settings.model_copy(update={"log_format": log_format})
     from server.supervisor import worker_count
 
     if worker_count(settings) > 1:

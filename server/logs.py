@@ -1,5 +1,6 @@
-"""Logging setup: JSON lines (default) or plain text, with the request id on every record made
-while a request is handled, and the effective settings (secrets masked) for the start line.
+"""Logging setup: plain text on a terminal and JSON lines elsewhere (or either, forced), with
+the request id on every record made while a request is handled, and the start line: the
+effective settings (secrets masked) in JSON, a one-line summary in text.
 
 Fields given as `extra=` (model, provider, status, duration_ms, ...) are JSON keys in JSON mode
 and `key=value` pairs after the message in text mode."""
@@ -12,7 +13,7 @@ import random
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Literal, TextIO
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
@@ -63,10 +64,27 @@ class TextFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: str, fmt: str) -> None:
-    """Send every logger's records to stderr in `fmt` ("json" or "text") from `level` up."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+def resolve_format(fmt: str, stream: TextIO) -> Literal["json", "text"]:
+    """`fmt` ("auto", "json" or "text") as used on `stream`: auto is text on a terminal (a
+    person reads it) and JSON anywhere else (a collector parses it), as uvicorn colours its
+    lines only on a terminal."""
+    if fmt == "json":
+        return "json"
+    if fmt == "text":
+        return "text"
+    isatty = getattr(stream, "isatty", None)
+    return "text" if isatty is not None and isatty() else "json"
+
+
+def configure_logging(
+    level: str, fmt: str, stream: TextIO | None = None
+) -> Literal["json", "text"]:
+    """Send every logger's records to `stream` (stderr) in `fmt` ("auto", "json" or "text")
+    from `level` up; returns the format chosen."""
+    stream = sys.stderr if stream is None else stream
+    chosen = resolve_format(fmt, stream)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter() if chosen == "json" else TextFormatter())
     handler.addFilter(RequestIdFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
@@ -76,6 +94,7 @@ def configure_logging(level: str, fmt: str) -> None:
         logging.getLogger(name).propagate = True
     # grpc's core logs a line per call at debug level, with no request id: keep it to info up.
     logging.getLogger("grpc").setLevel(max(root.level, logging.INFO))
+    return chosen
 
 
 # -- the start line ------------------------------------------------------------------------------
@@ -91,6 +110,28 @@ def effective_settings(settings: Settings) -> dict[str, Any]:
     fields and all but a prefix of API key digests masked."""
     masked: dict[str, Any] = _mask(settings.model_dump(mode="json"))
     return masked
+
+
+def start_summary(settings: Settings) -> str:
+    """The start line for a person at a terminal (text logs): where it listens and what it
+    serves, instead of the whole settings object (a 2 kB line), which debug level still logs."""
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    grpc = f"gRPC on {host}:{settings.grpc_port}" if settings.grpc_enabled else "gRPC off"
+    scheme = "https" if settings.tls.enabled else "http"
+    repository = settings.model_repository or "the built-in demo model"
+    keys = len(settings.auth.keys)
+    auth = f"{keys} API key{'' if keys == 1 else 's'}"
+    if settings.auth.keys_file is not None:
+        auth += f" and the keys in {settings.auth.keys_file}"
+    elif not keys:
+        auth = "no API keys (every caller is admin)"
+    workers = settings.workers
+    return (
+        f"starting sluice: {scheme}://{host}:{settings.http_port}, {grpc}; serving "
+        f"{repository} ({settings.model_control_mode} mode); {workers} worker"
+        f"{'' if workers == 1 else 's'}; {auth}; cache {settings.cache.backend} "
+        "(all settings at --log-level debug)"
+    )
 
 
 def _mask(value: Any, key: str = "") -> Any:
@@ -175,4 +216,5 @@ class RequestIdMiddleware:
 __all__ = [
     "JsonFormatter", "RequestIdFilter", "RequestIdMiddleware", "TextFormatter",
     "choose_request_id", "configure_logging", "effective_settings", "mask_url", "request_id",
+    "resolve_format", "start_summary",
 ]  # fmt: skip

@@ -38,7 +38,7 @@ from engine.keys_file import KeyFileWatcher
 from engine.settings import Settings, SettingsError
 from server.http.app import create_app
 from server.http.connection import ConnectionPolicy, HttpProtocol, accept_pending
-from server.logs import effective_settings
+from server.logs import effective_settings, start_summary
 from server.tls import ServerTls
 
 log = logging.getLogger("sluice.server")
@@ -185,7 +185,11 @@ class Server:
             note_metrics_key(
                 self.settings.host, self.settings.auth, self.settings.metrics.require_key
             )
-        log.info("starting sluice", extra={"settings": effective_settings(self.settings)})
+        if self.settings.log_format == "text":  # a person reads it: one short line
+            log.info(start_summary(self.settings))
+            log.debug("settings", extra={"settings": effective_settings(self.settings)})
+        else:
+            log.info("starting sluice", extra={"settings": effective_settings(self.settings)})
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) if self._own_signals else ()
         if self._own_signals:

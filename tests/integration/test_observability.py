@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -447,3 +454,44 @@ def test_worker_and_engine_spans_form_one_trace(collector: Collector) -> None:
         for name, span in spans.items():
             assert span.trace_id == root.trace_id, name
             assert span.parent_span_id == root.span_id, name
+
+
+def test_a_terminal_gets_text_lines_and_a_one_line_start(tmp_path: Path) -> None:
+    """`sluice serve` in a terminal (a pty here), no --log-format: readable lines, and a short
+    start line instead of the 2 kB settings object (issue 38; before, JSON lines)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    reader, writer = os.openpty()
+    command = [sys.executable, "-m", "server", "serve", "--http-port", "0", "--grpc-port", "0"]
+    process = subprocess.Popen(
+        command, stdin=subprocess.DEVNULL, stdout=writer, stderr=writer, env=env, cwd=tmp_path
+    )
+    os.close(writer)
+    output = b""
+    try:
+        deadline = time.monotonic() + 60
+        while b"starting sluice" not in output or not output.endswith(b"\n"):
+            assert time.monotonic() < deadline, output.decode(errors="replace")
+            if select.select([reader], [], [], 1.0)[0]:
+                output += os.read(reader, 65536)
+        process.send_signal(signal.SIGTERM)
+        while process.poll() is None or select.select([reader], [], [], 0.1)[0]:
+            try:  # keep reading: a full terminal buffer would hold its shutdown lines
+                output += os.read(reader, 65536) if select.select([reader], [], [], 0.5)[0] else b""
+            except OSError:  # the terminal's last writer is gone
+                break
+            assert time.monotonic() < deadline + 30, "sluice did not stop on SIGTERM"
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+        os.close(reader)
+    lines = output.decode(errors="replace").splitlines()
+    assert lines
+    assert [line for line in lines if line.lstrip().startswith("{")] == []
+    (start,) = [line for line in lines if "starting sluice" in line]
+    assert re.match(
+        r"\d{4}-\d\d-\d\d [\d:,]+ INFO sluice\.server: starting sluice: http://127\.0\.0\.1:0, "
+        r"gRPC on 127\.0\.0\.1:0; serving the built-in demo model",
+        start,
+    ), start
+    assert len(start) < 300

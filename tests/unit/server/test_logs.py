@@ -8,7 +8,9 @@ import json
 import logging
 import os
 import re
+import select
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,6 +27,8 @@ from server.logs import (
     effective_settings,
     mask_url,
     request_id,
+    resolve_format,
+    start_summary,
 )
 
 DIGEST = "sha256:" + "ab12cd34" * 8
@@ -96,6 +100,77 @@ def test_configure_logging_text_and_quiet_grpc(capsys: pytest.CaptureFixture[str
     finally:
         root.handlers[:], root.level = saved[0], saved[1]
         logging.getLogger("grpc").setLevel(saved[2])
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, io.TextIOWrapper]]:
+    """A pseudo-terminal: its reading end (fd) and a text stream on its terminal end."""
+    reader, writer = os.openpty()
+    stream = open(writer, "w", buffering=1)  # noqa: SIM115 (closed below)
+    yield reader, stream
+    stream.close()
+    os.close(reader)
+
+
+def _read(fd: int) -> str:
+    chunks = []
+    while select.select([fd], [], [], 1.0)[0]:
+        chunks.append(os.read(fd, 65536))
+        if chunks[-1].endswith(b"\n"):
+            break
+    return b"".join(chunks).decode()
+
+
+def test_auto_is_text_on_a_terminal_and_json_elsewhere(
+    terminal: tuple[int, io.TextIOWrapper],
+) -> None:
+    _, tty = terminal
+    assert resolve_format("auto", tty) == "text"
+    assert resolve_format("auto", io.StringIO()) == "json"
+    with open(os.devnull, "w") as devnull:
+        assert resolve_format("auto", devnull) == "json"
+    assert resolve_format("json", tty) == "json"  # forced either way
+    assert resolve_format("text", io.StringIO()) == "text"
+
+
+def test_configure_logging_auto_writes_text_lines_to_a_terminal(
+    terminal: tuple[int, io.TextIOWrapper],
+) -> None:
+    reader, tty = terminal
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("grpc").level)
+    try:
+        assert configure_logging("info", "auto", stream=tty) == "text"
+        logging.getLogger("sluice.x").info("hello", extra={"model": "demo"})
+        line = _read(reader).strip()
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d \S+ INFO sluice\.x: hello model=demo", line), line
+        piped = io.StringIO()
+        assert configure_logging("info", "auto", stream=piped) == "json"
+        logging.getLogger("sluice.x").info("hello")
+        assert json.loads(piped.getvalue())["message"] == "hello"
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        logging.getLogger("grpc").setLevel(saved[2])
+
+
+def test_the_start_summary_is_one_short_line(tmp_path: Path) -> None:
+    assert start_summary(Settings()) == (
+        "starting sluice: http://127.0.0.1:8000, gRPC on 127.0.0.1:8001; serving the built-in "
+        "demo model (none mode); 1 worker; no API keys (every caller is admin); cache memory "
+        "(all settings at --log-level debug)"
+    )
+    keyed = Settings(
+        host="::",
+        grpc_enabled=False,
+        workers=4,
+        model_repository=tmp_path,
+        auth=AuthSettings(keys=[ApiKey(digest=DIGEST, tenant="acme")]),
+    )
+    assert start_summary(keyed) == (
+        f"starting sluice: http://[::]:8000, gRPC off; serving {tmp_path} (none mode); 4 "
+        "workers; 1 API key; cache memory (all settings at --log-level debug)"
+    )
+    assert len(json.dumps(effective_settings(keyed))) > 1000  # what a terminal showed before
 
 
 @pytest.mark.parametrize(
