@@ -45,6 +45,17 @@ def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> N
         monkeypatch.setitem(sys.modules, name, module)
 
 
+def hide_package(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """`import name` and `import name.anything` raise ImportError for one test, as if the package
+    were not installed, even where it (or a fake of it) was imported earlier in this process.
+
+    Hiding only `sys.modules[name]` is not enough: Python answers `import cuda.bindings` from
+    `sys.modules["cuda.bindings"]` without looking at its parent, so a submodule that an earlier
+    test (or a test module's collection, e.g. `real_cuda()`) imported would still be found."""
+    for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")] + [name]:
+        monkeypatch.setitem(sys.modules, module, None)
+
+
 def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     """`import tensorrt` gives the fake TensorRT 10 (its version restored after the test)."""
     monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt)

@@ -19,7 +19,7 @@ from engine.errors import BackendError
 from engine.model import warm_up
 from engine.model_config import InstanceGroup, TensorRTOptions
 from tests.fakes.cuda_runtime import FakeCudaRuntime
-from tests.fakes.install import install_cuda, install_tensorrt
+from tests.fakes.install import hide_package, install_cuda, install_tensorrt
 from tests.unit.engine.backends.tensorrt_plans import (
     LARGE,
     PROFILE_0,
@@ -136,7 +136,10 @@ def test_missing_cuda_python_is_named_with_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     install_tensorrt(monkeypatch)
-    monkeypatch.setitem(__import__("sys").modules, "cuda", None)  # import cuda -> ImportError
+    # As where cuda-python is installed and an earlier test imported cuda.bindings.runtime (as
+    # test_cuda.py's collection does): hiding the package must hide its submodules too.
+    install_cuda(monkeypatch, FakeCudaRuntime())
+    hide_package(monkeypatch, "cuda")
     with pytest.raises(BackendError) as caught:
         TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
     assert "the 'cuda-python' package" in str(caught.value)
@@ -178,7 +181,7 @@ def test_concurrent_batches_never_share_an_instance(
 def test_without_tensorrt_or_a_gpu_every_missing_piece_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(__import__("sys").modules, "tensorrt", None)
+    hide_package(monkeypatch, "tensorrt")
     install_cuda(monkeypatch, FakeCudaRuntime(devices=[]))
     with pytest.raises(BackendError) as caught:
         TensorRTBackend(tmp_path / "model.plan", TensorRTOptions(), "model 'm' version 1")
