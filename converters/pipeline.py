@@ -68,35 +68,41 @@ def convert_model(options: ConvertOptions, steps: Steps) -> Report:
     served = {name: datatype for name, datatype, _ in tensor_info(model, inputs=True)}
     report.inputs = [{**i, "datatype": served.get(i["name"], i["datatype"])} for i in report.inputs]
     report.model_bytes = len(payload)
-    with steps.step("validate") as step:
-        if options.validation_data is not None:
-            arrays = load_npz(options.validation_data, specs, batched)
-            batches = split_rows(arrays, min(max_batch, VALIDATION_BATCH_ROWS), batched)
-        else:
-            rows = min(max_batch, VALIDATION_BATCH_ROWS)
-            batches = random_batches(specs, options.samples, rows, batched, options.seed)
-        tolerances = tolerances_for(
-            options.precision,
-            options.atol,
-            options.rtol,
-            options.min_cosine,
-            options.max_norm_error,
-        )
-        report.validation = compare(source_runner, converted, batches, tolerances)
-        step.detail = "passed" if report.validation.passed else "FAILED"
-        step.failed = not report.validation.passed
-    if options.measure_iterations > 0:
-        with steps.step("measure") as step:
-            rng = np.random.default_rng(options.seed)
-            for batch in sorted({1, max_batch}) if batched else [1]:
-                feeds = random_feeds(specs, batch if batched else None, rng)
-                runners = [("source", source_runner), ("converted", converted)]
-                report.timings += measure(
-                    runners, feeds, batch, options.measure_iterations, options.measure_seconds
-                )
-            step.detail = measure_detail(
-                report.timings, options.measure_iterations, options.measure_seconds
+    try:
+        with steps.step("validate") as step:
+            if options.validation_data is not None:
+                arrays = load_npz(options.validation_data, specs, batched)
+                batches = split_rows(arrays, min(max_batch, VALIDATION_BATCH_ROWS), batched)
+            else:
+                rows = min(max_batch, VALIDATION_BATCH_ROWS)
+                batches = random_batches(specs, options.samples, rows, batched, options.seed)
+            tolerances = tolerances_for(
+                options.precision,
+                options.atol,
+                options.rtol,
+                options.min_cosine,
+                options.max_norm_error,
             )
+            report.validation = compare(source_runner, converted, batches, tolerances)
+            step.detail = "passed" if report.validation.passed else "FAILED"
+            step.failed = not report.validation.passed
+        if options.measure_iterations > 0:
+            with steps.step("measure") as step:
+                rng = np.random.default_rng(options.seed)
+                for batch in sorted({1, max_batch}) if batched else [1]:
+                    feeds = random_feeds(specs, batch if batched else None, rng)
+                    runners = [("source", source_runner), ("converted", converted)]
+                    report.timings += measure(
+                        runners, feeds, batch, options.measure_iterations, options.measure_seconds
+                    )
+                step.detail = measure_detail(
+                    report.timings, options.measure_iterations, options.measure_seconds
+                )
+    finally:
+        # A TensorRT runner holds device memory and a stream: freed before publishing.
+        close = getattr(converted, "close", None)
+        if close is not None:
+            close()
     if not report.may_publish(options.force, options.dry_run):
         return report
     with steps.step("publish") as step:

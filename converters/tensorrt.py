@@ -208,7 +208,9 @@ def _store(path: Path, plan: bytes) -> None:
 
 class TensorRTRunner:
     """Runs a serialized engine through the serving backend (its buffers, stream and shape
-    checks), so validation exercises the code that will serve the engine."""
+    checks), so validation exercises the code that will serve the engine. It holds device
+    memory, pinned host memory and a stream until `close()` (the conversion closes it once it
+    has validated and measured the engine)."""
 
     def __init__(self, plan: bytes) -> None:
         require_tensorrt()
@@ -232,3 +234,7 @@ class TensorRTRunner:
         except self._errors as exc:
             raise ConversionError(f"the TensorRT engine failed: {exc}") from exc
         return [outputs[name] for name in self.output_names]
+
+    def close(self) -> None:
+        """Free the backend's contexts, buffers and stream (a second call does nothing)."""
+        self.backend.close()

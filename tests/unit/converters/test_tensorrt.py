@@ -172,6 +172,25 @@ def test_convert_publishes_an_engine_the_server_loads_and_checks(
     )
 
 
+def test_the_validation_runner_frees_its_gpu_memory(fakes: FakeCudaRuntime, tmp_path: Path) -> None:
+    from converters.tensorrt import TensorRTRunner
+
+    build = build_engine(identity_onnx(), [parse_input("x:FP32:-1,4")], 8, [], "fp32")
+    runner = TensorRTRunner(build.plan)
+    x = np.ones((2, 4), dtype=np.float32)
+    np.testing.assert_array_equal(runner.run({"x": x})[0], x)
+    assert (fakes.live_device_allocations, fakes.live_streams) != (0, 0)
+    runner.close()
+    runner.close()  # a second close is a no-op
+    held = (fakes.live_device_allocations, fakes.live_pinned_allocations, fakes.live_streams)
+    assert held == (0, 0, 0)
+    # And `sluice convert` closes the runner it validated and measured with.
+    result, _ = convert_identity(tmp_path, "--measure-iterations", "2")
+    assert result.exit_code == 0, result.output
+    held = (fakes.live_device_allocations, fakes.live_pinned_allocations, fakes.live_streams)
+    assert held == (0, 0, 0)
+
+
 def test_a_profile_tensorrt_refuses_fails_the_build(fakes: FakeCudaRuntime) -> None:
     # add_optimization_profile answers -1 for a profile it does not take; building on would
     # make an engine without it (or none, with a bare None from the builder).
