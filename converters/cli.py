@@ -42,7 +42,8 @@ def _check_tensorrt_options(params: dict[str, Any]) -> None:
     given = [
         option
         for option, value in (
-            ("--workspace", params["workspace"]),
+            ("--builder-workspace", params["workspace"]),
+            ("--hardware-compatibility", params["hardware_compatibility"]),
             ("--engine-cache", params["engine_cache"]),
             ("--no-engine-cache", params["no_engine_cache"] or None),
         )
@@ -94,10 +95,20 @@ def _check_tensorrt_options(params: dict[str, Any]) -> None:
     show_default=True,
 )
 @click.option(
+    "--builder-workspace",
     "--workspace",
+    "workspace",
     type=_Bytes(),
     metavar="BYTES",
-    help="tensorrt: device memory TensorRT may use while building, in bytes [default: 1 GiB].",
+    help="tensorrt: device memory TensorRT may use while building, in bytes [default: 1 GiB] "
+    "(--workspace is its old name). Serving's limit is the model config's "
+    "tensorrt.activation_memory_bytes.",
+)
+@click.option(
+    "--hardware-compatibility",
+    type=click.Choice(["none", "same_compute_capability", "ampere_plus"]),
+    help="tensorrt: GPUs the engine may run on besides this GPU model: any of its compute "
+    "capability, or any Ampere or newer GPU (both cost some speed) [default: none].",
 )
 @click.option(
     "--engine-cache",
@@ -248,7 +259,8 @@ def convert(**params: Any) -> None:
         trust_pickle=params["trust_pickle"],
         precision=params["precision"],
         target=params["target"],
-        tensorrt_workspace_bytes=params["workspace"],
+        tensorrt_builder_workspace_bytes=params["workspace"],
+        tensorrt_hardware_compatibility=params["hardware_compatibility"] or "none",
         tensorrt_engine_cache=params["engine_cache"],
         tensorrt_engine_cache_enabled=not params["no_engine_cache"],
         calibration=params["calibration"],

@@ -22,8 +22,10 @@ class ConvertOptions:
     trust_pickle: bool = False
     precision: str = "fp32"
     target: str = "onnxruntime"
-    tensorrt_workspace_bytes: int | None = None
+    tensorrt_builder_workspace_bytes: int | None = None
     """--target tensorrt: TensorRT's build workspace (None: converters.tensorrt's default)."""
+    tensorrt_hardware_compatibility: str = "none"
+    """--target tensorrt: TensorRT's hardware compatibility level (none: this GPU model only)."""
     tensorrt_engine_cache: Path | None = None
     """--target tensorrt: the engine cache folder (None: $SLUICE_TENSORRT_CACHE or the default)."""
     tensorrt_engine_cache_enabled: bool = True

@@ -55,8 +55,9 @@ class Report:
     validated_on: str = ""
     """The runtime and provider the converted model was validated on (the one that serves it)."""
     tensorrt: dict[str, Any] | None = None
-    """For TensorRT engines: the TensorRT version, GPU, compute capability, precision, profiles
-    and workspace it was built for, which the server checks before loading it."""
+    """For TensorRT engines: the TensorRT version, GPU, compute capability, hardware
+    compatibility level, precision, profiles and builder workspace it was built for, which the
+    server checks before loading it."""
     timings: list[Timing] = field(default_factory=list)
     model_bytes: int = 0
     status: str = "error"

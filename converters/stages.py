@@ -46,9 +46,10 @@ def optimize(
                     max_batch,
                     options.preferred_batch_sizes,
                     options.precision,
-                    options.tensorrt_workspace_bytes or tensorrt.WORKSPACE_BYTES,
+                    options.tensorrt_builder_workspace_bytes or tensorrt.BUILDER_WORKSPACE_BYTES,
                     options.tensorrt_engine_cache,
                     options.tensorrt_engine_cache_enabled,
+                    options.tensorrt_hardware_compatibility,
                 )
                 steps.report.tensorrt = build.record
                 cached = " (from the engine cache)" if build.record["cached"] else ""

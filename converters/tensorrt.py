@@ -10,13 +10,18 @@ bucket (preferred 4 and 16 with max_batch_size 32: batches 1-4, 5-16 and 17-32),
 its largest size, the size the batcher aims for; the server runs each batch on the profile that
 holds it, as Triton does. Other dynamic axes range from 1 to their example size.
 
-An engine runs only on the TensorRT version and GPU architecture that built it, so each build
-records both (with precision, profiles, workspace and engine cache) for `conversion.json`, where
-the server checks them before loading. Builds are cached by (ONNX hash, TensorRT version,
-compute capability, precision, profiles, workspace) under `--engine-cache DIR`, else
-`$SLUICE_TENSORRT_CACHE`, else `~/.cache/sluice/tensorrt`, so converting the same model again on
-the same machine reuses the engine (`--no-engine-cache` builds and stores nothing). Validation
-runs the engine through the serving backend's own code."""
+An engine runs only on the TensorRT version and the GPU model that built it (NVIDIA: plans are
+specific to the exact GPU model, not only its compute capability), unless it is built with a
+hardware compatibility level (`--hardware-compatibility`: `same_compute_capability` runs on any
+GPU of that compute capability, `ampere_plus` on any Ampere or newer GPU, both at some cost in
+speed). Each build records what it is for (TensorRT version, GPU, compute capability, level,
+precision, profiles, builder workspace, engine cache) for `conversion.json`, where the server
+checks it before loading. Builds are cached by the ONNX hash and that record, less what the
+level makes irrelevant (the GPU name unless the level is `none`; the compute capability too
+for `ampere_plus`), under `--engine-cache DIR`, else `$SLUICE_TENSORRT_CACHE`, else
+`~/.cache/sluice/tensorrt`, so converting the same model again on the same kind of GPU reuses
+the engine (`--no-engine-cache` builds and stores nothing). Validation runs the engine through
+the serving backend's own code."""
 
 from __future__ import annotations
 
@@ -36,7 +41,13 @@ from converters.errors import ConversionError, MissingDependency
 from converters.spec import InputSpec
 from engine.backends.cuda import Cuda, load_runtime
 
-WORKSPACE_BYTES = 1 << 30
+BUILDER_WORKSPACE_BYTES = 1 << 30
+HARDWARE_COMPATIBILITY = {
+    "none": "NONE",
+    "same_compute_capability": "SAME_COMPUTE_CAPABILITY",
+    "ampere_plus": "AMPERE_PLUS",
+}
+"""`--hardware-compatibility` -> TensorRT's HardwareCompatibilityLevel member."""
 INSTALL = "pip install 'sluice[gpu]' --extra-index-url https://pypi.nvidia.com"
 
 
@@ -123,13 +134,15 @@ def build_engine(
     max_batch_size: int,
     preferred: list[int],
     precision: str,
-    workspace_bytes: int = WORKSPACE_BYTES,
+    builder_workspace_bytes: int = BUILDER_WORKSPACE_BYTES,
     cache: Path | None = None,
     use_cache: bool = True,
+    hardware_compatibility: str = "none",
 ) -> Build:
-    """A serialized TensorRT engine (`model.plan`) for this GPU and TensorRT version, from the
-    engine cache (`cache`, default `cache_dir()`; none when `use_cache` is False) when the same
-    model was built here with the same settings."""
+    """A serialized TensorRT engine (`model.plan`) for this GPU model (or, with a hardware
+    compatibility level, the GPUs it names) and TensorRT version, from the engine cache
+    (`cache`, default `cache_dir()`; none when `use_cache` is False) when the same model was
+    built for the same GPUs with the same settings."""
     require_tensorrt()
     import tensorrt as trt
 
@@ -140,32 +153,42 @@ def build_engine(
         "version": trt.__version__,
         "gpu": gpu,
         "compute_capability": capability,
+        "hardware_compatibility": hardware_compatibility,
         "precision": precision,
         "profiles": [
             {name: {"min": list(low), "opt": list(opt), "max": list(high)}
              for name, (low, opt, high) in profile.items()}
             for profile in profiles
         ],
-        "workspace_bytes": workspace_bytes,
+        "builder_workspace_bytes": builder_workspace_bytes,
     }  # fmt: skip
-    key = hashlib.sha256(onnx_model).hexdigest()
-    identity = {k: record[k] for k in record if k != "gpu"}  # the architecture, not the name
-    key = hashlib.sha256((key + json.dumps(identity, sort_keys=True)).encode()).hexdigest()[:32]
-    record["cache_key"] = key
+    record["cache_key"] = cache_key(onnx_model, record)
     folder = (cache if cache is not None else cache_dir()) if use_cache else None
     record["engine_cache"] = None if folder is None else str(folder)
-    cached = None if folder is None else folder / f"{key}.plan"
+    cached = None if folder is None else folder / f"{record['cache_key']}.plan"
     if cached is not None and cached.is_file():
         return Build(cached.read_bytes(), {**record, "cached": True})
-    plan = _build(trt, onnx_model, profiles, precision, workspace_bytes)
+    plan = _build(trt, onnx_model, profiles, record)
     if cached is not None:
         _store(cached, plan)
     return Build(plan, {**record, "cached": False})
 
 
-def _build(
-    trt: Any, onnx_model: bytes, profiles: list[Profile], precision: str, workspace_bytes: int
-) -> bytes:
+def cache_key(onnx_model: bytes, record: dict[str, Any]) -> str:
+    """The engine cache's key: the model's hash and every part of the build record the engine
+    depends on. The GPU's name is part of it, as NVIDIA ties a plan to the GPU model, unless a
+    hardware compatibility level was asked for; `ampere_plus` drops the compute capability too."""
+    level = record["hardware_compatibility"]
+    ignored = {"gpu"} if level != "none" else set()
+    if level == "ampere_plus":
+        ignored.add("compute_capability")
+    identity = {k: v for k, v in record.items() if k not in ignored}
+    text = hashlib.sha256(onnx_model).hexdigest() + json.dumps(identity, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _build(trt: Any, onnx_model: bytes, profiles: list[Profile], record: dict[str, Any]) -> bytes:
+    precision = record["precision"]
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     network = builder.create_network(0)
@@ -174,7 +197,16 @@ def _build(
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise ConversionError(f"TensorRT cannot parse the ONNX model: {errors}")
     config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, record["builder_workspace_bytes"])
+    level = record["hardware_compatibility"]
+    if level != "none":
+        member = getattr(trt.HardwareCompatibilityLevel, HARDWARE_COMPATIBILITY[level], None)
+        if member is None:
+            raise ConversionError(
+                f"--hardware-compatibility {level} needs a TensorRT that has it; "
+                f"TensorRT {trt.__version__} does not"
+            )
+        config.hardware_compatibility_level = member
     if precision in ("fp16", "int8"):
         config.set_flag(trt.BuilderFlag.FP16)
     if precision == "int8":

@@ -8,6 +8,7 @@ sections and is where importers find them."""
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -212,9 +213,34 @@ class TensorRTOptions(Section):
     """Optimization profile every instance uses; unset: each instance has an execution context
     per profile and runs each batch on the one whose ranges hold its shapes (nearest its opt
     shapes), as Triton does."""
-    workspace_bytes: int | None = Field(None, gt=0)
-    """Device memory one instance may take for activations (its contexts, one per profile,
-    share one block); a load whose engine needs more fails, naming both sizes."""
+    activation_memory_bytes: int | None = Field(None, gt=0)
+    """Device memory one instance may take for activations at serve time (its contexts, one per
+    profile, share one block); a load whose engine needs more fails, naming both sizes. Not the
+    builder's workspace: that is `sluice convert --builder-workspace`, recorded as
+    `builder_workspace_bytes` in conversion.json. The old name `workspace_bytes` is still taken
+    for this, with a logged deprecation warning."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_workspace(cls, data: Any) -> Any:
+        # `workspace_bytes` read as the builder's workspace (conversion.json's key of that name
+        # was), so it was renamed; old configs keep working, with a warning, until it goes.
+        if not isinstance(data, dict) or "workspace_bytes" not in data:
+            return data
+        data = dict(data)
+        value = data.pop("workspace_bytes")
+        if "activation_memory_bytes" in data:
+            raise ValueError(
+                "workspace_bytes is the deprecated name of activation_memory_bytes: give only "
+                "activation_memory_bytes"
+            )
+        logging.getLogger("sluice.model_config").warning(
+            "tensorrt.workspace_bytes is deprecated: it limits activation memory at serve time, "
+            "so it is now tensorrt.activation_memory_bytes (the build's workspace is "
+            "`sluice convert --builder-workspace`); rename it in config.yaml"
+        )
+        data["activation_memory_bytes"] = value
+        return data
 
 
 class InstanceGroup(Section):

@@ -3,8 +3,10 @@ engine deserialized on each GPU it serves from, one instance per configured slot
 contexts and buffers: engine/backends/tensorrt_instance.py), and each batch run on a free one.
 
 Before deserializing, the engine's `conversion.json` (written by `sluice convert`) is checked
-against this machine's TensorRT version and GPU compute capability, so a plan built elsewhere
-fails with what differs and how to rebuild, instead of TensorRT's bare None.
+against this machine's TensorRT version and GPU: the same GPU model (NVIDIA ties a plan to the
+exact model, not only its compute capability), or what the engine's hardware compatibility
+level allows (the same compute capability; Ampere or newer). A plan built elsewhere fails with
+what differs and how to rebuild, instead of TensorRT's bare None.
 
 Needs an NVIDIA GPU, `tensorrt` and `cuda-python` (both in the `gpu` extra); everything is
 imported lazily so CPU-only installs never touch them. Tested here against fakes that hold the
@@ -18,7 +20,7 @@ import logging
 import queue
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -96,11 +98,11 @@ class TensorRTBackend:
             self._cuda.call("cudaSetDevice", device)
             gpu, capability = self._cuda.properties(device)
             here = f"TensorRT {trt.__version__} and {gpu} (compute capability {capability})"
-            if record and (record[0] != trt.__version__ or record[2] != capability):
+            if record and not record.runs_on(trt.__version__, gpu, capability):
                 raise BackendError(
-                    f"{path} was built with TensorRT {record[0]} for {record[1]} (compute "
-                    f"capability {record[2]}); this machine has {here}: TensorRT engines run "
-                    f"only where they were built, so rebuild it here with `{REBUILD}`"
+                    f"{path} was built with TensorRT {record.version} for {record.gpu} (compute "
+                    f"capability {record.compute_capability}); this machine has {here}: "
+                    f"{record.portability()}, so rebuild it here with `{REBUILD}`"
                 )
             runtimes[device] = trt.Runtime(trt.Logger(trt.Logger.WARNING))
             self._runtimes.append(runtimes[device])
@@ -130,10 +132,11 @@ class TensorRTBackend:
         # device_memory_size_v2 since TensorRT 10.1; the old name is deprecated.
         needed = getattr(first, "device_memory_size_v2", None)
         needed = int(first.device_memory_size if needed is None else needed)
-        if options.workspace_bytes is not None and needed > options.workspace_bytes:
+        allowed = options.activation_memory_bytes
+        if allowed is not None and needed > allowed:
             raise BackendError(
                 f"{path} needs {needed} bytes of activation memory per instance; "
-                f"tensorrt.workspace_bytes allows {options.workspace_bytes}"
+                f"tensorrt.activation_memory_bytes allows {allowed}"
             )
         # Every instance may use every profile unless one is configured (Triton's default);
         # a fixed profile per instance would refuse the batches its profile does not hold.
@@ -173,19 +176,62 @@ class TensorRTBackend:
         self._runtimes.clear()
 
 
-def built_for(record_path: Path) -> tuple[str, str, str] | None:
-    """(TensorRT version, GPU name, compute capability) that `sluice convert` recorded in
-    conversion.json, or None when there is no readable record (the file is untrusted)."""
+class BuildRecord(NamedTuple):
+    """What `sluice convert` recorded an engine was built for (conversion.json's `tensorrt`)."""
+
+    version: str
+    gpu: str
+    compute_capability: str
+    hardware_compatibility: str = "none"
+    """TensorRT's hardware compatibility level the engine was built with (older records: none)."""
+
+    def runs_on(self, version: str, gpu: str, capability: str) -> bool:
+        """Whether the engine runs with this TensorRT version on this GPU."""
+        if version != self.version:
+            return False
+        if self.hardware_compatibility == "ampere_plus":
+            return _major(capability) >= 8
+        if self.hardware_compatibility == "same_compute_capability":
+            return capability == self.compute_capability
+        return (gpu, capability) == (self.gpu, self.compute_capability)
+
+    def portability(self) -> str:
+        """Where the engine runs, in words."""
+        if self.hardware_compatibility == "ampere_plus":
+            where = "Ampere or newer GPUs (hardware compatibility ampere_plus)"
+        elif self.hardware_compatibility == "same_compute_capability":
+            where = f"GPUs of compute capability {self.compute_capability} (hardware "
+            where += "compatibility same_compute_capability)"
+        else:
+            where = f"the GPU model that built it, {self.gpu}"
+        return f"this engine runs only with TensorRT {self.version} on {where}"
+
+
+LEVELS = ("none", "same_compute_capability", "ampere_plus")
+
+
+def built_for(record_path: Path) -> BuildRecord | None:
+    """What `sluice convert` recorded in conversion.json that the engine was built for, or
+    None when there is no readable record (the file is untrusted)."""
     try:
         data = json.loads(record_path.read_text())
         built = data["tensorrt"]
         fields = (built["version"], built["gpu"], built["compute_capability"])
+        level = built.get("hardware_compatibility", "none")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("ignoring %s: no readable TensorRT build record (%s)", record_path, exc)
         return None
     if not all(isinstance(field, str) for field in fields):
         log.warning("ignoring %s: its TensorRT build record is not text", record_path)
         return None
-    return fields
+    if level not in LEVELS:
+        log.warning("ignoring %s: unknown hardware compatibility level %r", record_path, level)
+        return None
+    return BuildRecord(*fields, level)
+
+
+def _major(capability: str) -> int:
+    major, _, _ = capability.partition(".")
+    return int(major) if major.isdigit() else 0

@@ -106,6 +106,7 @@ def plan(
     version: str | None = None,
     compute_capability: tuple[int, int] = (9, 0),
     device_memory_bytes: int = 1 << 20,
+    hardware_compatibility: str = "NONE",
 ) -> bytes:
     """A fake serialized engine. `tensors`: {name, mode: input|output, dtype (DataType name),
     shape, copy_of (outputs)}; `profiles`: per profile, {input name: [min, opt, max]}."""
@@ -117,6 +118,7 @@ def plan(
             "tensors": list(tensors),
             "profiles": list(profiles),
             "device_memory_bytes": device_memory_bytes,
+            "hardware_compatibility": hardware_compatibility,
         }
     ).encode()
 
@@ -148,7 +150,16 @@ class Runtime:
         cudart = _cudart()
         _, device = cudart.cudaGetDevice()
         _, props = cudart.cudaGetDeviceProperties(device)
-        if list(data["compute_capability"]) != [props.major, props.minor]:
+        # As TensorRT: the compute capability is checked (or, with a hardware compatibility
+        # level, what the level allows); another GPU model of the same compute capability only
+        # gets a warning ("Using an engine plan file across different models of devices is not
+        # recommended and is likely to affect performance or even cause errors").
+        level = data.get("hardware_compatibility", "NONE")
+        if level == "AMPERE_PLUS":
+            compatible = props.major >= 8
+        else:
+            compatible = list(data["compute_capability"]) == [props.major, props.minor]
+        if not compatible:
             self.logger.log(Logger.ERROR, "The engine plan file is generated on an incompatible "
                             "device")  # fmt: skip
             return None
@@ -370,6 +381,12 @@ class MemoryPoolType(enum.Enum):
     WORKSPACE = 0
 
 
+class HardwareCompatibilityLevel(enum.Enum):
+    NONE = 0
+    AMPERE_PLUS = 1
+    SAME_COMPUTE_CAPABILITY = 2
+
+
 class BuilderFlag(enum.Enum):
     FP16 = 0
     INT8 = 1
@@ -402,6 +419,7 @@ class IBuilderConfig:
         self.pool_limits: dict[MemoryPoolType, int] = {}
         self.flags: set[BuilderFlag] = set()
         self.profiles: list[IOptimizationProfile] = []
+        self.hardware_compatibility_level = HardwareCompatibilityLevel.NONE
 
     def set_memory_pool_limit(self, pool: MemoryPoolType, pool_size: int) -> None:
         if not isinstance(pool, MemoryPoolType) or not isinstance(pool_size, int):
@@ -511,13 +529,17 @@ class Builder:
                         for fixed, size in zip(tensor["shape"], dims, strict=True)
                     ):
                         return None  # the real builder logs the mismatch and returns None
-        Builder.builds += 1
-        configs.append(config)
         cudart = _cudart()
         _, device = cudart.cudaGetDevice()
         _, props = cudart.cudaGetDeviceProperties(device)
+        level = config.hardware_compatibility_level
+        if level == HardwareCompatibilityLevel.AMPERE_PLUS and props.major < 8:
+            return None  # "only supported for engines built on NVIDIA Ampere and later GPUs"
+        Builder.builds += 1
+        configs.append(config)
         return plan(
             network.tensors,
             [p.shapes for p in config.profiles],
             compute_capability=(props.major, props.minor),
+            hardware_compatibility=level.name,
         )

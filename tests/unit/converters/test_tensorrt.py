@@ -99,12 +99,13 @@ def test_a_build_records_what_the_engine_is_for(fakes: FakeCudaRuntime) -> None:
         "version": "10.3.0",
         "gpu": "NVIDIA H100 80GB HBM3",
         "compute_capability": "9.0",
+        "hardware_compatibility": "none",
         "precision": "fp16",
         "profiles": [
             {"x": {"min": [1, 4], "opt": [8, 4], "max": [8, 4]}},
             {"x": {"min": [9, 4], "opt": [16, 4], "max": [16, 4]}},
         ],
-        "workspace_bytes": 1 << 30,
+        "builder_workspace_bytes": 1 << 30,
         "cache_key": build.record["cache_key"],
         "engine_cache": os.environ["SLUICE_TENSORRT_CACHE"],
         "cached": False,
@@ -129,12 +130,104 @@ def test_the_engine_cache_skips_rebuilds_of_the_same_build(
     others = [
         build_engine(identity_onnx(), specs, 16, [8], "fp32"),  # precision
         build_engine(identity_onnx(), specs, 32, [8], "fp16"),  # profile
-        build_engine(identity_onnx(), specs, 16, [8], "fp16", workspace_bytes=1 << 20),
+        build_engine(identity_onnx(), specs, 16, [8], "fp16", builder_workspace_bytes=1 << 20),
     ]
     monkeypatch.setattr(fake_tensorrt, "__version__", "10.4.0")
     others.append(build_engine(identity_onnx(), specs, 16, [8], "fp16"))  # TensorRT version
     assert [o.record["cached"] for o in others] == [False] * 4
     assert len({first.record["cache_key"], *(o.record["cache_key"] for o in others)}) == 5
+
+
+def test_the_engine_cache_keys_on_the_gpu_model_unless_a_compatibility_level_allows_more(
+    fakes: FakeCudaRuntime,
+) -> None:
+    # NVIDIA ties a plan to the GPU model, not only its compute capability: an H100 PCIe must not
+    # take the engine an H100 SXM built (TensorRT itself would only log a warning).
+    specs = [parse_input("x:FP32:-1,4")]
+    sxm = build_engine(identity_onnx(), specs, 8, [], "fp16")
+    fakes.devices[0] = cudaDeviceProp(b"NVIDIA H100 PCIe", 9, 0)
+    pcie = build_engine(identity_onnx(), specs, 8, [], "fp16")
+    assert (pcie.record["cached"], pcie.record["cache_key"] != sxm.record["cache_key"]) == (
+        False,
+        True,
+    )
+    # With a hardware compatibility level the engine runs on every GPU the level names, so one
+    # build serves them all: same_compute_capability keys on 9.0, ampere_plus on neither.
+    same = build_engine(identity_onnx(), specs, 8, [], "fp16", hardware_compatibility="ampere_plus")
+    fakes.devices[0] = cudaDeviceProp(b"NVIDIA A100-SXM4-80GB", 8, 0)
+    again = build_engine(
+        identity_onnx(), specs, 8, [], "fp16", hardware_compatibility="ampere_plus"
+    )
+    assert (again.record["cached"], again.plan) == (True, same.plan)
+    assert fake_tensorrt.configs[-1].hardware_compatibility_level == (
+        fake_tensorrt.HardwareCompatibilityLevel.AMPERE_PLUS
+    )
+    level = "same_compute_capability"
+    on_a100 = build_engine(identity_onnx(), specs, 8, [], "fp16", hardware_compatibility=level)
+    fakes.devices[0] = cudaDeviceProp(b"NVIDIA A100-PCIE-40GB", 8, 0)
+    assert (
+        build_engine(identity_onnx(), specs, 8, [], "fp16", hardware_compatibility=level).record[
+            "cache_key"
+        ]
+        == (on_a100.record["cache_key"])
+    )
+    fakes.devices[0] = cudaDeviceProp(b"NVIDIA L4", 8, 9)
+    assert (
+        build_engine(identity_onnx(), specs, 8, [], "fp16", hardware_compatibility=level).record[
+            "cache_key"
+        ]
+        != (on_a100.record["cache_key"])
+    )
+
+
+def test_an_engine_for_another_model_of_the_same_compute_capability_is_refused(
+    fakes: FakeCudaRuntime, tmp_path: Path
+) -> None:
+    result, _ = convert_identity(tmp_path)
+    assert result.exit_code == 0, result.output
+    plan = tmp_path / "repo" / "ident" / "1" / "model.plan"
+    fakes.devices[0] = cudaDeviceProp(b"NVIDIA H100 PCIe", 9, 0)  # same 9.0, another model
+    with pytest.raises(BackendError) as caught:
+        TensorRTBackend(plan, TensorRTOptions(), "model 'ident' version 1")
+    assert str(caught.value).startswith(
+        f"{plan} was built with TensorRT 10.3.0 for NVIDIA H100 80GB HBM3 (compute capability "
+        "9.0); this machine has TensorRT 10.3.0 and NVIDIA H100 PCIe (compute capability 9.0): "
+        "this engine runs only with TensorRT 10.3.0 on the GPU model that built it, NVIDIA H100 "
+        "80GB HBM3, so rebuild it here with `sluice convert"
+    )
+
+
+@pytest.mark.parametrize(
+    ("level", "elsewhere", "loads"),
+    [
+        ("same_compute_capability", (b"NVIDIA H100 PCIe", 9, 0), True),
+        ("same_compute_capability", (b"NVIDIA A100-SXM4-80GB", 8, 0), False),
+        ("ampere_plus", (b"NVIDIA A100-SXM4-80GB", 8, 0), True),
+        ("ampere_plus", (b"Tesla T4", 7, 5), False),
+    ],
+)
+def test_a_hardware_compatible_engine_loads_where_its_level_allows(
+    fakes: FakeCudaRuntime,
+    tmp_path: Path,
+    level: str,
+    elsewhere: tuple[bytes, int, int],
+    loads: bool,
+) -> None:
+    result, record = convert_identity(tmp_path, "--hardware-compatibility", level)
+    assert result.exit_code == 0, result.output
+    assert record["hardware_compatibility"] == level
+    plan = tmp_path / "repo" / "ident" / "1" / "model.plan"
+    fakes.devices[0] = cudaDeviceProp(*elsewhere)
+    if loads:
+        backend = TensorRTBackend(plan, TensorRTOptions(), "model 'ident' version 1")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        np.testing.assert_array_equal(backend.run({"x": x})["y"], x)
+        backend.close()
+        return
+    with pytest.raises(
+        BackendError, match=f"on .*\\(hardware compatibility {level}\\), so rebuild"
+    ):
+        TensorRTBackend(plan, TensorRTOptions(), "model 'ident' version 1")
 
 
 def test_convert_publishes_an_engine_the_server_loads_and_checks(
@@ -235,7 +328,7 @@ def test_workspace_and_engine_cache_options_reach_the_build_and_its_record(
         tmp_path, "--workspace", "268435456", "--engine-cache", folder
     )
     assert result.exit_code == 0, result.output
-    assert (record["workspace_bytes"], record["engine_cache"]) == (1 << 28, str(folder))
+    assert (record["builder_workspace_bytes"], record["engine_cache"]) == (1 << 28, str(folder))
     assert fake_tensorrt.configs[-1].pool_limits[fake_tensorrt.MemoryPoolType.WORKSPACE] == 1 << 28
     assert (folder / f"{record['cache_key']}.plan").is_file()
     assert not (tmp_path / "engine-cache").exists()  # --engine-cache overrides the environment
@@ -250,13 +343,14 @@ def test_workspace_and_engine_cache_options_reach_the_build_and_its_record(
     ("args", "message"),
     [
         (
-            ["--workspace", "0"],
-            "Invalid value for '--workspace': 0 is not a positive number of bytes",
+            ["--builder-workspace", "0"],
+            "Invalid value for '--builder-workspace' / '--workspace': 0 is not a positive number "
+            "of bytes",
         ),
         (
             ["--workspace", "1GiB"],
-            "Invalid value for '--workspace': '1GiB' is not a number of bytes (give an integer: "
-            "1073741824 is 1 GiB)",
+            "Invalid value for '--builder-workspace' / '--workspace': '1GiB' is not a number of "
+            "bytes (give an integer: 1073741824 is 1 GiB)",
         ),
         (
             ["--engine-cache", "DIR", "--no-engine-cache"],
@@ -277,7 +371,13 @@ def test_tensorrt_option_usage_errors_exit_2(
 
 
 @pytest.mark.parametrize(
-    "args", [["--workspace", "1024"], ["--engine-cache", "c"], ["--no-engine-cache"]]
+    "args",
+    [
+        ["--builder-workspace", "1024"],
+        ["--hardware-compatibility", "ampere_plus"],
+        ["--engine-cache", "c"],
+        ["--no-engine-cache"],
+    ],
 )
 def test_tensorrt_options_without_target_tensorrt_exit_2(tmp_path: Path, args: list[str]) -> None:
     source = tmp_path / "identity.onnx"
@@ -300,7 +400,7 @@ def test_real_convert_with_profiles_workspace_and_engine_cache(tmp_path: Path) -
     args += ["--engine-cache", str(tmp_path / "engines")]
     result, record = convert_identity(tmp_path, *args)
     assert result.exit_code == 0, result.output
-    assert (record["workspace_bytes"], record["cached"], len(record["profiles"])) == (
+    assert (record["builder_workspace_bytes"], record["cached"], len(record["profiles"])) == (
         1 << 28,
         False,
         2,

@@ -5,6 +5,7 @@ tensorrt section; each mistake named with what was received
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -105,13 +106,29 @@ def test_a_latency_target_needs_the_auto_delay(tmp_path: Path, delay: str) -> No
         ("onnxruntime:\n  execution_providers: [CPUExecutionProvider, CPUExecutionProvider]\n",
          "lists a provider twice"),
         ("tensorrt:\n  workspace: 1\n", "tensorrt.workspace: unknown key"),
-        ("tensorrt:\n  workspace_bytes: 0\n",
-         "tensorrt.workspace_bytes: Input should be greater than 0"),
+        ("tensorrt:\n  activation_memory_bytes: 0\n",
+         "tensorrt.activation_memory_bytes: Input should be greater than 0"),
+        ("tensorrt:\n  workspace_bytes: 1\n  activation_memory_bytes: 1\n",
+         "workspace_bytes is the deprecated name of activation_memory_bytes: give only "
+         "activation_memory_bytes"),
         ("tensorrt:\n  profile: -1\n", "tensorrt.profile"),
     ],
 )  # fmt: skip
 def test_mistakes_are_named(tmp_path: Path, text: str, expected: str) -> None:
     assert expected in error_of(tmp_path, text)
+
+
+def test_the_old_workspace_name_still_limits_activation_memory_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="sluice.model_config"):
+        config = load(tmp_path, "tensorrt:\n  workspace_bytes: 4096\n")
+    assert config.tensorrt.activation_memory_bytes == 4096
+    [record] = caplog.records
+    assert record.getMessage().startswith(
+        "tensorrt.workspace_bytes is deprecated: it limits activation memory at serve time, so "
+        "it is now tensorrt.activation_memory_bytes"
+    )
 
 
 def test_provider_entries_keep_their_options(tmp_path: Path) -> None:

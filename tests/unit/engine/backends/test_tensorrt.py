@@ -86,9 +86,9 @@ def test_the_configured_profile_is_used(tmp_path: Path, trt: ModuleType) -> None
 def test_workspace_limit_is_honoured(tmp_path: Path, trt: ModuleType) -> None:
     path = write_plan(tmp_path, trt, device_memory_bytes=64 << 20)
     with pytest.raises(
-        BackendError, match=r"needs 67108864 bytes .*workspace_bytes allows 1048576"
+        BackendError, match=r"needs 67108864 bytes .*activation_memory_bytes allows 1048576"
     ):
-        open_backend(path, workspace_bytes=1 << 20)
+        open_backend(path, activation_memory_bytes=1 << 20)
 
 
 def test_a_plan_that_does_not_deserialize_says_how_to_rebuild(
