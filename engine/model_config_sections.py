@@ -173,8 +173,9 @@ class OnnxRuntimeOptions(Section):
     """Providers in order of preference, each a name or {name, options}; unavailable ones are
     skipped and CPU is the fallback."""
     require_providers: bool = False
-    """Fail the load unless the first listed provider is the one that runs (ONNX Runtime
-    otherwise falls back to CPU without an error)."""
+    """Fail the load unless the first listed provider was created and runs at least one of the
+    model's nodes (ONNX Runtime otherwise falls back without an error, to CPU when a provider
+    cannot start, to the next provider for nodes it does not take)."""
 
     @model_validator(mode="after")
     def _known_providers(self) -> OnnxRuntimeOptions:

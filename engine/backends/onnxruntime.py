@@ -13,7 +13,8 @@ import onnxruntime as ort
 
 from engine import datatypes
 from engine.backends.base import CPU_PROVIDER
-from engine.errors import BackendError, InvalidInput
+from engine.backends.placement import RECORD_PLACEMENT, check_required, describe, node_placement
+from engine.errors import InvalidInput
 from engine.model_config import GPU_PROVIDERS, InstanceGroup, OnnxRuntimeOptions
 from engine.types import TensorSpec
 
@@ -71,10 +72,12 @@ class OnnxBackend:
         self.provider = first.get_providers()[0]
         skipped = [p for p in options.provider_names if p not in available]
         running = dict.fromkeys(session.get_providers()[0] for session in self._sessions)
+        placement = node_placement(first)
         log.info(
-            "%s runs on %s%s%s",
+            "%s runs on %s%s%s%s",
             label,
             " and ".join(running),
+            f" ({describe(placement)})" if placement else "",
             f" on GPU {', '.join(map(str, sorted(set(devices))))}" if devices else "",
             f" (unavailable, skipped: {', '.join(skipped)})" if skipped else "",
         )
@@ -99,6 +102,9 @@ class OnnxBackend:
         session_options.inter_op_num_threads = options.inter_op_threads
         session_options.graph_optimization_level = _LEVELS[options.graph_optimization_level]
         session_options.log_severity_level = 4  # errors are raised and logged as JSON
+        # Where nodes run, not only which providers were created: for require_providers and
+        # the load's log line (ignored by an onnxruntime older than 1.24).
+        session_options.add_session_config_entry(RECORD_PLACEMENT, "1")
         session = ort.InferenceSession(
             str(self._path), sess_options=session_options, providers=providers
         )
@@ -107,18 +113,8 @@ class OnnxBackend:
         if running in GPU_PROVIDERS:
             self._bound.add(id(session))
         wanted = options.provider_names[0] if options.provider_names else CPU_PROVIDER
-        if options.require_providers and running != wanted:
-            raise BackendError(
-                f"{self._label} requires {wanted} (onnxruntime.require_providers), but "
-                f"{running} runs: this onnxruntime build has "
-                f"{', '.join(ort.get_available_providers())}"
-                + (
-                    "; GPU providers need onnxruntime-gpu (the `gpu` extra) and CUDA and cuDNN "
-                    "libraries that match it"
-                    if wanted in GPU_PROVIDERS
-                    else ""
-                )
-            )
+        if options.require_providers:
+            check_required(self._label, wanted, session, ort.get_available_providers())
         return session
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
