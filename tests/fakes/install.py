@@ -63,6 +63,7 @@ def install_tensorrt(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     monkeypatch.setattr(fake_tensorrt, "refuse", set())
     monkeypatch.setattr(fake_tensorrt, "engines", [])
     monkeypatch.setattr(fake_tensorrt, "configs", [])
+    monkeypatch.setattr(fake_tensorrt, "kernel", None)
     return fake_tensorrt
 
 
@@ -81,6 +82,19 @@ def real_cuda() -> tuple[Any, str]:
     if cuda.device_count() == 0:  # never raises, whichever cuda-python release this is
         return None, f"no CUDA GPU ({cuda.no_device})"
     return runtime, ""
+
+
+def real_cupy() -> tuple[Any, str]:
+    """(cupy, "") where cupy imports and the real CUDA runtime sees a GPU, else (None, why
+    not): for the gpu-marked tests that run real kernels on engine.backends.cuda's streams."""
+    runtime, why_not = real_cuda()
+    if runtime is None:
+        return None, why_not
+    try:
+        import cupy
+    except ImportError as exc:
+        return None, f"cupy does not import: {exc}"
+    return cupy, ""
 
 
 def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -38,6 +38,26 @@ engines: list[ICudaEngine] = []
 """Every engine deserialized, so tests can see what its contexts ran."""
 configs: list[IBuilderConfig] = []
 """Every builder config an engine was built with (pool limits, flags, profiles)."""
+kernel: Kernel | None = None
+"""Test control: when set, each `copy_of` output is computed by this call, e.g. a real cupy
+kernel on the real stream, instead of a device-to-device copy (see `Kernel`)."""
+
+
+class Kernel(Protocol):
+    """Computes `output` from `source` on the stream (both device addresses of `shape` and
+    `dtype`), as the engine would on the context's active optimization `profile`; False is a
+    failed launch."""
+
+    def __call__(
+        self,
+        *,
+        output: int,
+        source: int,
+        shape: tuple[int, ...],
+        dtype: type,
+        profile: int,
+        stream_handle: int,
+    ) -> bool: ...
 
 
 class DataType(enum.Enum):
@@ -338,7 +358,20 @@ class IExecutionContext:
             if "copy_of" not in tensor:
                 continue
             shape = self._shapes[tensor["copy_of"]]
-            count = int(np.prod(shape)) * np.dtype(nptype(DataType[tensor["dtype"]])).itemsize
+            dtype = nptype(DataType[tensor["dtype"]])
+            if kernel is not None:
+                launched = kernel(
+                    output=self._addresses[name],
+                    source=self._addresses[tensor["copy_of"]],
+                    shape=tuple(shape),
+                    dtype=dtype,
+                    profile=self.active_optimization_profile,
+                    stream_handle=stream_handle,
+                )
+                if not launched:
+                    return False
+                continue
+            count = int(np.prod(shape)) * np.dtype(dtype).itemsize
             (err,) = cudart.cudaMemcpyAsync(
                 self._addresses[name],
                 self._addresses[tensor["copy_of"]],

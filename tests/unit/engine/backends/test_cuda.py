@@ -10,10 +10,12 @@ import pytest
 
 from engine.backends.cuda import Cuda, DeviceBuffer, PinnedBuffer, Stream, load_runtime
 from engine.errors import BackendError
+from tests.cupy_kernels import Kernels, device_array
 from tests.fakes.cuda_runtime import FakeCudaRuntime
-from tests.fakes.install import install_cuda, real_cuda
+from tests.fakes.install import install_cuda, real_cuda, real_cupy
 
 REAL, WHY_NOT_REAL = real_cuda()
+CUPY, WHY_NO_CUPY = real_cupy()
 
 
 @pytest.fixture(
@@ -129,3 +131,78 @@ def test_the_kind_must_be_the_enum(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         for owned in (stream, device, host):
             owned.close()
+
+
+# -- the real runtime against real kernels (cupy), where a GPU, cuda-python and cupy are ----------
+
+
+@pytest.fixture
+def real() -> Cuda:
+    if REAL is None or CUPY is None:
+        pytest.skip(WHY_NO_CUPY)
+    checked = Cuda(REAL)
+    checked.call("cudaSetDevice", 0)
+    CUPY.cuda.Device(0).use()
+    return checked
+
+
+@pytest.mark.gpu
+def test_a_kernel_on_the_stream_runs_between_its_copies(real: Cuda) -> None:
+    """Copy in, a cupy kernel launched on the same (non-blocking) stream, copy out, one sync:
+    the copy out waits for the kernel (which first spins a millisecond), with no sync between."""
+    kernels = Kernels(CUPY)
+    count = 1 << 20
+    data = np.random.default_rng(1).standard_normal(count).astype(np.float32)
+    device = DeviceBuffer(real, data.nbytes)
+    source, target = PinnedBuffer(real, data.nbytes), PinnedBuffer(real, data.nbytes)
+    stream = Stream(real)
+    try:
+        assert real.call("cudaStreamGetFlags", stream.handle) == 1  # cudaStreamNonBlocking
+        for round_ in range(3):
+            source.bytes[:] = (data + round_).view(np.uint8)
+            stream.copy_in(device, source, data.nbytes)
+            kernels.spin(int(stream))
+            with CUPY.cuda.ExternalStream(int(stream)):
+                values = device_array(CUPY, device.ptr, (count,), np.float32)
+                CUPY.multiply(values, 2, out=values)
+            stream.copy_out(target, device, data.nbytes)
+            stream.synchronize()
+            np.testing.assert_array_equal(target.bytes.view(np.float32), (data + round_) * 2)
+    finally:
+        for owned in (stream, device, source, target):
+            owned.close()
+
+
+@pytest.mark.gpu
+def test_pinned_buffers_are_page_locked_until_closed(real: Cuda) -> None:
+    host = PinnedBuffer(real, 1 << 20)
+    pointer = host.ptr
+    # cudaMemoryTypeHost: page-locked memory the device reaches directly (async copies).
+    assert memory_type(pointer) == 1
+    host.close()
+    assert memory_type(pointer) == 0  # cudaMemoryTypeUnregistered: freed
+
+
+def memory_type(pointer: int) -> int:
+    try:
+        return int(CUPY.cuda.runtime.pointerGetAttributes(pointer).type)
+    except CUPY.cuda.runtime.CUDARuntimeError:  # older CUDA: an unknown pointer is an error
+        return 0
+
+
+@pytest.mark.gpu
+def test_closing_returns_the_device_memory(real: Cuda) -> None:
+    size = 256 << 20
+    slack = 16 << 20  # the driver's own bookkeeping moves a little
+    free_before, _ = CUPY.cuda.runtime.memGetInfo()
+    owned: list[DeviceBuffer | Stream] = [
+        DeviceBuffer(real, size),
+        DeviceBuffer(real, size),
+        Stream(real),
+    ]
+    free_during, _ = CUPY.cuda.runtime.memGetInfo()
+    assert free_before - free_during >= 2 * size - slack
+    for item in owned:
+        item.close()
+    free_after, _ = CUPY.cuda.runtime.memGetInfo()
+    assert abs(free_before - free_after) <= slack

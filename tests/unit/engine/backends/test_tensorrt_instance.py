@@ -4,6 +4,7 @@ profile each batch runs on, the errors of its CUDA and TensorRT calls, and what 
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -13,8 +14,9 @@ import pytest
 from engine.backends.cuda import Cuda
 from engine.errors import BackendError, InvalidInput
 from engine.model_config import InstanceGroup
+from tests.cupy_kernels import Kernels, engine_expected
 from tests.fakes.cuda_runtime import FakeCudaRuntime, cudaError_t
-from tests.fakes.install import install_tensorrt, real_cuda
+from tests.fakes.install import install_tensorrt, real_cuda, real_cupy
 from tests.unit.engine.backends.tensorrt_plans import (
     LARGE,
     PROFILE_0,
@@ -301,3 +303,76 @@ def test_real_cuda_buffers_and_streams_under_a_fake_engine(
         concurrent_batches(backend, 200)
     finally:
         backend.close()
+
+
+def test_the_engine_kernel_hook_runs_on_the_instances_stream(
+    tmp_path: Path, trt: ModuleType, cudart: FakeCudaRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU twin of the cupy test below: the same hook and expectations, the kernel queued on
+    the fake stream (so the outputs exist only once the instance syncs it)."""
+
+    def kernel(
+        *,
+        output: int,
+        source: int,
+        shape: tuple[int, ...],
+        dtype: type,
+        profile: int,
+        stream_handle: int,
+    ) -> bool:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+        def run() -> None:
+            src, out = cudart.device_memory(source, nbytes), cudart.device_memory(output, nbytes)
+            assert src is not None
+            assert out is not None
+            values = np.frombuffer(src, dtype).reshape(shape)
+            out[:] = engine_expected(values, profile).tobytes()
+
+        return cudart.enqueue(stream_handle, run)
+
+    monkeypatch.setattr(trt, "kernel", kernel)
+    plan = write_plan(tmp_path, trt, profiles=[SMALL, LARGE])
+    backend = open_backend(plan, [InstanceGroup(count=2, kind="gpu")])
+    feeds = [batch(1 + seed % 8, 1 + seed % 32, seed) for seed in range(24)]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(backend.run, feeds))
+    finally:
+        backend.close()
+    for feed, out in zip(feeds, results, strict=True):
+        profile = 0 if len(feed["x"]) <= 4 else 1  # SMALL holds batches 1-4, LARGE 5-8
+        np.testing.assert_array_equal(out["y"], engine_expected(feed["x"], profile))
+        np.testing.assert_array_equal(out["ids_out"], engine_expected(feed["ids"], profile))
+
+
+CUPY, WHY_NO_CUPY = real_cupy()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(CUPY is None, reason=WHY_NO_CUPY)
+def test_real_kernels_on_each_instances_stream_and_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fake engine's kernels are real (cupy, launched on the stream TensorRT is given): each
+    output is `input * 2 + profile`, after a spin that makes a copy-out that does not wait read
+    stale memory. Two instances on GPU 0, two profiles (batches 1-4 and 5-8), four threads: each
+    answer comes from its own batch, its instance's stream and the profile that holds it."""
+    fake_trt = install_tensorrt(monkeypatch)
+    kernels = Kernels(CUPY)
+    monkeypatch.setattr(fake_trt, "kernel", kernels.engine)
+    _, capability = Cuda(REAL).properties(0)
+    major, minor = (int(part) for part in capability.split("."))
+    profiles = [SMALL, LARGE]
+    plan = write_plan(tmp_path, fake_trt, compute_capability=(major, minor), profiles=profiles)
+    backend = open_backend(plan, [InstanceGroup(count=2, kind="gpu")])
+    feeds = [batch(1 + seed % 8, 1 + seed % 32, seed) for seed in range(120)]
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(backend.run, feeds))
+    finally:
+        backend.close()
+    for feed, out in zip(feeds, results, strict=True):
+        profile = 0 if len(feed["x"]) <= 4 else 1  # SMALL holds batches 1-4, LARGE 5-8
+        np.testing.assert_array_equal(out["y"], engine_expected(feed["x"], profile))
+        np.testing.assert_array_equal(out["ids_out"], engine_expected(feed["ids"], profile))
