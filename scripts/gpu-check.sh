@@ -6,28 +6,63 @@
 #
 # Runs what CPU-only CI cannot: cuda-python's real runtime under the native TensorRT backend's
 # buffer and stream code (even where TensorRT itself is absent: a fake engine then drives real
-# device buffers and streams), TensorRT builds (several optimization profiles, --workspace,
-# --engine-cache) and serving (a context per profile, an engine per instance), ONNX Runtime's
-# CUDA provider, NVML.
+# device buffers and streams, and with cupy its kernels are real), TensorRT builds (several
+# optimization profiles, --builder-workspace, --engine-cache) and serving (a context per
+# profile, an engine per instance), ONNX Runtime's TensorRT and CUDA providers, NVML.
+#
+# A bare GPU host (Python 3.12 with numpy, torch, cupy and cuda-bindings; no network; no
+# onnxruntime-gpu or TensorRT) gets sluice's other dependencies from a wheelhouse built
+# elsewhere with `bash scripts/gpu-wheelhouse.sh DIR` (under 64 MiB):
+#
+#     GPU_CHECK_WHEELHOUSE=DIR bash scripts/gpu-check.sh
+#
+# which makes a venv from python3.12 (or $PYTHON) with the system's packages visible and
+# installs scripts/gpu-check-wheels.txt from DIR only, before the checks run in it.
 # Every step has a timeout and the whole run stays under 10 minutes. It prints one line per
-# check (PASS, SKIP with the reason, FAIL) and every gpu-marked test's outcome, then a summary;
-# the exit status is 1 when anything failed, else 0. Logs: $GPU_CHECK_LOGS (default a temp dir).
+# check (PASS, SKIP with the reason, FAIL) and every gpu-marked test's outcome, then a summary
+# and what could not be checked on this machine; the exit status is 1 when anything failed,
+# else 0. Logs: $GPU_CHECK_LOGS (default a temp dir).
 set -u -o pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-if [[ -n "${PYTHON:-}" ]]; then
-    python=$PYTHON
-elif [[ -x .venv/bin/python ]]; then
-    python=.venv/bin/python
-else
-    python=python3
-fi
 logs=${GPU_CHECK_LOGS:-$(mktemp -d -t sluice-gpu-check.XXXXXX)}
 mkdir -p "$logs"
 budget_s=${GPU_CHECK_BUDGET_S:-540}
 started=$SECONDS
 summary=()
 failed=0
+
+record() {
+    summary+=("$(printf '%-5s %s: %s' "$1" "$2" "$3")")
+    printf '%-5s %s: %s\n' "$1" "$2" "$3"
+    [[ $1 == FAIL ]] && failed=1
+    return 0
+}
+
+# The interpreter: $PYTHON, else a checkout's .venv, else python3; with a wheelhouse, a venv
+# made from python3.12 (or $PYTHON) that sees the system's packages, installed offline.
+wheelhouse=${GPU_CHECK_WHEELHOUSE:-}
+if [[ -n $wheelhouse ]]; then
+    base=${PYTHON:-$(command -v python3.12 || command -v python3)}
+    venv=${GPU_CHECK_VENV:-$logs/venv}
+    requirements=${GPU_CHECK_REQUIREMENTS:-scripts/gpu-check-wheels.txt}
+    # Within the 10 minutes: the checks after it get what it leaves.
+    if timeout 60 "$base" -m venv --system-site-packages "$venv" >"$logs/wheelhouse.log" 2>&1 &&
+        timeout 150 "$venv/bin/python" -m pip install --quiet --no-index --no-deps \
+            --disable-pip-version-check --find-links "$wheelhouse" --requirement "$requirements" \
+            >>"$logs/wheelhouse.log" 2>&1; then
+        record PASS wheelhouse "$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])') venv $venv, installed offline from $wheelhouse"
+    else
+        record FAIL wheelhouse "$(grep -v '^[[:space:]]*$' "$logs/wheelhouse.log" | tail -n 1)"
+    fi
+    python=$venv/bin/python
+elif [[ -n "${PYTHON:-}" ]]; then
+    python=$PYTHON
+elif [[ -x .venv/bin/python ]]; then
+    python=.venv/bin/python
+else
+    python=python3
+fi
 
 left() { echo $((budget_s - (SECONDS - started))); }
 
@@ -37,7 +72,7 @@ check() {
     local name=$1 limit=$2 status detail rc
     shift 2
     if (($(left) < 20)); then
-        summary+=("SKIP  $name: the 10-minute budget is spent")
+        record SKIP "$name" "the 10-minute budget is spent"
         return
     fi
     ((limit > $(left))) && limit=$(left)
@@ -52,9 +87,7 @@ check() {
         124 | 137) status=FAIL detail="timed out after ${limit}s" ;;
         *) status=FAIL ;;
     esac
-    [[ $status == FAIL ]] && failed=1
-    summary+=("$(printf '%-5s %s: %s' "$status" "$name" "$detail")")
-    printf '%-5s %s: %s\n' "$status" "$name" "$detail"
+    record "$status" "$name" "$detail"
 }
 
 driver() {
@@ -73,7 +106,8 @@ missing = [m for m in ("numpy", "pytest", "pydantic", "pydantic_settings", "yaml
                        "onnxruntime", "prometheus_client") if importlib.util.find_spec(m) is None]
 print(sys.version.split()[0], sys.executable)
 if missing:
-    print("missing Python packages (pip install -e '.[dev,gpu]'):", ", ".join(missing))
+    print("missing Python packages (pip install -e '.[dev,gpu]', or offline "
+          "GPU_CHECK_WHEELHOUSE=DIR from scripts/gpu-wheelhouse.sh):", ", ".join(missing))
     sys.exit(77)
 print("sluice's Python dependencies import")
 EOF
@@ -140,6 +174,31 @@ print(f"TensorRT {tensorrt.__version__}")
 EOF
 }
 
+# cupy's own kernels on this GPU: the gpu-marked tests use them on engine/backends/cuda.py's
+# streams and as the fake TensorRT engine's kernels.
+cupy_kernels() {
+    "$python" - <<'PY'
+import importlib.util, sys
+if importlib.util.find_spec("cupy") is None:
+    print("cupy is not installed (its gpu-marked tests skip: real kernels on sluice's streams)")
+    sys.exit(77)
+import cupy
+x = cupy.arange(1 << 20, dtype=cupy.float32)
+assert float((x * 2).sum()) == float(x.sum()) * 2
+name = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+print(f"cupy {cupy.__version__} (CUDA runtime {cupy.cuda.runtime.runtimeGetVersion()}) on {name}")
+PY
+}
+
+# ONNX Runtime's TensorRT and CUDA providers: created, running nodes, matching CPU.
+ort_providers() {
+    "$python" -c "import onnxruntime" 2>/dev/null || {
+        echo "onnxruntime is not installed"
+        return 77
+    }
+    PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" "$python" -m engine.backends.provider_check
+}
+
 gpu_tests() {
     if ! "$python" -c "import pytest, pydantic_settings" 2>/dev/null; then
         echo "pytest or sluice's dependencies are missing (pip install -e '.[dev,gpu]')"
@@ -153,6 +212,7 @@ gpu_tests() {
         tests/unit/engine/backends/test_cuda.py tests/unit/engine/backends/test_tensorrt.py \
         tests/unit/engine/backends/test_tensorrt_instance.py \
         tests/unit/engine/backends/test_onnxruntime_gpu.py tests/unit/converters/test_tensorrt.py \
+        tests/unit/engine/backends/test_provider_check.py \
         tests/unit/converters/test_serving_provider.py tests/unit/engine/test_gpu_metrics.py \
         tests/unit/engine/generation/test_generation_gpu.py
     rc=$?
@@ -182,14 +242,16 @@ EOF
 }
 
 export python logs
-export -f driver python_deps cuda_smoke tensorrt_present gpu_tests nvml
+export -f driver python_deps cuda_smoke cupy_kernels tensorrt_present ort_providers gpu_tests nvml
 echo "sluice GPU check: python $python, logs in $logs"
 check driver 30 driver
 check python-deps 60 python_deps
 check cuda-python 120 cuda_smoke
+check cupy 60 cupy_kernels
 check nvml 30 nvml
 check tensorrt 60 tensorrt_present
-check gpu-tests 420 gpu_tests
+check onnxruntime-gpu 120 ort_providers
+check gpu-tests 360 gpu_tests
 
 echo
 echo "== gpu-marked tests (from $logs/gpu-tests.log) =="
@@ -198,4 +260,7 @@ grep -E '^(PASSED|SKIPPED|FAILED|ERROR) ' "$logs/gpu-tests.log" 2>/dev/null ||
 echo
 echo "== summary ($((SECONDS - started)) s) =="
 printf '%s\n' "${summary[@]}"
+echo
+echo "== not checked on this machine (each SKIP above says why) =="
+printf '%s\n' "${summary[@]}" | sed -n 's/^SKIP  //p' | grep . || echo "(nothing: every check ran)"
 exit $failed
