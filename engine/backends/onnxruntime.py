@@ -14,11 +14,13 @@ import onnxruntime as ort
 from engine import datatypes
 from engine.backends.base import CPU_PROVIDER
 from engine.backends.placement import RECORD_PLACEMENT, check_required, describe, node_placement
+from engine.backends.provider_libraries import preload_tensorrt
 from engine.errors import InvalidInput
 from engine.model_config import GPU_PROVIDERS, InstanceGroup, OnnxRuntimeOptions
 from engine.types import TensorSpec
 
 log = logging.getLogger("sluice.backend.onnxruntime")
+TENSORRT = "TensorrtExecutionProvider"
 
 _LEVELS = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -58,6 +60,8 @@ class OnnxBackend:
     ) -> None:
         self._path, self._options, self._label = path, options, label
         available = ort.get_available_providers()
+        if TENSORRT in options.provider_names and TENSORRT in available:
+            preload_tensorrt()  # where no LD_LIBRARY_PATH names tensorrt_libs (not the image)
         devices = [device for group in groups for device in group.devices]
         shared_slots = sum(group.count for group in groups if group.kind == "cpu")
         self._sessions: list[ort.InferenceSession] = []

@@ -25,6 +25,7 @@ import onnxruntime as ort
 
 from engine.backends.base import CPU_PROVIDER
 from engine.backends.placement import RECORD_PLACEMENT, check_required, describe, node_placement
+from engine.backends.provider_libraries import preload_tensorrt
 from engine.demo import mlp_model
 from engine.errors import BackendError
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         have = ", ".join(available)
         print(f"this onnxruntime is a CPU build (it has {have}): the `gpu` extra replaces it")
         return SKIP
+    preload_tensorrt()  # as the server does before a session that lists TensorRT
     failed = False
     with tempfile.TemporaryDirectory(prefix="sluice-provider-check-") as folder:
         model = Path(folder) / "model.onnx"

@@ -9,13 +9,23 @@ fails to start and the session falls back to CUDA with nothing but a log line. S
 provider library's dependencies are resolved here as the loader would at run time (`ldd`, under
 this process's LD_LIBRARY_PATH). `libcuda.so.1` is the driver's, mounted into the container at
 run time (NVIDIA Container Toolkit), so its absence here is expected. Whether a session then
-really runs on the GPU needs one: `python -m engine.backends.provider_check`."""
+really runs on the GPU needs one: `python -m engine.backends.provider_check`.
+
+`preload_tensorrt()` is the run-time half, for installs without the image's LD_LIBRARY_PATH (a
+pip install, a bundle, systemd): the ONNX Runtime backend calls it before opening a session
+that lists TensorRT, so the provider's `libnvinfer.so.10` is already loaded when ONNX Runtime
+opens the provider (the loader matches a needed library to a loaded one by its soname)."""
 
 from __future__ import annotations
 
+import ctypes
+import importlib.util
+import logging
 import subprocess
 import sys
 from pathlib import Path
+
+log = logging.getLogger("sluice.backend.onnxruntime")
 
 DRIVER_LIBRARIES = frozenset({"libcuda.so.1", "libnvidia-ml.so.1"})
 """Libraries the NVIDIA driver provides at run time; not expected in an image."""
@@ -66,6 +76,34 @@ def problems(capi: Path, available: list[str]) -> list[str]:
                 "library path (LD_LIBRARY_PATH or ldconfig)"
             )
     return found
+
+
+TENSORRT_LIBRARIES = ("libnvinfer.so.*", "libnvinfer_plugin.so.*", "libnvonnxparser.so.*")
+"""What ONNX Runtime's TensorRT provider links (libnvinfer, libnvonnxparser) or opens by name
+(the plugins), in the order they depend on each other."""
+
+
+def preload_tensorrt() -> list[Path]:
+    """Load the tensorrt wheels' libraries that ONNX Runtime's TensorRT provider needs
+    (site-packages/tensorrt_libs) into this process; the ones loaded, none where that folder is
+    absent. A library that does not load is logged, not raised: the provider then fails to
+    start, and `require_providers` (or the load's log line) says so."""
+    spec = importlib.util.find_spec("tensorrt_libs")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    loaded = []
+    for pattern in TENSORRT_LIBRARIES:
+        for library in sorted(folder.glob(pattern)):
+            try:
+                ctypes.CDLL(str(library))
+            except OSError as exc:
+                log.warning(
+                    "could not load %s (TensorRT's provider may not start): %s", library, exc
+                )
+                continue
+            loaded.append(library)
+    return loaded
 
 
 def main() -> int:

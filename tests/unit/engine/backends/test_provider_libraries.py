@@ -1,16 +1,25 @@
-"""engine.backends.provider_libraries, Dockerfile.gpu's build-time check: ldd's verdicts read
-right (the output below is ldd's, verbatim, on onnxruntime-gpu 1.26.0's TensorRT provider with
-no CUDA or TensorRT libraries on the path), a real library resolved, and the CPU build named."""
+"""engine.backends.provider_libraries: Dockerfile.gpu's build-time check (ldd's verdicts read
+right: the output below is ldd's, verbatim, on onnxruntime-gpu 1.26.0's TensorRT provider with
+no CUDA or TensorRT libraries on the path; a real library resolved; the CPU build named), and
+the run-time preload of the tensorrt wheels' libraries, on a stand-in tensorrt_libs folder
+holding a real shared library."""
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import shutil
 from pathlib import Path
 
 import onnxruntime as ort
 import pytest
 
-from engine.backends.provider_libraries import not_found, problems, unresolved
+from engine.backends.provider_libraries import (
+    not_found,
+    preload_tensorrt,
+    problems,
+    unresolved,
+)
 
 LDD_TENSORRT_PROVIDER = """\
 \tlinux-vdso.so.1 (0x00007fc25f853000)
@@ -58,3 +67,32 @@ def test_a_cpu_onnxruntime_is_named() -> None:
         "CUDAExecutionProvider is not compiled into this onnxruntime (the CPU build?)",
         "TensorrtExecutionProvider is not compiled into this onnxruntime (the CPU build?)",
     ]
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tensorrt_libs") is not None, reason="the tensorrt wheels are here"
+)
+def test_without_the_tensorrt_wheels_nothing_is_preloaded() -> None:
+    assert preload_tensorrt() == []
+
+
+def test_tensorrt_libraries_are_loaded_into_the_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A stand-in for site-packages/tensorrt_libs: a real shared library under libnvinfer's name,
+    # and a damaged one under libnvonnxparser's.
+    folder = tmp_path / "tensorrt_libs"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    nvinfer = folder / "libnvinfer.so.10"
+    shutil.copy(CAPI / "libonnxruntime_providers_shared.so", nvinfer)
+    (folder / "libnvonnxparser.so.10").write_text("not an ELF file")
+    (folder / "libnvinfer_builder_resource.so.10.9.0").write_text("never loaded: not needed")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="sluice.backend.onnxruntime"):
+        assert preload_tensorrt() == [nvinfer]
+    assert str(nvinfer) in Path("/proc/self/maps").read_text()
+    [warning] = caplog.records
+    assert warning.getMessage().startswith(
+        f"could not load {folder / 'libnvonnxparser.so.10'} (TensorRT's provider may not start)"
+    )
