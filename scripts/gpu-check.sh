@@ -46,9 +46,10 @@ if [[ -n $wheelhouse ]]; then
     base=${PYTHON:-$(command -v python3.12 || command -v python3)}
     venv=${GPU_CHECK_VENV:-$logs/venv}
     requirements=${GPU_CHECK_REQUIREMENTS:-scripts/gpu-check-wheels.txt}
-    # Within the 10 minutes: the checks after it get what it leaves.
+    # Within the 10 minutes: the checks after it get what it leaves. The host's pip config
+    # (indexes, constraints) is ignored: only the wheelhouse counts.
     if timeout 60 "$base" -m venv --system-site-packages "$venv" >"$logs/wheelhouse.log" 2>&1 &&
-        timeout 150 "$venv/bin/python" -m pip install --quiet --no-index --no-deps \
+        PIP_CONFIG_FILE=/dev/null timeout 150 "$venv/bin/python" -m pip install --quiet --no-index --no-deps \
             --disable-pip-version-check --find-links "$wheelhouse" --requirement "$requirements" \
             >>"$logs/wheelhouse.log" 2>&1; then
         record PASS wheelhouse "$("$venv/bin/python" -c 'import sys; print(sys.version.split()[0])') venv $venv, installed offline from $wheelhouse"
