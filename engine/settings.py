@@ -116,6 +116,17 @@ class Settings(BaseSettings):
     """A request's whole body must arrive within this long of its headers; else 408 and close."""
     http_max_connections: int = Field(4096, gt=0)
     """Open HTTP connections at most; a connection past it is answered 503 and closed."""
+    http_max_pipelined_requests: int = Field(16, gt=0, le=1024)
+    """Per connection: requests a client may pipeline (send before their answers) waiting
+    behind the one being answered. At the bound the server stops reading the connection until
+    an answer goes out, so a client cannot make it hold more (see the security guide)."""
+    http_write_buffer_bytes: int = Field(64 * 1024, ge=4096, le=64 * MiB)
+    """Per connection: answer bytes the server holds that the client has not read yet. Past
+    it the server writes no more answers and reads no more requests on the connection until
+    the client reads (an answer larger than this is still sent whole)."""
+    http_write_timeout_s: float = Field(30.0, gt=0, le=3600)
+    """A connection whose client reads none of its unsent answers for this long is closed and
+    its requests' work cancelled (a client that pipelines and never reads)."""
     allow_unauthenticated: bool = False
     """Allow binding a non-loopback address with no API keys configured."""
     allow_python_models: bool = False

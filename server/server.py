@@ -218,11 +218,7 @@ class Server:
         http_socket = self._http_socket or _bind(settings.host, settings.http_port)
         self.http_port = http_socket.getsockname()[1]
         metrics_task = self._start_metrics() if settings.metrics.port is not None else None
-        policy = ConnectionPolicy(
-            settings.http_header_timeout_s,
-            settings.http_body_timeout_s,
-            settings.http_max_connections,
-        )
+        policy = ConnectionPolicy.from_settings(settings)
         config = uvicorn.Config(
             create_app(settings, self.engine),
             http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]
@@ -285,11 +281,7 @@ class Server:
         sock = _bind(self.settings.host, port)
         settings = self.settings
         # Read timeouts and a cap here too; it never drains: scrapers watch the drain.
-        policy = ConnectionPolicy(
-            settings.http_header_timeout_s,
-            settings.http_body_timeout_s,
-            settings.http_max_connections,
-        )
+        policy = ConnectionPolicy.from_settings(settings)
         config = uvicorn.Config(
             self.engine.metrics.asgi,
             http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]

@@ -152,9 +152,7 @@ def _serve_metrics(settings: Settings, app: Any) -> tuple[uvicorn.Server, asynci
     port = settings.metrics.port
     assert port is not None
     sock = _bind(settings.host, port)
-    policy = ConnectionPolicy(
-        settings.http_header_timeout_s, settings.http_body_timeout_s, settings.http_max_connections
-    )
+    policy = ConnectionPolicy.from_settings(settings)
     config = uvicorn.Config(
         app,
         http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]

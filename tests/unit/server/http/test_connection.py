@@ -9,7 +9,8 @@ import asyncio
 import gc
 import socket
 import time
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.server import ServerState
 
 from server.http.connection import (
+    FEED_BYTES,
     REQUEST_TIMEOUT,
     RESPOND,
     TOO_MANY_CONNECTIONS,
@@ -384,5 +386,125 @@ async def test_an_idle_keep_alive_connection_closes_a_keep_alive_bound_after_its
         assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, with nothing said
         elapsed = time.monotonic() - answered
         assert 0.9 <= elapsed < 1.5, elapsed
+    finally:
+        writer.close()
+
+
+# -- bounded memory per connection ----------------------------------------------------------------
+
+PADDED = b"GET /%d HTTP/1.1\r\nhost: sluice\r\nx-pad: " + b"p" * 1024 + b"\r\n\r\n"
+"""A pipelined request of ~1.1 kB: a FEED_BYTES part of a read holds at most 4 of them."""
+
+
+async def _answer_1_kb(scope: Scope, receive: Receive, send: Send) -> None:
+    body = scope["path"].encode().ljust(1024, b".")
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", b"1024")]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_client_that_pipelines_and_never_reads_is_not_read_past_the_bound() -> None:
+    # 2000 requests (2.2 MB) written at once, no answer read: the answers fill the socket, and
+    # the server must stop reading with at most max_pipelined (+ one FEED_BYTES part) queued.
+    # uvicorn resumed reading at every answer and read them all into its pipeline.
+    protocols: list[HttpProtocol] = []
+    policy = ConnectionPolicy(5, 5, 8, max_pipelined=4, write_buffer_bytes=8192)
+    requests = b"".join(PADDED % i for i in range(2000))
+    _, _, writer = await _serve_one(_answer_1_kb, requests, policy=policy, protocols=protocols)
+    protocol = protocols[0]
+    try:
+        await _until(lambda: protocol.flow.write_paused)  # the client reads nothing
+        queued = len(protocol.pipeline)
+        assert queued <= 4 + FEED_BYTES // len(PADDED % 0), queued
+        assert not protocol.transport.is_reading()  # type: ignore[attr-defined]
+        assert writer.transport.get_write_buffer_size() > 1_000_000  # the client is held back
+    finally:
+        writer.transport.abort()  # close() would wait to send what the server does not read
+
+
+async def test_a_pipelining_client_that_reads_gets_every_answer_in_order() -> None:
+    # Far more requests than the bound, some with bodies past FEED_BYTES: reading is held and
+    # resumed many times, every answer comes, in order, each with its own body.
+    bodies = [bytes([65 + i % 26]) * (i * 997 % 20_000) for i in range(300)]
+
+    async def echo(scope: Scope, receive: Receive, send: Send) -> None:
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        answer = scope["path"].encode() + b":" + body
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(answer)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": answer})
+
+    requests = b"".join(
+        b"POST /%d HTTP/1.1\r\nhost: sluice\r\ncontent-length: %d\r\n\r\n%s" % (i, len(b), b)
+        for i, b in enumerate(bodies)
+    )
+    policy = ConnectionPolicy(5, 5, 8, max_pipelined=2, write_buffer_bytes=4096)
+    _, reader, writer = await _serve_one(echo, requests, policy=policy)
+    try:
+        for i, body in enumerate(bodies):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            assert await asyncio.wait_for(reader.readexactly(length), 5) == b"/%d:%s" % (i, body)
+    finally:
+        writer.close()
+
+
+async def test_a_client_that_reads_none_of_its_answers_is_closed_after_the_write_timeout() -> None:
+    protocols: list[HttpProtocol] = []
+    gone = asyncio.Event()
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["extensions"][WHEN_GONE](gone.set)
+        await _answer_1_kb(scope, receive, send)
+
+    policy = ConnectionPolicy(
+        5, 5, 8, max_pipelined=4, write_buffer_bytes=4096, write_timeout_s=0.5
+    )
+    requests = b"".join(PADDED % i for i in range(2000))
+    _, _, writer = await _serve_one(app, requests, policy=policy, protocols=protocols)
+    protocol = protocols[0]
+    try:
+        await _until(lambda: protocol.flow.write_paused)
+        paused = time.monotonic()
+        await _until(lambda: protocol not in protocol.connections)  # connection_lost
+        elapsed = time.monotonic() - paused
+        assert 0.4 <= elapsed < 0.5 + 1.0, elapsed
+        assert gone.is_set()  # the request being answered was told its client is gone
+        assert protocol.pipeline == deque()  # the queued ones let go
+    finally:
+        writer.transport.abort()
+
+
+async def test_a_client_that_reads_slowly_is_not_closed_by_the_write_timeout() -> None:
+    # 512 kB at 64 kB per 0.1 s: longer than the timeout in all, never without progress.
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"524288")]})  # fmt: skip
+        for _ in range(8):
+            await send({"type": "http.response.body", "body": b"x" * 65536, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    policy = ConnectionPolicy(5, 5, 8, write_buffer_bytes=4096, write_timeout_s=0.5)
+    _, reader, writer = await _serve_one(app, policy=policy)
+    try:
+        await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        received = 0
+        started = time.monotonic()
+        while received < 524288:
+            received += len(await asyncio.wait_for(reader.read(65536), 5))
+            await asyncio.sleep(0.1)  # the slow reader being simulated, not synchronization
+        assert time.monotonic() - started > 0.5
     finally:
         writer.close()
