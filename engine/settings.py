@@ -95,6 +95,10 @@ class Settings(BaseSettings):
     grpc_stream_max_pending: int = Field(64, gt=0, le=65536)
     """Per `ModelStreamInfer` stream: most requests running plus answers the client has not
     read yet. At the bound the server stops reading that stream until the client reads."""
+    grpc_max_concurrent_streams: int = Field(100, gt=0, le=65536)
+    """Per connection: gRPC calls (HTTP/2 streams) open at once. The server announces it
+    (SETTINGS_MAX_CONCURRENT_STREAMS) and a client holds further calls until one ends; with
+    `grpc_max_message_bytes` it bounds the requests one connection can make the server hold."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long queued and running requests may take to finish."""
     workers: Annotated[int, Field(ge=1, le=64)] | Literal["auto"] = 1

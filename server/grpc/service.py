@@ -291,12 +291,15 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
-    """grpc.aio server options: message size limits, and no SO_REUSEPORT (a second server on the
-    same port must fail to start, not silently share it) unless the workers share it by design
-    (`workers` > 1: server/supervisor.py reserves the port first)."""
+    """grpc.aio server options: message size limits, calls open at once per connection (what a
+    connection can make the server hold: that many messages of at most the size limit; gRPC's
+    default is no limit), and no SO_REUSEPORT (a second server on the same port must fail to
+    start, not silently share it) unless the workers share it by design (`workers` > 1:
+    server/supervisor.py reserves the port first)."""
     return [
         ("grpc.max_receive_message_length", settings.grpc_max_message_bytes),
         ("grpc.max_send_message_length", settings.grpc_max_message_bytes),
+        ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
         ("grpc.so_reuseport", int(settings.workers not in (1, "auto"))),
     ]
 

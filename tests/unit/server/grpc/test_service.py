@@ -470,3 +470,36 @@ async def test_a_message_that_does_not_parse_is_invalid_argument_with_one_log_li
         "inference.CudaSharedMemoryRegisterRequest (answered INVALID_ARGUMENT; 0 more such "
         "calls since the last line)"
     )
+
+
+async def test_calls_past_the_streams_limit_wait_on_their_connection(engine: FakeEngine) -> None:
+    # One connection may have grpc_max_concurrent_streams calls open: its others wait in the
+    # client (no message of theirs reaches the server) while another connection is served.
+    server, port = await _serve(engine, grpc_max_concurrent_streams=2)
+    x = np.zeros((1, 4), np.float32)
+    apart = [("grpc.use_local_subchannel_pool", 1)]  # two connections, not one shared
+    try:
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=apart) as first,
+            grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=apart) as second,
+        ):
+            calls = [
+                pb_grpc.GRPCInferenceServiceStub(first).ModelInfer(
+                    raw_request("slow", {"x": ("FP32", x)}, id=f"a{i}")
+                )
+                for i in range(5)
+            ]
+            while len(engine.requests) < 2:  # noqa: ASYNC110 (the fake engine has no event for it)
+                await asyncio.sleep(0.01)
+            other = pb_grpc.GRPCInferenceServiceStub(second).ModelInfer(
+                raw_request("slow", {"x": ("FP32", x)}, id="b")
+            )
+            while "b" not in [r.id for r in engine.requests]:  # noqa: ASYNC110 (as above)
+                await asyncio.sleep(0.01)
+            assert sorted(r.id for r in engine.requests)[-1] == "b"
+            assert len(engine.requests) == 3, [r.id for r in engine.requests]
+            engine.release.set()
+            answers = await asyncio.wait_for(asyncio.gather(*calls, other), 10)
+            assert sorted(a.id for a in answers) == ["a0", "a1", "a2", "a3", "a4", "b"]
+    finally:
+        await server.stop(grace=None)
