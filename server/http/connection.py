@@ -249,14 +249,25 @@ class HttpProtocol(HttpToolsProtocol):
         write = self._write_deadline
         if write is not None and now >= write and self._write_timed_out():
             return
-        read, idle, write = self._read_deadline, self._idle_deadline, self._write_deadline
+        read, idle = self._read_deadline, self._idle_deadline
         if read is not None and now >= read:
-            self._read_timed_out()
+            if not self.flow.read_paused:
+                self._read_timed_out()
+                return
+            # The server is not reading (the bounds, or an app not taking its body yet): no
+            # fault of the client's. The bound runs again from now.
+            policy = self.policy
+            timeout_s = policy.body_timeout_s if self._reading_body else policy.header_timeout_s
+            self._read_deadline = now + timeout_s
         elif idle is not None and now >= idle:
             self._idle_deadline = None
-            self.timeout_keep_alive_handler()
-        elif read is not None or idle is not None or write is not None:  # moved on since set
-            self._wake_by(min(d for d in (read, idle, write) if d is not None))
+            if not self._unread:  # else a request is in, held by the bounds: not idle
+                self.timeout_keep_alive_handler()
+                return
+        deadlines = (self._read_deadline, self._idle_deadline, self._write_deadline)
+        due = [d for d in deadlines if d is not None]
+        if due:  # moved on since this timer was set
+            self._wake_by(min(due))
 
     def _cancel_deadlines(self) -> None:
         self._read_deadline = self._idle_deadline = self._write_deadline = None
@@ -460,7 +471,7 @@ class HttpProtocol(HttpToolsProtocol):
     def _drain_idle(self) -> None:
         self._drain_timer = None
         busy = self.cycle is not None and not self.cycle.response_complete
-        if not busy and not self._in_message and not self.pipeline:
+        if not busy and not self._in_message and not self.pipeline and not self._unread:
             self._close_with(b"")
         # Otherwise the request on it is answered with Connection: close, which closes it (and a
         # head that never completes is closed by the header timeout).

@@ -432,7 +432,8 @@ async def test_a_client_that_pipelines_and_never_reads_is_not_read_past_the_boun
 async def test_a_pipelining_client_that_reads_gets_every_answer_in_order() -> None:
     # Far more requests than the bound, some with bodies past FEED_BYTES: reading is held and
     # resumed many times, every answer comes, in order, each with its own body.
-    bodies = [bytes([65 + i % 26]) * (i * 997 % 20_000) for i in range(300)]
+    sizes = [300_000 if i % 50 == 7 else i * 997 % 20_000 for i in range(300)]  # some > 64 KiB
+    bodies = [bytes([65 + i % 26]) * size for i, size in enumerate(sizes)]
 
     async def echo(scope: Scope, receive: Receive, send: Send) -> None:
         body = b""
@@ -506,5 +507,27 @@ async def test_a_client_that_reads_slowly_is_not_closed_by_the_write_timeout() -
             received += len(await asyncio.wait_for(reader.read(65536), 5))
             await asyncio.sleep(0.1)  # the slow reader being simulated, not synchronization
         assert time.monotonic() - started > 0.5
+    finally:
+        writer.close()
+
+
+async def test_a_request_the_server_holds_back_is_not_timed_out() -> None:
+    # Six requests in one read, a bound of one: the server parses a FEED_BYTES part (three and
+    # the head of a fourth begun) and holds the rest while /0 takes longer than the header
+    # timeout. The client sent everything in time: every request is answered, none gets 408.
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] == "/0":
+            await asyncio.sleep(1.0)  # a request slower than the header timeout (the case)
+        await _answer_1_kb(scope, receive, send)
+
+    policy = ConnectionPolicy(0.3, 0.3, 8, max_pipelined=1)
+    requests = b"".join(PADDED % i for i in range(6))
+    _, reader, writer = await _serve_one(app, requests, policy=policy)
+    try:
+        for i in range(6):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200 OK\r\n"), head
+            body = await asyncio.wait_for(reader.readexactly(1024), 5)
+            assert body.startswith(b"/%d." % i)
     finally:
         writer.close()
