@@ -13,8 +13,8 @@ uvicorn's httptools protocol with these additions:
   is never closed under a request: one in progress is answered with `Connection: close`; an idle
   one stays open `DRAIN_IDLE_S` for a request already on its way (answered, 503 while the engine
   drains, with `Connection: close`) and is closed only while no request is on it.
-- One write per answer: a response's head and body leave in one writev (_CycleTransport). The
-  RESPOND scope extension sends a whole answer at once, past ASGI's two `send` calls.
+- One write per answer: a response's head and body leave in one writev (server/http/cycle.py).
+  The RESPOND scope extension sends a whole answer at once, past ASGI's two `send` calls.
 - The client leaving: a request learns it from the connection's loss, through the WHEN_GONE
   scope extension, without a task per request reading `receive()` for `http.disconnect`. Reading
   goes on once a request's body is in, so the loss is seen whatever the body's size (uvicorn
@@ -43,38 +43,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import socket
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
-from uvicorn.protocols.http.httptools_impl import (
-    STATUS_LINE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from server.http.cycle import RESPOND, WHEN_GONE, CycleTransport
 
 if TYPE_CHECKING:
     from engine.settings import Settings
 
 log = logging.getLogger("sluice.http")
 
-WHEN_GONE = "sluice.when_gone"
-"""The scope extension of each request: a function taking the callback to call (or None, to stop
-calling it) if the client disconnects before its answer is complete. A task that waits on
-`receive()` for `http.disconnect` does the same for each request at several times the cost."""
-RESPOND = "sluice.respond"
-"""The scope extension of each request: a function `(status, headers, body) -> bool` that sends a
-whole answer (its head and body, with `content-length` among `headers`) in one write, True once
-sent; False when it cannot (an answer has begun, the client is gone or not reading what it was
-sent), and the caller then sends through ASGI. Header names must be lower-case tokens; a value
-with a control character is a RuntimeError, as ASGI's send makes it. ASGI's pair of `send` calls
-checked each header with two regular expressions and held the head for the body: 2.5 µs of
-the benchmark MLP's ~80 in process."""
-_BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")  # uvicorn's: no control characters
 FEED_BYTES = 4096
 """The parser is given a read this much at a time (a body of known length whole), checking
 the pipelining bound between: a read of up to 256 KiB of minimal requests (18 bytes each) would
@@ -165,7 +148,7 @@ class HttpProtocol(HttpToolsProtocol):
             if cycle is not None and not cycle.response_complete:
                 cycle.disconnected = True
                 cycle.message_event.set()
-                if isinstance(cycle.transport, _CycleTransport):
+                if isinstance(cycle.transport, CycleTransport):
                     cycle.transport.gone()
         # Queued requests never started: nobody is left to answer. The requests and their
         # transports point back here: let go, or the connection waits for a full collection.
@@ -190,7 +173,7 @@ class HttpProtocol(HttpToolsProtocol):
         if self.pipeline:  # uvicorn stopped reading at a pipelined request; the bounds decide
             self.flow.resume_reading()
         if self.cycle is not None and self.cycle.scope is self.scope:  # this request's cycle
-            transport = _CycleTransport(self, self.cycle)
+            transport = CycleTransport(self, self.cycle)
             self.cycle.transport = transport  # type: ignore[assignment]
             extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
             extensions[WHEN_GONE] = transport.when_gone
@@ -500,95 +483,6 @@ class _Flow(FlowControl):
         protocol = self._protocol()
         if self.read_paused and (protocol is None or protocol.may_read()):
             super().resume_reading()
-
-
-class _CycleTransport:
-    """The transport as a request's cycle sees it.
-
-    - One write per answer: uvicorn writes a response's head and its body separately, two send
-      syscalls; the head is held until the body's first write and both leave in one writev. A
-      head whose body does not follow at once (a stream) is written on the loop's next turn.
-    - Lingering close: close() waits for the request's body (see the module docstring).
-    - The client leaving: `when_gone` (the WHEN_GONE scope extension) sets what is called.
-    - A whole answer at once: `respond` (the RESPOND scope extension)."""
-
-    __slots__ = ("_cycle", "_gone", "_head", "_holding", "_left", "_protocol", "_transport")
-
-    def __init__(self, protocol: HttpProtocol, cycle: RequestResponseCycle) -> None:
-        self._protocol = protocol
-        # Weak: the cycle holds this transport, and a cycle of the two per request would wait
-        # for the cyclic collector, which the server runs seldom (server.tune_gc).
-        self._cycle = weakref.ref(cycle)
-        self._transport = protocol.transport
-        self._head: bytes | None = None
-        self._holding = True  # only the cycle's first write (its head) is held
-        self._gone: Callable[[], None] | None = None
-        self._left = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-    def write(self, data: bytes) -> None:
-        head = self._head
-        if head is not None:
-            self._head = None
-            self._transport.writelines((head, data))
-        elif self._holding:
-            self._holding = False
-            self._head = data
-            self._protocol.loop.call_soon(self.flush)
-        else:
-            self._transport.write(data)
-
-    def flush(self) -> None:
-        """Write a held head now."""
-        head = self._head
-        if head is not None:
-            self._head = None
-            if not self._transport.is_closing():
-                self._transport.write(head)
-
-    def close(self) -> None:
-        self.flush()
-        self._protocol.close_after_body()
-
-    def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Send a whole answer (see RESPOND); the cycle's state moves as ASGI's sends move it."""
-        cycle = self._cycle()
-        if cycle is None or cycle.response_started or cycle.disconnected or cycle.flow.write_paused:
-            return False
-        if _BAD_VALUE.search(b"\t".join([value for _, value in headers])):
-            raise RuntimeError("Invalid HTTP header value.")
-        cycle.response_started = True
-        cycle.waiting_for_100_continue = False
-        head = [STATUS_LINE[status]]
-        for name, value in (*cycle.default_headers, *headers):
-            head += (name, b": ", value, b"\r\n")
-        if not cycle.keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        self._holding = False
-        self._transport.writelines((b"".join(head), body))
-        cycle.response_complete = True
-        cycle.message_event.set()
-        if not cycle.keep_alive:
-            self.close()
-        cycle.on_response()
-        return True
-
-    def when_gone(self, callback: Callable[[], None] | None) -> None:
-        """Call `callback` if the client disconnects before the answer is complete, at once if
-        it has (None: call nothing)."""
-        self._gone = callback
-        if self._left:
-            self.gone()
-
-    def gone(self) -> None:
-        """The client disconnected before the answer was complete."""
-        self._left = True
-        callback, self._gone = self._gone, None
-        if callback is not None:
-            callback()
 
 
 def accept_pending(listener: socket.socket) -> list[socket.socket]:

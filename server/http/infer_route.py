@@ -25,7 +25,7 @@ from server import raw_tensors
 from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
 from server.http import binary, codec, json_header
-from server.http.connection import RESPOND, WHEN_GONE
+from server.http.cycle import RESPOND, WHEN_GONE
 from server.logs import choose_request_id, request_id
 
 log = logging.getLogger("sluice.http")
@@ -244,7 +244,7 @@ def _error_body(message: str) -> bytes:
 async def _unless_gone(when_gone: WhenGone | None, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it (the batcher withdraws the
     request) and raise ClientGone. `when_gone` is the WHEN_GONE scope extension of sluice's HTTP
-    protocol (server/http/connection.py); without it (another ASGI server) nobody is watching."""
+    protocol (server/http/cycle.py); without it (another ASGI server) nobody is watching."""
     if when_gone is None:
         return await work
     current = asyncio.current_task()

@@ -1,7 +1,8 @@
-"""server/http/connection.py on real sockets: the listener hand-over (connections the kernel has
-queued, requests already written on them, are taken, not reset by the listener's close), and the
-protocol's writes (a response's head and body leave together unless the body has to wait), and
-the client leaving, as the app is told of it."""
+"""server/http/connection.py (and the per-request transport it installs, server/http/cycle.py)
+on real sockets: the listener hand-over (connections the kernel has queued, requests already
+written on them, are taken, not reset by the listener's close), the protocol's writes (a
+response's head and body leave together unless the body has to wait), the client leaving, as
+the app is told of it, and the bounds on what one connection can make the server hold."""
 
 from __future__ import annotations
 
