@@ -5,6 +5,8 @@ its answers read. What the server read is counted exactly from the kernel's queu
 
 from __future__ import annotations
 
+import asyncio
+import json
 import select
 import socket
 import time
@@ -18,11 +20,11 @@ from tests.servers import ServerProcess
 
 
 def request(index: int) -> bytes:
-    """A demo infer request of a fixed size, different for every index (no cache hits)."""
+    """A demo infer request of a fixed size, different for every index (no cache hits), its
+    `id` the index."""
     data = ", ".join(["0.5"] * 15 + [f"0.{index:07d}1"])  # written out: a fixed width
-    body = (
-        f'{{"inputs": [{{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [{data}]}}]}}'
-    )
+    tensor = f'{{"name": "x", "datatype": "FP32", "shape": [1, 16], "data": [{data}]}}'
+    body = f'{{"id": "{index:07d}", "inputs": [{tensor}]}}'
     return (
         b"POST /v2/models/demo/infer HTTP/1.1\r\nhost: sluice\r\n"
         b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
@@ -104,3 +106,21 @@ def test_a_client_that_pipelines_and_never_reads_is_bounded_and_closed(
     finally:
         client.close()
     assert measured
+
+
+async def test_a_pipelining_client_that_reads_gets_every_answer_in_order(
+    start_server: Callable[..., ServerProcess],
+) -> None:
+    env = {"SLUICE_HTTP_MAX_PIPELINED_REQUESTS": "2", "SLUICE_GRPC_ENABLED": "false"}
+    server = start_server(env=env)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.http_port)
+    try:
+        writer.write(b"".join(map(request, range(500))))  # all at once; sent as the server reads
+        for index in range(500):
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            answer = json.loads(await asyncio.wait_for(reader.readexactly(length), 10))
+            assert answer.get("id") == f"{index:07d}", (index, answer)
+    finally:
+        writer.close()
