@@ -532,3 +532,27 @@ async def test_a_request_the_server_holds_back_is_not_timed_out() -> None:
             assert body.startswith(b"/%d." % i)
     finally:
         writer.close()
+
+
+async def test_a_connection_closed_with_answers_its_client_never_reads_is_aborted() -> None:
+    # `Connection: close` after a 4 MB answer, under the high-water mark (writes never pause):
+    # a transport closes only once its buffer is written, which this client never lets happen.
+    protocols: list[HttpProtocol] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", b"4000000")]})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"x" * 4_000_000})
+
+    policy = ConnectionPolicy(5, 5, 8, write_buffer_bytes=8 * 2**20, write_timeout_s=0.5)
+    request = b"GET / HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\n\r\n"
+    _, _, writer = await _serve_one(app, request, policy=policy, protocols=protocols)
+    protocol = protocols[0]
+    try:
+        await _until(lambda: protocol.transport.is_closing())
+        closing = time.monotonic()
+        assert not protocol.flow.write_paused
+        await _until(lambda: protocol not in protocol.connections)
+        assert 0.4 <= time.monotonic() - closing < 0.5 + 1.0
+    finally:
+        writer.transport.abort()
