@@ -483,6 +483,8 @@ async def test_calls_past_the_streams_limit_wait_on_their_connection(engine: Fak
             grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=apart) as first,
             grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=apart) as second,
         ):
+            for channel in (first, second):  # connected, the server's limit known to the client
+                await pb_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest())
             calls = [
                 pb_grpc.GRPCInferenceServiceStub(first).ModelInfer(
                     raw_request("slow", {"x": ("FP32", x)}, id=f"a{i}")
