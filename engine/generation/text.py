@@ -25,7 +25,8 @@ unknown-word token may stand for a whole word (WordPiece's, up to 100 characters
 
 
 class ModelText:
-    """A generative model's tokenizer.json and tokenizer_config.json (chat template)."""
+    """A generative model's tokenizer.json and its chat template (tokenizer_config.json's
+    chat_template, else chat_template.jinja beside it)."""
 
     def __init__(self, folder: Path) -> None:
         from tokenizers import Tokenizer
@@ -37,6 +38,9 @@ class ModelText:
             loaded = json.loads(config_path.read_text())
             config = loaded if isinstance(loaded, dict) else {}
         template = config.get("chat_template")
+        jinja = folder / "chat_template.jinja"  # where transformers 5 writes it
+        if not isinstance(template, str) and jinja.is_file():
+            template = jinja.read_text()
         self.chat_template: str | None = template if isinstance(template, str) else None
         self.special = {key: _token_text(config.get(key)) for key in ("bos_token", "eos_token")}
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
@@ -48,15 +52,18 @@ class ModelText:
         into one)."""
         return 2 * tokens * self._token_chars
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """The ids of `text`; `special`: with the special tokens the tokenizer's post-processor
+        adds (a Llama's BOS), as transformers encodes a prompt. A chat prompt is encoded
+        without: its template writes them, as transformers' apply_chat_template does."""
+        return list(self.tokenizer.encode(text, add_special_tokens=special).ids)
 
-    async def encode_async(self, text: str) -> list[int]:
-        """`encode(text)`, off the event loop past OFF_LOOP_CHARS."""
+    async def encode_async(self, text: str, special: bool = False) -> list[int]:
+        """`encode(text, special)`, off the event loop past OFF_LOOP_CHARS."""
         if len(text) <= OFF_LOOP_CHARS:
-            return self.encode(text)
+            return self.encode(text, special)
         batch = self.tokenizer.encode_batch
-        encoded = await asyncio.to_thread(batch, [text], add_special_tokens=False)
+        encoded = await asyncio.to_thread(batch, [text], add_special_tokens=special)
         return list(encoded[0].ids)
 
     def decode(self, ids: list[int]) -> str:
@@ -66,7 +73,8 @@ class ModelText:
         """The prompt the model's chat template makes of `messages` (sandboxed Jinja)."""
         if self.chat_template is None:
             raise InvalidInput(
-                "this model has no chat template (tokenizer_config.json chat_template); "
+                "this model has no chat template (tokenizer_config.json chat_template or "
+                "chat_template.jinja); "
                 "use /v1/completions"
             )
         from jinja2 import TemplateError

@@ -95,6 +95,31 @@ def test_no_chat_template_points_to_completions(tmp_path: Path) -> None:
         ModelText(tmp_path).chat_prompt([{"role": "user", "content": "x"}])
 
 
+def test_a_chat_template_beside_the_tokenizer_config_is_read(tmp_path: Path) -> None:
+    """transformers 5 saves the template as chat_template.jinja, not in tokenizer_config.json."""
+    from tests.genai_models import tiny_gqa_llama_tokenizer
+
+    tiny_gqa_llama_tokenizer(tmp_path)
+    assert "chat_template" not in json.loads((tmp_path / "tokenizer_config.json").read_text())
+    prompt = ModelText(tmp_path).chat_prompt([{"role": "user", "content": "hi"}])
+    assert prompt == "<s>user: hi\nassistant:"
+
+
+async def test_special_tokens_are_added_as_the_tokenizer_defines_them(tmp_path: Path) -> None:
+    """A Llama-style tokenizer's post-processor adds BOS to a prompt, as transformers encodes
+    it; a chat prompt's come from its template."""
+    from transformers import AutoTokenizer
+
+    from tests.genai_models import tiny_gqa_llama_tokenizer
+
+    tiny_gqa_llama_tokenizer(tmp_path)
+    text, hf = ModelText(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    ids = await text.encode_async("the quick", special=True)
+    assert ids == hf("the quick").input_ids
+    assert ids[0] == hf.bos_token_id
+    assert await text.encode_async("the quick") == ids[1:]
+
+
 def test_each_token_is_decoded_a_bounded_number_of_times(
     text: ModelText, monkeypatch: pytest.MonkeyPatch
 ) -> None:
