@@ -19,7 +19,8 @@ from batching.batcher import Batcher
 from batching.policy import BatchPolicy
 from engine import datatypes
 from engine.backends.base import CPU_PROVIDER, Backend
-from engine.generation.generator import Generator
+from engine.generation.genai import GenaiGenerator, is_genai_folder
+from engine.generation.generator import Generator, TextGenerator
 from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
 from engine.stats import ModelStats
@@ -220,8 +221,9 @@ class LoadedModel:
     batcher: Batcher
     executor: ThreadPoolExecutor
     runner: BatchRunner | None = None
-    generator: Generator | None = None
-    """The generation scheduler and text of a generative model (config `generative:`)."""
+    generator: TextGenerator | None = None
+    """The generation scheduler and text of a generative model (config `generative:`, or an
+    onnxruntime-genai model builder's output)."""
 
     @functools.cached_property
     def label(self) -> str:
@@ -264,7 +266,12 @@ async def load_model(
     """Open, auto-complete, warm up and start batching one model version."""
     label = f"model '{name}' version {version}"
     started = time.monotonic()
-    backend = await asyncio.to_thread(open_backend, config, path, label)
+    genai: GenaiGenerator | None = None
+    if is_genai_folder(path.parent):  # onnxruntime-genai's model builder wrote this version
+        genai = await asyncio.to_thread(GenaiGenerator, path.parent, config.generative, label)
+        backend: Backend = genai.backend
+    else:
+        backend = await asyncio.to_thread(open_backend, config, path, label)
     try:
         generation = await asyncio.to_thread(fingerprint, path, config)
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
@@ -314,8 +321,8 @@ async def load_model(
             "max_batch_size": max_batch, "instances": config.instance_count,
         },
     )  # fmt: skip
-    generator = None
-    if config.generative is not None:
+    generator: TextGenerator | None = genai
+    if genai is None and config.generative is not None:
         try:
             generator = Generator(backend, config.generative, path.parent, executor, label)
         except BaseException:

@@ -35,3 +35,14 @@ def tiny_gpt2_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Pat
     root = tmp_path_factory.mktemp("tiny-gpt2")
     publish_tiny(root / "hf", root / "models")
     return root / "hf", root / "models"
+
+
+@pytest.fixture(scope="session")
+def tiny_genai_built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The tiny GQA Llama of tests/genai_models.py built once for the session: (its Hugging
+    Face folder, onnxruntime-genai's model builder output of it). Tests publish copies."""
+    from tests.genai_models import build_genai, tiny_gqa_llama
+
+    root = tmp_path_factory.mktemp("tiny-genai")
+    hf = tiny_gqa_llama(root / "hf")
+    return hf, build_genai(hf, root / "genai")

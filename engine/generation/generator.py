@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.backends.base import Backend
 from engine.generation.config import GenerativeOptions
@@ -42,22 +42,25 @@ def cache_layout(backend: Backend, label: str) -> CacheLayout:
     return CacheLayout(layers=len(past) // 2, kv_heads=shape[1], head_dim=shape[3])
 
 
-class Generator:
-    """What the front-ends call for text generation on one model version."""
+class SequenceScheduler(Protocol):
+    """What a generator's scheduler does for it (GenerationScheduler, or GenaiScheduler on
+    onnxruntime-genai's Engine)."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        options: GenerativeOptions,
-        folder: Path,
-        executor: Executor,
-        label: str,
-    ) -> None:
-        self.options = options
-        self.text = ModelText(folder)
-        self.scheduler = GenerationScheduler(
-            backend.run, cache_layout(backend, label), options, executor, label
-        )
+    def submit(
+        self, prompt: Sequence[int], params: SamplingParams, detokenizer: Detokenizer | None = None
+    ) -> GenSequence: ...
+    def cancel(self, sequence: GenSequence) -> None: ...
+    async def drain(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+class TextGenerator:
+    """What the front-ends call for text generation on one model version: the model's text
+    (tokenizer, chat template) around a scheduler of sequences."""
+
+    options: GenerativeOptions
+    text: ModelText
+    scheduler: SequenceScheduler
 
     async def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if not isinstance(prompt, str):
@@ -73,13 +76,14 @@ class Generator:
 
     async def _tokens(self, text: str, chat: bool) -> list[int]:
         """The tokens of `text`, refused untokenized when more than the context could ever
-        hold."""
+        hold. A prompt gets the special tokens the tokenizer adds (BOS); a chat's come from
+        its template."""
         context = self.options.context_length
         check_prompt_chars(len(text), self.text.most_chars(context), context, chat)
-        return await self.text.encode_async(text)
+        return await self.text.encode_async(text, special=not chat)
 
     def start(self, prompt: list[int], params: SamplingParams) -> GenSequence:
-        """Queue a sequence; its `stream()` yields the chunks (see GenerationScheduler)."""
+        """Queue a sequence; its `stream()` yields the chunks."""
         return self.scheduler.submit(prompt, params, Detokenizer(self.text, params.stop))
 
     def cancel(self, sequence: GenSequence) -> None:
@@ -91,3 +95,27 @@ class Generator:
 
     async def close(self) -> None:
         await self.scheduler.close()
+
+
+class Generator(TextGenerator):
+    """Generation on sluice's own scheduler over an ONNX Runtime decoder (`sluice convert`'s
+    export of a causal LM)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        options: GenerativeOptions,
+        folder: Path,
+        executor: Executor,
+        label: str,
+    ) -> None:
+        if options.context_length < 2:
+            raise ValueError(
+                f"{label}: generative.context_length must be set (2 or more) for a decoder "
+                "sluice runs itself (the model's positions)"
+            )
+        self.options = options
+        self.text = ModelText(folder)
+        self.scheduler: GenerationScheduler = GenerationScheduler(
+            backend.run, cache_layout(backend, label), options, executor, label
+        )

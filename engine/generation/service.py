@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from engine.datatypes import past_64_bits, received, shown
 from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.context import completion_budget
-from engine.generation.generator import Generator
+from engine.generation.generator import TextGenerator
 from engine.generation.sampling import sampling_params
 from engine.generation.sequence import Chunk, GenSequence
 from engine.limits import Limiter
@@ -172,7 +172,7 @@ class GenerationService:
         task.add_done_callback(self._settling.discard)
 
 
-async def prompt_ids(generator: Generator, prompt: object) -> list[int]:
+async def prompt_ids(generator: TextGenerator, prompt: object) -> list[int]:
     """The token ids of a prompt given as text or as ids (each checked against the vocabulary);
     InvalidInput for anything else."""
     if isinstance(prompt, str):
@@ -202,7 +202,7 @@ class LocalStream:
 
     def __init__(
         self,
-        generator: Generator,
+        generator: TextGenerator,
         sequence: GenSequence,
         admission: Admission,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None,

@@ -1,0 +1,189 @@
+"""Generation on onnxruntime-genai's Engine, in process: the tiny GQA Llama built by the model
+builder (tests/genai_models.py) served by GenaiGenerator. Greedy tokens must be identical to
+transformers `generate` from the same ids (BOS included); the Engine's steps run off the event
+loop's thread; a cancelled sequence's Engine request is closed before the next one needs its
+place; past the decode batch and the waiting room a sequence is refused with Overloaded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.errors import InvalidInput, Overloaded
+from engine.generation.config import GenerativeOptions
+from engine.generation.genai import GenaiGenerator, is_genai_folder
+from engine.generation.sampling import sampling_params
+from engine.generation.sequence import GenSequence
+from tests.genai_models import CONTEXT, reference_greedy
+from tests.generative import SENTENCES
+
+PROMPTS = [*SENTENCES, "the quick", "a prompt goes in and the server answers every request"]
+
+
+def generator(built: tuple[Path, Path], **section: Any) -> GenaiGenerator:
+    options = GenerativeOptions.model_validate(section)
+    return GenaiGenerator(built[1], options if section else None, "model 'llama' version 1")
+
+
+async def collect(sequence: GenSequence) -> list[int]:
+    tokens: list[int] = []
+    async for chunk in sequence.stream():
+        tokens += chunk.tokens
+    return tokens
+
+
+def test_a_model_builder_folder_is_recognised(tiny_genai_built: tuple[Path, Path]) -> None:
+    hf, built = tiny_genai_built
+    assert is_genai_folder(built)
+    assert not is_genai_folder(hf)
+
+
+async def test_greedy_tokens_match_transformers_from_the_same_ids(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built)
+    try:
+        ids = [await gen.prompt_ids(p) for p in PROMPTS]
+        bos = gen.text.tokenizer.token_to_id("<s>")
+        assert all(i[0] == bos for i in ids)  # the tokenizer's post-processor adds it
+        params = sampling_params(max_tokens=40, temperature=0)
+        sequences = [gen.start(i, params) for i in ids]  # all at once: batched together
+        got = await asyncio.gather(*map(collect, sequences))
+    finally:
+        await gen.close()
+    want = [reference_greedy(tiny_genai_built[0], i, 40) for i in ids]
+    assert got == want
+    assert gen.options.context_length == CONTEXT
+
+
+class Gated:
+    """onnxruntime_genai with an Engine whose steps record their thread and each wait for a
+    permit of `gate` (a test opens it with `gate.release(n)`)."""
+
+    def __init__(self, permits: int = 1_000_000) -> None:
+        import onnxruntime_genai as og
+
+        self.og = og
+        self.threads: set[int] = set()
+        self.gate = threading.Semaphore(permits)
+        self.steps = 0
+        library = self
+
+        class Engine:
+            def __init__(self, model: Any) -> None:
+                self.engine = og.Engine(model)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.engine, name)
+
+            def run(self, buffer: Any) -> Any:
+                library.threads.add(threading.get_ident())
+                assert library.gate.acquire(timeout=30)
+                library.steps += 1
+                return self.engine.run(buffer)
+
+        self.Engine = Engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.og, name)
+
+
+async def test_engine_steps_run_off_the_loop_and_the_loop_stays_responsive(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built)
+    library = Gated()
+    gen.scheduler._og = library
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        while not done.is_set():
+            before = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags.append(time.perf_counter() - before - 0.001)
+
+    ticker = asyncio.create_task(tick())
+    try:
+        ids = [await gen.prompt_ids(p) for p in PROMPTS * 2]
+        params = sampling_params(max_tokens=100, temperature=0)
+        got = await asyncio.gather(*(collect(gen.start(i, params)) for i in ids))
+    finally:
+        done.set()
+        await ticker
+        await gen.close()
+    assert sum(map(len, got)) > 16 * 20  # it generated while the ticker ran
+    assert library.threads
+    assert threading.get_ident() not in library.threads
+    # The loop only takes each step's tokens: its lag stays far below a step's work.
+    assert float(np.quantile(lags, 0.99)) < 0.02, f"p99 loop lag {np.quantile(lags, 0.99)}"
+
+
+async def test_a_cancelled_sequence_gives_its_place_back_at_once(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built, max_running_sequences=1, max_waiting_sequences=1)
+    scheduler, library = gen.scheduler, Gated(permits=1)
+    scheduler._og = library
+    try:
+        ids = await gen.prompt_ids(PROMPTS[0])
+        first = gen.start(ids, sampling_params(max_tokens=100, temperature=0))
+        await anext(first.stream())  # its first step ran; the next waits for the gate
+        gen.cancel(first)
+        second = gen.start(ids, sampling_params(max_tokens=3, temperature=0))
+        library.gate.release(1_000)
+        assert len(await collect(second)) == 3
+        # The second had the only place of the batch within a few steps: the first was closed
+        # at once, not left to generate its 100 tokens there.
+        assert library.steps < 10, library.steps
+        assert first.finish_reason == "cancelled"
+        assert len(first.generated) == 1
+    finally:
+        await gen.close()
+    assert scheduler.live == []
+    assert scheduler.engine_requests == 0
+
+
+async def test_past_the_batch_and_the_waiting_room_a_sequence_is_refused(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built, max_running_sequences=1, max_waiting_sequences=1)
+    try:
+        ids = await gen.prompt_ids(PROMPTS[0])
+        params = sampling_params(max_tokens=50, temperature=0)
+        running, waiting = gen.start(ids, params), gen.start(ids, params)
+        with pytest.raises(Overloaded, match="2 sequences in flight"):
+            gen.start(ids, params)
+        assert await collect(running) == await collect(waiting)  # both served in turn
+    finally:
+        await gen.close()
+
+
+async def test_a_prompt_the_context_cannot_hold_is_refused_naming_it(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built)
+    try:
+        with pytest.raises(InvalidInput, match=f"maximum context length is {CONTEXT} tokens"):
+            gen.start(list(range(2, 2 + CONTEXT)), sampling_params(max_tokens=1))
+    finally:
+        await gen.close()
+
+
+async def test_no_max_tokens_means_the_rest_of_the_context(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built)
+    try:
+        assert gen.options.default_max_tokens == CONTEXT
+        sized = generator(tiny_genai_built, default_max_tokens=5)
+        assert sized.options.default_max_tokens == 5  # the config's, when it sets one
+        await sized.close()
+    finally:
+        await gen.close()
