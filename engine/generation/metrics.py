@@ -1,8 +1,9 @@
 """Prometheus metrics of the generation schedulers, read at scrape time from each generative
 model's scheduler: running and waiting sequences, key/value cache bytes used and budgeted,
 generated tokens and scheduler steps (rate() of the tokens counter is tokens/s), prefix-cache
-bytes, hit tokens and prompt tokens (their ratio is the hit rate), and time to
-first token and inter-token latency as p50/p99 over each model's latest 10,000 tokens."""
+bytes, hit tokens and prompt tokens (their ratio is the hit rate); time to first token,
+inter-token latency and end-to-end time as histograms since load (they add up across replicas)
+and, as before, the first two as p50/p99 gauges over each model's latest 10,000 tokens."""
 
 from __future__ import annotations
 
@@ -10,7 +11,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 LABELS = ["model", "version"]
 
@@ -52,6 +58,21 @@ class GenerationCollector:
         quantile_labels = [*LABELS, "quantile"]
         ttft = gauge("time_to_first_token_seconds", "Time to first token.", quantile_labels)
         itl = gauge("inter_token_seconds", "Time between a sequence's tokens.", quantile_labels)
+        histograms = [
+            HistogramMetricFamily(
+                "sluice_generation_ttft_seconds",
+                "Time from a sequence's arrival to its first token.",
+                labels=LABELS,
+            ),
+            HistogramMetricFamily(
+                "sluice_generation_itl_seconds", "Time between a sequence's tokens.", labels=LABELS
+            ),
+            HistogramMetricFamily(
+                "sluice_generation_e2e_seconds",
+                "Time from a sequence's arrival to its end (any finish reason).",
+                labels=LABELS,
+            ),
+        ]
         for model in self._snapshot()["models"]:
             generator = getattr(model, "generator", None)
             if generator is None:
@@ -68,6 +89,10 @@ class GenerationCollector:
             budget.add_metric(labels, scheduler.cache.budget_bytes)
             tokens.add_metric(labels, scheduler.stats.generated_tokens)
             steps.add_metric(labels, scheduler.stats.steps)
+            stats = scheduler.stats
+            observed_all = (stats.ttft, stats.itl, stats.e2e)
+            for histogram, observed in zip(histograms, observed_all, strict=True):
+                histogram.add_metric(labels, observed.cumulative(), observed.sum_s)
             for family, values in ((ttft, scheduler.stats.time_to_first_token_s),
                                    (itl, scheduler.stats.inter_token_s)):  # fmt: skip
                 if values:
@@ -76,3 +101,4 @@ class GenerationCollector:
                     family.add_metric([*labels, "0.99"], float(p99))
         yield from (running, waiting, used, budget, tokens, steps, ttft, itl)
         yield from (prefix, hits, prompts)
+        yield from histograms

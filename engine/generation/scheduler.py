@@ -249,9 +249,9 @@ class GenerationScheduler:
             return
         stats = self.stats
         if sequence.last_token_at is None:
-            stats.time_to_first_token_s.append(now - sequence.arrived)
+            stats.first_token(now - sequence.arrived)
         else:
-            stats.inter_token_s.append(now - sequence.last_token_at)
+            stats.next_token(now - sequence.last_token_at)
         sequence.last_token_at = now
         stats.generated_tokens += 1
         if token in self.options.eos_token_ids:
@@ -278,6 +278,7 @@ class GenerationScheduler:
         if sequence.finish_reason is not None:
             return
         sequence.finish_reason = reason
+        self.stats.e2e.observe(time.monotonic() - sequence.arrived)
         if sequence.slot is not None:
             self.cache.release(sequence.slot)
         with contextlib.suppress(ValueError):

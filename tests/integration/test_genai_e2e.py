@@ -179,3 +179,14 @@ def test_a_client_that_leaves_frees_its_place(served: tuple[ServerProcess, Path]
         time.sleep(0.05)
     assert metric(server, "sluice_generation_kv_cache_used_bytes") == 0
     assert metric(server, "sluice_generation_kv_cache_budget_bytes") > 0
+
+
+def test_latencies_are_exported_as_histograms(served: tuple[ServerProcess, Path]) -> None:
+    server, _ = served
+    body = {"model": "llama", "prompt": "the quick", "max_tokens": 5, "temperature": 0}
+    before = metric(server, "sluice_generation_e2e_seconds_count")
+    reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).json()
+    assert reply["usage"]["completion_tokens"] == 5
+    assert metric(server, "sluice_generation_e2e_seconds_count") == before + 1
+    assert metric(server, "sluice_generation_ttft_seconds_count") >= 1
+    assert metric(server, "sluice_generation_itl_seconds_count") >= 4
