@@ -86,7 +86,11 @@ def _check_tensorrt_options(params: dict[str, Any]) -> None:
 )
 @click.option("--trust-pickle", is_flag=True, help="Allow loading pickles (unpickling runs code).")
 @click.option(
-    "--precision", type=click.Choice(["fp32", "fp16", "int8"]), default="fp32", show_default=True
+    "--precision",
+    type=click.Choice(["fp32", "fp16", "int8", "int4"]),
+    default="fp32",
+    show_default=True,
+    help="int4 (and fp16 on CUDA): causal LMs onnxruntime-genai's model builder converts.",
 )
 @click.option(
     "--target",
@@ -241,6 +245,7 @@ def convert(**params: Any) -> None:
     from converters.causal_lm import convert_causal_lm
     from converters.encoder_conversion import convert_encoder
     from converters.errors import ConversionError
+    from converters.genai_convert import builder_architecture, convert_with_builder
     from converters.hf_decoder import is_causal_lm_folder
     from converters.hf_encoder import is_hf_folder
     from converters.options import ConvertOptions
@@ -298,9 +303,19 @@ def convert(**params: Any) -> None:
             # Any other Hugging Face folder is an encoder (sentence-transformers,
             # *ForSequenceClassification), which becomes a text pipeline: tokenizer -> encoder;
             # the encoder conversion names the architectures it takes.
+            # An architecture onnxruntime-genai's model builder knows goes through it (int8
+            # stays on sluice's own export); GPT-2 and the rest keep sluice's.
             run = convert_causal_lm if is_causal_lm_folder(options.source) else convert_model
+            builder = run is convert_causal_lm and builder_architecture(Path(options.source))
+            if builder and options.precision != "int8":
+                run = convert_with_builder
             if run is convert_model and is_hf_folder(options.source):
                 run = convert_encoder
+            if options.precision == "int4" and run is not convert_with_builder:
+                raise ConversionError(
+                    "--precision int4 is for causal LMs onnxruntime-genai's model builder "
+                    "converts (Llama, Mistral, Qwen, Phi, Gemma, ...)"
+                )
             run(options, Steps(report, progress))
     except ConversionError as exc:
         report.status, report.error = "error", exc.message
