@@ -190,3 +190,28 @@ def test_latencies_are_exported_as_histograms(served: tuple[ServerProcess, Path]
     assert metric(server, "sluice_generation_e2e_seconds_count") == before + 1
     assert metric(server, "sluice_generation_ttft_seconds_count") >= 1
     assert metric(server, "sluice_generation_itl_seconds_count") >= 4
+
+
+def test_generation_under_two_workers_is_greedy_identical(
+    tmp_path: Path, tiny_genai_built: tuple[Path, Path]
+) -> None:
+    """The workers relay /v1 to the engine process, which runs the Engine: the same tokens,
+    one request per connection (they land on both workers)."""
+    from tests.genai_models import publish_genai
+
+    publish_genai(tiny_genai_built[1], tmp_path / "models", config=CONFIG)
+    server = ServerProcess(
+        "--model-repository", str(tmp_path / "models"), "--workers", "2",
+        log_path=tmp_path / "server.log", grpc=False,
+    ).start(timeout_s=90)  # fmt: skip
+    try:
+        folder = tiny_genai_built[0]
+        tokenizer = hf_tokenizer(folder)
+        for prompt in PROMPTS[:4]:
+            body = {"model": "llama", "prompt": prompt, "max_tokens": 12, "temperature": 0}
+            reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+            assert reply.status_code == 200, reply.text
+            text = expected(folder, tokenizer(prompt).input_ids, 12)[0]
+            assert reply.json()["choices"][0]["text"] == text, prompt
+    finally:
+        server.stop()
