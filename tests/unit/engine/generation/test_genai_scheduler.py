@@ -63,10 +63,10 @@ async def test_greedy_tokens_match_transformers_from_the_same_ids(
 
 
 class Gated:
-    """onnxruntime_genai with an Engine whose steps record their thread and each wait for a
-    permit of `gate` (a test opens it with `gate.release(n)`)."""
+    """onnxruntime_genai with an Engine whose steps record their thread, each wait for a
+    permit of `gate` (a test opens it with `gate.release(n)`) and take `step_s` longer."""
 
-    def __init__(self, permits: int = 1_000_000) -> None:
+    def __init__(self, permits: int = 1_000_000, step_s: float = 0.0) -> None:
         import onnxruntime_genai as og
 
         self.og = og
@@ -86,6 +86,8 @@ class Gated:
                 library.threads.add(threading.get_ident())
                 assert library.gate.acquire(timeout=30)
                 library.steps += 1
+                if step_s:  # a step of a real model's length, the GIL let go as the library does
+                    time.sleep(step_s)
                 return self.engine.run(buffer)
 
         self.Engine = Engine
@@ -97,8 +99,9 @@ class Gated:
 async def test_engine_steps_run_off_the_loop_and_the_loop_stays_responsive(
     tiny_genai_built: tuple[Path, Path],
 ) -> None:
+    """Steps of 5 ms (a real model's): run on the loop, each would hold it that long."""
     gen = generator(tiny_genai_built)
-    library = Gated()
+    library = Gated(step_s=0.005)
     gen.scheduler._og = library
     lags: list[float] = []
     done = asyncio.Event()
@@ -111,18 +114,19 @@ async def test_engine_steps_run_off_the_loop_and_the_loop_stays_responsive(
 
     ticker = asyncio.create_task(tick())
     try:
-        ids = [await gen.prompt_ids(p) for p in PROMPTS * 2]
-        params = sampling_params(max_tokens=100, temperature=0)
+        ids = [await gen.prompt_ids(p) for p in PROMPTS]
+        params = sampling_params(max_tokens=30, temperature=0)
         got = await asyncio.gather(*(collect(gen.start(i, params)) for i in ids))
     finally:
         done.set()
         await ticker
         await gen.close()
-    assert sum(map(len, got)) > 16 * 20  # it generated while the ticker ran
+    assert sum(map(len, got)) >= 8 * 20  # it generated while the ticker ran
+    assert library.steps >= 30
     assert library.threads
     assert threading.get_ident() not in library.threads
-    # The loop only takes each step's tokens: its lag stays far below a step's work.
-    assert float(np.quantile(lags, 0.99)) < 0.02, f"p99 loop lag {np.quantile(lags, 0.99)}"
+    # The median, not the tail: a shared CI host preempts the loop now and then whatever runs.
+    assert float(np.median(lags)) < 0.0025, f"median loop lag {np.median(lags)}"
 
 
 async def test_a_cancelled_sequence_gives_its_place_back_at_once(
