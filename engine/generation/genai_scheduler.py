@@ -190,7 +190,8 @@ class GenaiScheduler:
                     if kind == _STOP:
                         return
                     assert sequence is not None
-                    if kind == _START and not sequence.cancelled:
+                    # One the loop ended before it started (cancelled, shut down) never starts.
+                    if kind == _START and sequence.finish_reason is None:
                         request = self._begin(sequence, failed)
                         if request is not None:
                             requests[id(request)] = (sequence, request)
