@@ -27,7 +27,7 @@ import numpy as np
 from batching.batcher import Batcher
 from batching.errors import BatchingError
 from batching.policy import BatchPolicy
-from engine.backends.tokenizer import TRUNCATED
+from engine.backends.tokenizer import TOKEN_OUTPUTS, TRUNCATED
 from engine.errors import (
     BackendError,
     EngineError,
@@ -49,6 +49,11 @@ Resolve = Callable[[str, str | None], LoadedModel]
 
 TRUNCATED_ROWS = "truncated_rows"
 """Response parameter: rows a tokenizer step cut to its max_length (present when any was)."""
+
+TOKENS = "tokens"
+"""Response parameter: the tokens the pipeline's first encoding tokenizer step gave the model,
+special tokens included, after truncation (present when such a step ran); the usage that
+/v1/embeddings reports."""
 
 
 class PipelineRequest(dict[str, np.ndarray]):
@@ -131,6 +136,7 @@ class PipelineRunner:
         deadline = getattr(inputs, "deadline", None)
         tensors = dict(inputs)
         truncated = 0
+        tokens: int | None = None
         for index in self._order:
             step = self._options.steps[index]
             where = _label(self._name, index, step)
@@ -164,10 +170,14 @@ class PipelineRunner:
                         "and this step does not truncate (truncation: false)"
                     )
                 truncated += int(cut.size)
+                if tokens is None:  # the first text's tokens; a later step's are derived
+                    tokens = int(np.count_nonzero(outputs[TOKEN_OUTPUTS[1]]))
             for produced, tensor in step.outputs.items():
                 tensors[tensor] = outputs[produced]
         answer = PipelineAnswer({name: tensors[name] for name in self._outputs})
         answer.parameters = {TRUNCATED_ROWS: truncated} if truncated else {}
+        if tokens is not None:
+            answer.parameters[TOKENS] = tokens
         return answer
 
 

@@ -113,9 +113,12 @@ def test_embeddings_over_json_equal_encode(server: ServerProcess, folders: dict[
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(folders["st"] / "tokenizer.json"))
-    cut = sum(len(e.ids) > MAX_SEQ_LENGTH for e in tokenizer.encode_batch(TEXTS))
+    lengths = [len(e.ids) for e in tokenizer.encode_batch(TEXTS)]
+    cut = sum(length > MAX_SEQ_LENGTH for length in lengths)
     assert cut >= 1
-    assert body["parameters"] == {"truncated_rows": cut}  # long texts are cut, as encode cuts
+    tokens = sum(min(length, MAX_SEQ_LENGTH) for length in lengths)
+    # Long texts are cut, as encode cuts them; `tokens` counts what the model was given.
+    assert body["parameters"] == {"truncated_rows": cut, "tokens": tokens}
     metadata = httpx.get(f"{server.url}/v2/models/embedder").json()
     assert metadata["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
     assert metadata["outputs"] == [{"name": "embeddings", "datatype": "FP32", "shape": [-1, 32]}]

@@ -67,8 +67,12 @@ def test_json_bytes(server: ServerProcess, repo: Path) -> None:
     got = embeddings(response.json())
     assert got.shape == (len(TEXTS), DIM)
     np.testing.assert_allclose(got, expected(repo, TEXTS), rtol=1e-5, atol=1e-6)
-    cut = sum(length > MAX_LENGTH for length in token_counts(repo, TEXTS))
-    assert response.json().get("parameters") == ({"truncated_rows": cut} if cut else None)
+    counts = token_counts(repo, TEXTS)
+    cut = sum(length > MAX_LENGTH for length in counts)
+    tokens = sum(min(length, MAX_LENGTH) for length in counts)
+    assert response.json()["parameters"] == ({"truncated_rows": cut} if cut else {}) | {
+        "tokens": tokens
+    }
 
 
 def test_binary_bytes_layout(server: ServerProcess, repo: Path) -> None:
@@ -123,7 +127,8 @@ def test_truncated_rows_are_reported_and_the_cut_text_embedded(
     tensor = {"name": "TEXT", "datatype": "BYTES", "shape": [2], "data": rows}
     response = httpx.post(f"{server.url}/v2/models/embedder/infer", json={"inputs": [tensor]})
     assert response.status_code == 200, response.text
-    assert response.json()["parameters"] == {"truncated_rows": 1}
+    tokens = token_counts(repo, rows)[0] + MAX_LENGTH
+    assert response.json()["parameters"] == {"truncated_rows": 1, "tokens": tokens}
     np.testing.assert_allclose(
         embeddings(response.json()), expected(repo, rows), rtol=1e-5, atol=1e-6
     )

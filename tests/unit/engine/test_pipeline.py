@@ -76,7 +76,8 @@ async def test_text_in_embeddings_out_as_computed_in_process(
     assert answer.datatypes == {"EMBEDDING": "FP32"}
     expected = expected_embeddings(tmp_path / "models", rows)
     np.testing.assert_allclose(answer.outputs["EMBEDDING"], expected, rtol=1e-5, atol=1e-6)
-    assert answer.parameters == {}  # nothing was truncated
+    tokens = sum(len(e.ids) for e in reference(tmp_path / "models").encode_batch(rows))
+    assert answer.parameters == {"tokens": tokens}  # nothing was truncated
 
 
 async def test_metadata_and_triton_config_describe_the_pipeline(engine: Engine) -> None:
@@ -165,7 +166,8 @@ async def test_truncated_rows_are_counted_in_the_response(tmp_path: Path) -> Non
         await engine.close()
     lengths = [len(t.ids) for t in reference(repo).encode_batch(rows)]
     assert lengths[0] <= 5 < min(lengths[1:])
-    assert answer.parameters == {"truncated_rows": 2}
+    # The tokens the model was given: the long rows cut to max_length.
+    assert answer.parameters == {"truncated_rows": 2, "tokens": lengths[0] + 5 + 5}
     assert answer.outputs["EMBEDDING"].shape == (3, DIM)
 
 
