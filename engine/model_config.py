@@ -20,6 +20,7 @@ from engine.model_config_sections import (
     GPU_PROVIDERS,
     MAX_INT32,
     DynamicBatching,
+    Embeddings,
     ExecutionProvider,
     InstanceGroup,
     ModelCache,
@@ -37,6 +38,7 @@ from engine.step_config import PipelineOptions, PythonOptions, TokenizerOptions
 __all__ = [
     "GPU_PROVIDERS",
     "DynamicBatching",
+    "Embeddings",
     "ExecutionProvider",
     "InstanceGroup",
     "ModelCache",
@@ -79,6 +81,9 @@ class ModelConfig(Section):
     """The Python step's class, inputs and outputs (backend python)."""
     pipeline: PipelineOptions | None = None
     """Steps run in place of a model file (backend pipeline)."""
+    embeddings: Embeddings = Field(default_factory=Embeddings)
+    """How /v1/embeddings serves a text-in embedding model (a pipeline with one BYTES input and
+    one FP32 [-1, D] output)."""
     generative: GenerativeOptions | None = None
     """A decoder with a key/value cache, run by the generation scheduler (`sluice convert` of
     a causal LM folder writes it); served by /v1/completions and /v1/chat/completions."""

@@ -290,3 +290,11 @@ class ModelCache(Section):
     """Answer repeated requests from the result cache."""
     ttl_s: float = Field(300.0, gt=0)
     """How long a cached result lives."""
+
+
+class Embeddings(Section):
+    matryoshka: bool = False
+    """The model was trained so that the leading dimensions of its embedding are an embedding
+    on their own (Matryoshka representation learning): /v1/embeddings accepts `dimensions` and
+    answers the first that many (re-normalized to unit length where the model's own rows are
+    unit length). False: `dimensions` other than the full width is a 400."""

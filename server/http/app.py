@@ -25,8 +25,11 @@ from engine.settings import Settings
 from engine.types import ModelMetadata
 from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
+from server.http.embeddings import embeddings_router
 from server.http.infer_route import InferRoute
 from server.http.openai import mount_openai
+from server.http.openai_errors import UNKNOWN_ROUTE, V1, http_error, openai_error
+from server.http.openai_models import models_router
 from server.http.triton import triton_router
 from server.logs import RequestIdMiddleware
 
@@ -97,29 +100,47 @@ class BodyLimit:
         await self.app(scope, bounded, send)
 
 
+def _v1(request: Request) -> bool:
+    path: str = request.url.path
+    return path == V1 or path.startswith(V1 + "/")
+
+
 def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
     """Every endpoint but inference: health, metadata, usage, metrics, Triton extensions."""
     app = FastAPI(title="sluice", version="0.1.0", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdMiddleware)
 
+    # Every refusal in the protocol's shape: KServe's {"error": "..."}, or OpenAI's error
+    # object under /v1 (server/http/openai_errors.py), unknown /v1 routes included.
     @app.exception_handler(EngineError)
-    async def _engine_error(_: Request, exc: EngineError) -> Response:
-        return error_response(exc)
+    async def _engine_error(request: Request, exc: EngineError) -> Response:
+        return openai_error(exc) if _v1(request) else error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         # Its headers too: a 405's Allow (RFC 9110 requires it).
         headers = dict(exc.headers) if exc.headers else None
+        if _v1(request):
+            unknown = exc.status_code == 404
+            message = (
+                f"Unknown request URL: {request.method} {request.url.path}"
+                if unknown
+                else str(exc.detail)
+            )
+            return http_error(exc.status_code, message, headers, UNKNOWN_ROUTE if unknown else None)
         return json_response({"error": str(exc.detail)}, exc.status_code, headers)
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> Response:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         # A bug, not a client error: the traceback goes to the log, the client gets JSON.
         log.error("unhandled error", exc_info=exc)
-        return json_response({"error": "internal server error (see the server log)"}, 500)
+        message = "internal server error (see the server log)"
+        return http_error(500, message) if _v1(request) else json_response({"error": message}, 500)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if _v1(request):
+            return http_error(400, str(exc.errors()))
         return json_response({"error": str(exc.errors())}, 400)
 
     # Health and metadata answer HEAD too (load balancers' health checks use it).
@@ -135,6 +156,8 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
     # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
     app.include_router(triton_router(plane))
     mount_openai(app, plane.engine)  # /v1: OpenAI-compatible generation (server/http/openai.py)
+    app.include_router(embeddings_router(plane))  # /v1/embeddings (server/http/embeddings.py)
+    app.include_router(models_router(plane))  # /v1/models (server/http/openai_models.py)
 
     @app.get("/v2")
     async def server_metadata(request: Request) -> Response:

@@ -1,8 +1,9 @@
-"""The OpenAI-compatible API of generative models: `POST /v1/completions`,
-`POST /v1/chat/completions` (the model's chat template from tokenizer_config.json) and
-`GET /v1/models`, with `stream: true` as server-sent events whose last chunk carries the usage
-counts. Errors are OpenAI's error object (`{"error": {"message", "type", "param", "code"}}`)
-with the status engine errors map to everywhere else.
+"""The OpenAI-compatible API of generative models: `POST /v1/completions` and
+`POST /v1/chat/completions` (the model's chat template from tokenizer_config.json), with
+`stream: true` as server-sent events (server/http/sse.py) and the usage in a last chunk of its
+own when `stream_options.include_usage` asks for it. Errors are OpenAI's error object
+(server/http/openai_errors.py). The model list is server/http/openai_models.py's, embeddings
+server/http/embeddings.py's.
 
 Authentication is engine.auth's, as on every route (the OpenAI client's `Authorization: Bearer`
 key is read like `x-api-key`), in the process that serves the HTTP request; the rest (model,
@@ -24,7 +25,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from engine.auth import authenticate_headers
 from engine.datatypes import past_64_bits, received
-from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, InvalidInput
+from engine.errors import EngineError, InvalidInput
 from engine.generation.sampling import check_max_tokens
 from engine.generation.sequence import Chunk
 from engine.generation.service import (
@@ -33,18 +34,9 @@ from engine.generation.service import (
     Generation,
     TokenStream,
 )
-from server.errors import error_headers, http_status
 from server.generation import ABSENT, FrontEnd, caller, generation_of, refused
-
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    # OpenAI types a missing or wrong key, a key not allowed a model and an unknown model so
-    # too (codes null or invalid_api_key, model_not_found); a 429 is typed by the error.
-    401: "invalid_request_error",
-    403: "invalid_request_error",
-    404: "invalid_request_error",
-}
-"""OpenAI's error `type` by HTTP status, for errors without a `type` of their own."""
+from server.http import sse
+from server.http.openai_errors import error_object, openai_error
 
 __all__ = ["mount_openai"]
 
@@ -59,24 +51,6 @@ def mount_openai(app: FastAPI, engine: object) -> None:
         front: FrontEnd = engine  # type: ignore[assignment]
         app.include_router(openai_router(front, generation))
         app.include_router(generate_router(front, generation))
-
-
-def _error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, Any]:
-    """OpenAI's error object: `param` names the request field at fault and `code` is OpenAI's
-    for the error, where there is one. A prompt, or a prompt plus max_tokens, past the context
-    is context_length_exceeded on `messages` for a chat, as OpenAI's chat completions answer
-    it; its completions send neither a param nor a code for it."""
-    param, code = exc.param, exc.code
-    if code == CONTEXT_LENGTH_EXCEEDED:
-        param, code = ("messages", code) if chat else (None, None)
-    return {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
-
-
-def openai_error(exc: EngineError, chat: bool = True) -> Response:
-    status = http_status(exc)
-    kind = exc.type or ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
-    body = orjson.dumps(_error_object(exc, kind, chat))
-    return Response(body, status, error_headers(exc), "application/json")
 
 
 def _json(body: Any) -> Response:
@@ -181,6 +155,22 @@ def _streamed(body: dict[str, Any]) -> bool:
     return stream
 
 
+def _include_usage(body: dict[str, Any], stream: bool) -> bool:
+    """OpenAI's `stream_options.include_usage`; stream_options without a stream is refused,
+    as OpenAI refuses it. Other keys of stream_options are ignored, as unknown fields are."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not stream:
+        raise InvalidInput("stream_options is only allowed when stream is true", "stream_options")
+    if not isinstance(options, dict):
+        raise refused("stream_options", "an object such as {include_usage: true}", options)
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise refused("stream_options.include_usage", "true or false", include)
+    return bool(include)
+
+
 class Completion:
     """One request's answer, as OpenAI objects (completion or chat completion)."""
 
@@ -218,9 +208,14 @@ class Completion:
             choice |= {"text": text, "logprobs": None}
         return self._object("chat.completion.chunk" if self.chat else "text_completion", choice)
 
-    def _object(self, kind: str, choice: dict[str, Any]) -> dict[str, Any]:
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        """The last chunk of a stream that asked for usage: no choices, the usage."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._object(kind, None) | {"usage": self.usage(completion_tokens)}
+
+    def _object(self, kind: str, choice: dict[str, Any] | None) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": [choice]}  # fmt: skip
+                "choices": [] if choice is None else [choice]}  # fmt: skip
 
 
 async def until_disconnected(request: Request, stream: TokenStream) -> list[Chunk]:
@@ -240,11 +235,6 @@ async def until_disconnected(request: Request, stream: TokenStream) -> list[Chun
         stream.cancel()  # a no-op once finished
 
 
-def _sse(data: dict[str, Any] | str) -> bytes:
-    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
-    return b"data: " + payload + b"\n\n"
-
-
 def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
     """The /v1 routes over `generation`'s models."""
     router = APIRouter()
@@ -257,6 +247,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             options = _options(body)
             prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
             stream = _streamed(body)
+            include_usage = _include_usage(body, stream)
             generate = GenerateRequest(
                 body["model"], tenant, prompt, messages, options, refuse_past_context=True
             )
@@ -265,8 +256,8 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             return openai_error(exc, chat)
         answer = Completion(chat, str(body["model"]), tokens.prompt_tokens)
         if stream:
-            return StreamingResponse(_stream(tokens, answer), media_type="text/event-stream",
-                                     headers=tokens.headers)  # fmt: skip
+            events = _stream(tokens, answer, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream", headers=tokens.headers)
         chunks = await until_disconnected(request, tokens)
         last = chunks[-1]
         if last.error is not None:
@@ -282,39 +273,30 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         return await complete(request, chat=True)
 
-    @router.get("/v1/models")
-    async def models(request: Request) -> Response:
-        try:
-            principal = authenticate_headers(engine.authenticator, request.headers)
-        except EngineError as exc:
-            return openai_error(exc)
-        data = []
-        for name in generation.generative_models():
-            try:
-                principal.check_model(name)
-            except EngineError:
-                continue  # a key limited to some models lists only those
-            data.append({"id": name, "object": "model", "created": 0, "owned_by": "sluice"})
-        return _json({"object": "list", "data": data})
-
     return router
 
 
-async def _stream(tokens: TokenStream, answer: Completion) -> AsyncIterator[bytes]:
+async def _stream(
+    tokens: TokenStream, answer: Completion, include_usage: bool
+) -> AsyncIterator[bytes]:
     """Server-sent events; when the client goes away Starlette cancels this generator and the
-    sequence's slot is freed at the scheduler's next step."""
+    sequence's slot is freed at the scheduler's next step. With `include_usage` (OpenAI's
+    stream_options) every chunk carries `usage: null` and a last chunk with no choices carries
+    the usage; without it the stream carries none."""
     try:
         first = True
         async for chunk in tokens.chunks():
             if chunk.error is not None:
-                yield _sse(_error_object(chunk.error, "server_error"))
+                yield sse.event(error_object(chunk.error, "server_error"))
                 break
             if chunk.text or first or chunk.finish_reason is not None:
                 event = answer.chunk(chunk.text, chunk.finish_reason, first)
-                if chunk.finish_reason is not None:
-                    event["usage"] = answer.usage(tokens.completion_tokens)
-                yield _sse(event)
+                if include_usage:
+                    event["usage"] = None
+                yield sse.event(event)
                 first = False
-        yield _sse("[DONE]")
+            if chunk.finish_reason is not None and include_usage:
+                yield sse.event(answer.usage_chunk(tokens.completion_tokens))
+        yield sse.DONE
     finally:
         tokens.cancel()

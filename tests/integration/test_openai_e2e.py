@@ -100,24 +100,33 @@ def test_greedy_completion_matches_transformers(served: tuple[ServerProcess, Pat
     assert body["object"] == "text_completion"
 
 
-def test_streamed_completion_is_the_same_text_with_usage(
+def test_streamed_completion_is_the_same_text_with_usage_when_asked(
     served: tuple[ServerProcess, Path],
 ) -> None:
     server, folder = served
     ids = tokenizer(folder).encode(SENTENCES[1]).ids
-    reply = httpx.post(
-        f"{server.url}/v1/completions",
-        json={"model": "tiny", "prompt": ids, "max_tokens": 25, "temperature": 0, "stream": True},
-        timeout=30,
-    )
-    assert reply.status_code == 200
-    assert reply.headers["content-type"].startswith("text/event-stream")
-    chunks = events(reply.text)
+    body = {"model": "tiny", "prompt": ids, "max_tokens": 25, "temperature": 0, "stream": True}
     text, count, finish = expected(folder, ids, 25)
-    assert "".join(c["choices"][0]["text"] for c in chunks) == text
-    assert chunks[-1]["choices"][0]["finish_reason"] == finish
-    assert chunks[-1]["usage"]["completion_tokens"] == count
-    assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
+    for options in (None, {}, {"include_usage": False}, {"include_usage": True}):
+        asked = {**body, "stream_options": options} if options is not None else body
+        reply = httpx.post(f"{server.url}/v1/completions", json=asked, timeout=30)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        chunks = events(reply.text)
+        with_usage = options == {"include_usage": True}
+        if with_usage:
+            # OpenAI's stream_options: usage null on every chunk, then a chunk with no choices.
+            *chunks, last = chunks
+            assert last["choices"] == []
+            assert last["usage"] == {"prompt_tokens": len(ids), "completion_tokens": count,
+                                     "total_tokens": len(ids) + count}  # fmt: skip
+            assert (last["id"], last["object"]) == (chunks[0]["id"], "text_completion")
+            assert all(c["usage"] is None for c in chunks)
+        else:
+            assert all("usage" not in c for c in chunks)
+        assert "".join(c["choices"][0]["text"] for c in chunks) == text
+        assert chunks[-1]["choices"][0]["finish_reason"] == finish
+        assert all(c["choices"][0]["finish_reason"] is None for c in chunks[:-1])
 
 
 def test_sixteen_concurrent_streams_are_all_correct(served: tuple[ServerProcess, Path]) -> None:
@@ -172,6 +181,18 @@ def test_openai_client_chat_completion_uses_the_chat_template(
     )
     parts = [chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices]
     assert "".join(parts) == text
+    with_usage = list(
+        client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=15, temperature=0, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )
+    )  # fmt: skip
+    *content, last = with_usage
+    assert "".join(c.choices[0].delta.content or "" for c in content) == text
+    assert all(c.usage is None for c in content)
+    assert (last.choices, last.object) == ([], "chat.completion.chunk")
+    assert last.usage is not None
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (len(ids), count)
 
 
 def test_openai_client_completion_with_seed_repeats(served: tuple[ServerProcess, Path]) -> None:

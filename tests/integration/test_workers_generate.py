@@ -122,17 +122,18 @@ def test_completions_stream_and_not_are_token_identical(
     for i in range(8):
         ids = tokenizer(folder).encode(" ".join(SENTENCES[: i % 4 + 1])).ids[: 4 + i * 2]
         cases.append((ids, 6 + (i * 5) % 30, i % 2 == 1))
+    usage = {"stream_options": {"include_usage": True}}
     bodies = [{"model": "tiny", "prompt": ids, "max_tokens": n, "temperature": 0, "stream": s}
-              for ids, n, s in cases]  # fmt: skip
+              | (usage if s else {}) for ids, n, s in cases]  # fmt: skip
     replies = asyncio.run(fresh_posts(f"{server.url}/v1/completions", bodies))
     for (ids, max_tokens, stream), reply in zip(cases, replies, strict=True):
         assert reply.status_code == 200, reply.text
         text, count = expected(folder, ids, max_tokens)
         if stream:
             assert reply.headers["content-type"].startswith("text/event-stream")
-            chunks = events(reply.text)
+            *chunks, last = events(reply.text)
             assert "".join(c["choices"][0]["text"] for c in chunks) == text
-            assert chunks[-1]["usage"]["completion_tokens"] == count
+            assert last["usage"]["completion_tokens"] == count
         else:
             body = reply.json()
             assert body["choices"][0]["text"] == text
@@ -367,7 +368,8 @@ def test_the_engine_dying_ends_the_stream_with_an_error(
 def test_sigterm_drains_a_running_stream(repository: tuple[Path, Path], tmp_path: Path) -> None:
     process = serve(repository[1], tmp_path)
     try:
-        body = {**LONG, "max_tokens": 200, "stream": True}
+        body = {**LONG, "max_tokens": 200, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
         with open_stream(process, "/v1/completions", body) as client:
             client.settimeout(30)
             received = read_until(client, b"data: ")
@@ -375,7 +377,7 @@ def test_sigterm_drains_a_running_stream(repository: tuple[Path, Path], tmp_path
             process.process.send_signal(signal.SIGTERM)
             received = read_until(client, b"data: [DONE]", received)
         text = received.split(b"\r\n\r\n", 1)[1].decode()
-        usage = [e for e in text.split("\n") if '"usage"' in e]
+        usage = [e for e in text.split("\n") if '"completion_tokens"' in e]
         assert usage, text[-300:]
         assert '"completion_tokens":200' in usage[0]
         assert process.wait(30) == 0

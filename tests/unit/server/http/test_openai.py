@@ -11,7 +11,7 @@ import pytest
 
 from engine.errors import InvalidInput
 from server.generation import caller
-from server.http.openai import _messages, _options, _prompt, _streamed
+from server.http.openai import _include_usage, _messages, _options, _prompt, _streamed
 from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 
 PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
@@ -190,4 +190,35 @@ def test_a_required_field_left_out_is_named_as_missing(
     # It read "got null", as if the client had sent null; an explicit null still reads so.
     with pytest.raises(InvalidInput) as caught:
         check(body)
+    assert caught.value.message == message
+
+
+def test_include_usage_is_read_from_stream_options() -> None:
+    assert _include_usage({}, stream=True) is False
+    assert _include_usage({"stream_options": None}, stream=False) is False
+    assert _include_usage({"stream_options": {}}, stream=True) is False
+    assert _include_usage({"stream_options": {"include_usage": None}}, stream=True) is False
+    assert _include_usage({"stream_options": {"include_usage": True}}, stream=True) is True
+    # Other keys (vLLM's continuous_usage_stats) are ignored, as unknown fields are.
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    assert _include_usage({"stream_options": options}, stream=True) is True
+
+
+def test_stream_options_without_a_stream_is_refused_as_openai_refuses_it() -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _include_usage({"stream_options": {"include_usage": True}}, stream=False)
+    assert caught.value.message == "stream_options is only allowed when stream is true"
+    assert caught.value.param == "stream_options"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ("true", "stream_options must be an object such as {include_usage: true}; got true"),
+        ('{"include_usage": 1}', "stream_options.include_usage must be true or false; got 1"),
+    ],
+)
+def test_stream_options_of_the_wrong_kind_are_named_as_sent(options: str, message: str) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        _include_usage(parsed(f'{{"stream_options": {options}}}'), stream=True)
     assert caught.value.message == message
