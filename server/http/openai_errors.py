@@ -47,10 +47,7 @@ def error_body(
 
 
 def unknown_model(name: str) -> str:
-    return (
-        f"The model '{name}' does not exist or you do not have access to it; GET /v1/models "
-        "lists the models this key may use."
-    )
+    return f"unknown model '{name}'; GET /v1/models lists the models this key may use"
 
 
 def error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, Any]:
@@ -58,12 +55,12 @@ def error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, An
     for the error, where there is one. A prompt, or a prompt plus max_tokens, past the context
     is context_length_exceeded on `messages` for a chat, as OpenAI's chat completions answer
     it; its completions send neither a param nor a code for it. An unknown model names the
-    model and lists nothing else."""
+    model and lists nothing else (param null, as OpenAI's)."""
     message, param, code = exc.message, exc.param, exc.code
     if code == CONTEXT_LENGTH_EXCEEDED:
         param, code = ("messages", code) if chat else (None, None)
     if isinstance(exc, ModelNotFound) and exc.version is None:
-        message, param = unknown_model(exc.name), "model"
+        message = unknown_model(exc.name)
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

@@ -180,10 +180,9 @@ def test_a_model_not_served_is_404_naming_only_it(server: ServerProcess, name: s
         client(server).models.retrieve(name)
     error = caught.value.body
     assert error == {
-        "message": f"The model '{name}' does not exist or you do not have access to it; "
-        "GET /v1/models lists the models this key may use.",
+        "message": f"unknown model '{name}'; GET /v1/models lists the models this key may use",
         "type": "invalid_request_error",
-        "param": "model",
+        "param": None,
         "code": "model_not_found",
     }
     reply = post(server, {"model": "nope", "input": "x"})
