@@ -22,6 +22,7 @@ from engine.errors import EngineError, InvalidInput
 from engine.generation.service import SAMPLING_KEYS, GenerateRequest, Generation, TokenStream
 from server.errors import error_headers, http_status
 from server.generation import FrontEnd, caller
+from server.http import sse
 from server.http.openai import until_disconnected
 
 
@@ -102,12 +103,12 @@ def generate_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             try:
                 async for chunk in tokens.chunks():
                     if chunk.error is not None:
-                        yield b"data: " + orjson.dumps({"error": chunk.error.message}) + b"\n\n"
+                        yield sse.event({"error": chunk.error.message})
                         return
                     final = chunk.finish_reason is not None
                     if chunk.text or final:
                         event = answer(name, chunk.text, tokens, final)
-                        yield b"data: " + orjson.dumps(event) + b"\n\n"
+                        yield sse.event(event)
             finally:
                 tokens.cancel()
 
