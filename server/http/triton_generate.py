@@ -1,8 +1,10 @@
 """Triton's generate extension for generative models: `POST /v2/models/{name}/generate` answers
 `{"model_name", "model_version", "text_output", "finish_reason", "usage"}`, and
 `/generate_stream` sends one server-sent event per token batch with the new `text_output`.
-The request is `{"text_input": ..., "parameters": {...}}` as Triton's LLM backends take it
-(max_tokens, temperature, top_k, top_p, seed, stop, at the top level or in `parameters`).
+The request is `{"text_input": ..., "parameters": {...}}` as Triton's LLM backends take it: the
+sampling keys (max_tokens, temperature, top_k, top_p, seed, stop) at the top level as input
+tensors (`16` or `[16]`), in `parameters`, or in vLLM's `sampling_parameters`, with TensorRT-LLM's
+names and fields too (server/http/generate_inputs.py).
 A max_tokens past what the context leaves after the prompt is clamped (finish reason
 `length`), as Triton's TensorRT-LLM backend clamps it, where the OpenAI routes refuse it;
 a prompt that leaves no room is refused on both. Errors are the v2 `{"error": "..."}` body
@@ -17,12 +19,12 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.datatypes import received
 from engine.errors import EngineError, InvalidInput
-from engine.generation.service import SAMPLING_KEYS, GenerateRequest, Generation, TokenStream
+from engine.generation.service import GenerateRequest, Generation, TokenStream
 from server.errors import error_headers, http_status
 from server.generation import FrontEnd, caller
 from server.http import sse
+from server.http.generate_inputs import generate_request
 from server.http.openai import until_disconnected
 
 
@@ -32,27 +34,8 @@ def v2_error(exc: EngineError) -> Response:
 
 
 def _request(body: Any) -> tuple[str, dict[str, Any]]:
-    if not isinstance(body, dict):
-        raise InvalidInput(f"the request body must be a JSON object; got {received(body)}")
-    text = body.get("text_input")
-    if not isinstance(text, str):
-        raise InvalidInput(f"text_input must be a string; got {received(text)}")
-    fields = sorted(set(body) - {"text_input", "parameters", "stream", *SAMPLING_KEYS})
-    if fields:
-        raise InvalidInput(
-            f"unknown generate field '{fields[0]}'; a request has text_input, parameters, "
-            f"stream and the sampling keys ({', '.join(SAMPLING_KEYS)})"
-        )
-    parameters = body.get("parameters") or {}
-    if not isinstance(parameters, dict):
-        raise InvalidInput("parameters must be an object")
-    merged = {**{k: body[k] for k in SAMPLING_KEYS if k in body}, **parameters}
-    unknown = sorted(set(merged) - {*SAMPLING_KEYS, "stream"})
-    if unknown:
-        raise InvalidInput(
-            f"unknown generate parameter '{unknown[0]}'; allowed: {', '.join(SAMPLING_KEYS)}"
-        )
-    return text, merged
+    """(text_input, sampling options) of a request body (server/http/generate_inputs.py)."""
+    return generate_request(body)
 
 
 def generate_router(engine: FrontEnd, generation: Generation) -> APIRouter:
@@ -66,7 +49,6 @@ def generate_router(engine: FrontEnd, generation: Generation) -> APIRouter:
         except orjson.JSONDecodeError as exc:
             raise InvalidInput(f"the request body is not JSON: {exc}") from exc
         text, options = _request(body)
-        options.pop("stream", None)
         return await generation.generate(GenerateRequest(name, tenant, text, None, options))
 
     def answer(name: str, text: str, tokens: TokenStream, final: bool) -> dict[str, Any]:

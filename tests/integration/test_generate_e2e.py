@@ -85,6 +85,33 @@ def test_generate_stream_sends_the_same_text_in_events(
     assert events[-1]["usage"]["completion_tokens"] == count
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        # TensorRT-LLM's ensemble, its inputs as tensors of one element (it was a 400).
+        {"text_input": ["the lazy dog"], "max_tokens": [18], "temperature": [0.0],
+         "bad_words": [""], "stop_words": [""], "end_id": [0], "pad_id": [0],
+         "beam_width": [1], "stream": [False], "exclude_input_in_output": [True]},
+        # vLLM's backend: sampling_parameters as a JSON string.
+        {"text_input": "the lazy dog", "stream": False, "exclude_input_in_output": True,
+         "sampling_parameters": '{"max_tokens": 18, "temperature": 0}'},
+    ],
+)  # fmt: skip
+def test_llm_backend_clients_requests_are_served(
+    server: ServerProcess, repository: tuple[Path, Path], body: dict[str, Any]
+) -> None:
+    text, count = expected_text(repository[0], "the lazy dog", 18)
+    for route in ("generate", "generate_stream"):
+        reply = httpx.post(f"{server.url}/v2/models/tiny/{route}", json=body, timeout=30)
+        assert reply.status_code == 200, reply.text
+        if route == "generate_stream":
+            events = [orjson.loads(part[6:]) for part in reply.text.split("\n\n") if part]
+        else:
+            events = [reply.json()]
+        assert "".join(e["text_output"] for e in events) == text
+        assert events[-1]["usage"]["completion_tokens"] == count
+
+
 def test_max_tokens_past_the_context_is_clamped_as_triton_backends_clamp_it(
     server: ServerProcess, repository: tuple[Path, Path]
 ) -> None:

@@ -15,7 +15,11 @@ from server.http.triton_generate import _request
     [
         (b'{"text_input": null}', "text_input must be a string; got null"),
         (b'{"text_input": 5}', "text_input must be a string; got 5"),
-        (b'{"text_input": ["a"]}', "text_input must be a string; got ['a']"),
+        (
+            b'{"text_input": ["a", "b"]}',
+            "text_input must be one value (or a list of one); got ['a', 'b']",
+        ),
+        (b'{"text_input": [5]}', "text_input must be a string; got [5]"),
         (b'{"text_input": 18446744073709551616}', "text_input must be a string; got 2^64 or more"),
         (b'{"text_input": true}', "text_input must be a string; got true"),
         (b"[1]", "the request body must be a JSON object; got [1]"),
