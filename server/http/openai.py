@@ -80,6 +80,9 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "web_search_options": (None,),
 }
 """OpenAI parameters this server does not implement, with the values that ask for nothing: any
 other value is refused, never silently ignored."""

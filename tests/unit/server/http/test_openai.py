@@ -222,3 +222,23 @@ def test_stream_options_of_the_wrong_kind_are_named_as_sent(options: str, messag
     with pytest.raises(InvalidInput) as caught:
         _include_usage(parsed(f'{{"stream_options": {options}}}'), stream=True)
     assert caught.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "shown"),
+    [("modalities", ["text", "audio"], "['text', 'audio']"),
+     ("audio", {"voice": "alloy", "format": "wav"}, "{'voice': 'alloy', 'format': 'wav'}"),
+     ("web_search_options", {}, "{}")],
+)  # fmt: skip
+def test_output_this_server_cannot_produce_is_refused(key: str, value: object, shown: str) -> None:
+    # Ignoring them would answer text where audio or a web search was asked for.
+    with pytest.raises(InvalidInput) as caught:
+        _options({key: value})
+    assert caught.value.message == f"{key} is not supported by this server; got {shown}"
+    assert _options({key: None, "modalities": ["text"]}) == {}
+
+
+def test_fields_this_server_does_not_know_are_ignored() -> None:
+    body = {"user": "u", "store": True, "metadata": {"a": "b"}, "service_tier": "auto",
+            "parallel_tool_calls": True, "prompt_cache_key": "k", "novel": [1]}  # fmt: skip
+    assert _options(body) == {}
