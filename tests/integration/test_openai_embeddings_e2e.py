@@ -206,3 +206,25 @@ def test_an_unknown_v1_route_is_openai_s_404(server: ServerProcess) -> None:
     assert wrong_method.json()["error"]["type"] == "invalid_request_error"
     v2 = httpx.get(f"{server.url}/v2/models/nope").json()  # KServe's routes keep their shape
     assert v2["error"].startswith("unknown model 'nope'")
+
+
+def test_embeddings_and_models_through_workers(
+    server: ServerProcess, encoded: np.ndarray, tmp_path: Path
+) -> None:
+    # The same repository served by two worker processes: metadata, config and each batch are
+    # relayed to the engine process, the token counts with them.
+    repository = Path(server.args[server.args.index("--model-repository") + 1])
+    process = ServerProcess(
+        "--workers", "2", "--model-repository", str(repository),
+        log_path=tmp_path / "workers.log", grpc=False,
+    ).start(timeout_s=120)  # fmt: skip
+    try:
+        reply = post(process, {"model": "mrl", "input": TEXTS[:100], "encoding_format": "float"})
+        assert reply.status_code == 200, reply.text
+        got = np.array([d["embedding"] for d in reply.json()["data"]], np.float32)
+        np.testing.assert_allclose(got, encoded[:100], atol=1e-5)
+        tokens = post(server, {"model": "mrl", "input": TEXTS[:100]}).json()["usage"]
+        assert reply.json()["usage"] == tokens
+        assert [m.id for m in client(process).models.list().data] == ["embedder", "mrl"]
+    finally:
+        process.stop()
