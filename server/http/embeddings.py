@@ -220,6 +220,7 @@ def embeddings_router(plane: DataPlane) -> APIRouter:
 
     @router.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:
+        name: Any = None
         try:
             principal = plane.authenticate(request.headers)  # before the body is read
             body = await _body(request)
@@ -243,7 +244,7 @@ def embeddings_router(plane: DataPlane) -> APIRouter:
             who = (principal, request.headers)
             rows, tokens = await embed(plane, who, model, texts, max_batch)
         except EngineError as exc:
-            return openai_error(exc)
+            return openai_error(exc, model=name if isinstance(name, str) else None)
         rows = shorten(rows, dimensions)
         payload = answer_body(name, rows, tokens, as_base64)
         encoded = await asyncio.to_thread(orjson.dumps, payload, option=orjson.OPT_SERIALIZE_NUMPY)

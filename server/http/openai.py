@@ -243,9 +243,11 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
     router = APIRouter()
 
     async def complete(request: Request, chat: bool) -> Response:
+        named: str | None = None  # the model the request names, for an unknown model's 404
         try:
             principal = authenticate_headers(engine.authenticator, request.headers)
             body = await _body(request)
+            named = body["model"] if isinstance(body.get("model"), str) else None
             tenant = caller(engine, principal, body.get("model", ABSENT))
             options = _options(body)
             prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
@@ -256,7 +258,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
             )
             tokens = await generation.generate(generate)
         except EngineError as exc:
-            return openai_error(exc, chat)
+            return openai_error(exc, chat, named)
         answer = Completion(chat, str(body["model"]), tokens.prompt_tokens)
         if stream:
             events = _stream(tokens, answer, include_usage)

@@ -50,24 +50,29 @@ def unknown_model(name: str) -> str:
     return f"unknown model '{name}'; GET /v1/models lists the models this key may use"
 
 
-def error_object(exc: EngineError, kind: str, chat: bool = True) -> dict[str, Any]:
+def error_object(
+    exc: EngineError, kind: str, chat: bool = True, model: str | None = None
+) -> dict[str, Any]:
     """OpenAI's error object: `param` names the request field at fault and `code` is OpenAI's
     for the error, where there is one. A prompt, or a prompt plus max_tokens, past the context
     is context_length_exceeded on `messages` for a chat, as OpenAI's chat completions answer
     it; its completions send neither a param nor a code for it. An unknown model names the
-    model and lists nothing else (param null, as OpenAI's)."""
+    model and lists nothing else (param null, as OpenAI's): `model` is the name the request
+    gave, for an error relayed from the engine process (which carries its message only)."""
     message, param, code = exc.message, exc.param, exc.code
     if code == CONTEXT_LENGTH_EXCEEDED:
         param, code = ("messages", code) if chat else (None, None)
-    if isinstance(exc, ModelNotFound) and exc.version is None:
-        message = unknown_model(exc.name)
+    name = getattr(exc, "name", None) or model
+    if isinstance(exc, ModelNotFound) and getattr(exc, "version", None) is None and name:
+        message = unknown_model(name)
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def openai_error(exc: EngineError, chat: bool = True) -> Response:
-    """The response for engine error `exc` on a /v1 route (`chat`: see error_object)."""
+def openai_error(exc: EngineError, chat: bool = True, model: str | None = None) -> Response:
+    """The response for engine error `exc` on a /v1 route (`chat`, `model`: see
+    error_object)."""
     status = http_status(exc)
-    body = orjson.dumps(error_object(exc, exc.type or error_type(status), chat))
+    body = orjson.dumps(error_object(exc, exc.type or error_type(status), chat, model))
     return Response(body, status, error_headers(exc), "application/json")
 
 

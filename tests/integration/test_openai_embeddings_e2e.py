@@ -226,5 +226,17 @@ def test_embeddings_and_models_through_workers(
         tokens = post(server, {"model": "mrl", "input": TEXTS[:100]}).json()["usage"]
         assert reply.json()["usage"] == tokens
         assert [m.id for m in client(process).models.list().data] == ["embedder", "mrl"]
+        # Relayed from the engine process, an unknown model is still named and only named (it
+        # was a 500 on the chat and completion routes).
+        for path, body in [
+            ("/v1/embeddings", {"model": "nope", "input": "x"}),
+            ("/v1/completions", {"model": "embedder-encoder", "prompt": "x"}),
+        ]:
+            reply = httpx.post(f"{process.url}{path}", json=body, timeout=30)
+            assert reply.status_code == 404, reply.text
+            name = body["model"]
+            assert reply.json()["error"]["message"] == (
+                f"unknown model '{name}'; GET /v1/models lists the models this key may use"
+            )
     finally:
         process.stop()
