@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import orjson
@@ -30,9 +30,11 @@ from engine.errors import EngineError, InvalidInput
 from engine.pipeline import TOKENS
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
-from server.dataplane import DataPlane, Headers
+from server.dataplane import CLIENT_GONE, DataPlane, Headers
 from server.generation import ABSENT, refused
 from server.http.openai_errors import openai_error
+
+T = TypeVar("T")
 
 MAX_INPUTS = 2048
 """Most inputs in one request, as OpenAI allows."""
@@ -195,6 +197,28 @@ async def embed(
     return rows, tokens
 
 
+async def unless_gone(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`'s result, or None when the client disconnects first: the work is cancelled then,
+    so a client that leaves a large call does not leave its batches queued and running."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return None
+    return task.result()
+
+
 def answer_body(name: str, rows: np.ndarray, tokens: int, as_base64: bool) -> dict[str, Any]:
     data: list[dict[str, Any]] = []
     for index, row in enumerate(rows):
@@ -242,9 +266,12 @@ def embeddings_router(plane: DataPlane) -> APIRouter:
             texts = texts_of(body, name)
             max_batch = int(config["max_batch_size"])
             who = (principal, request.headers)
-            rows, tokens = await embed(plane, who, model, texts, max_batch)
+            done = await unless_gone(request, embed(plane, who, model, texts, max_batch))
         except EngineError as exc:
             return openai_error(exc, model=name if isinstance(name, str) else None)
+        if done is None:  # nobody is left to answer; its batches were withdrawn
+            return Response(status_code=CLIENT_GONE)
+        rows, tokens = done
         rows = shorten(rows, dimensions)
         payload = answer_body(name, rows, tokens, as_base64)
         encoded = await asyncio.to_thread(orjson.dumps, payload, option=orjson.OPT_SERIALIZE_NUMPY)

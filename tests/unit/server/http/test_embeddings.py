@@ -3,15 +3,24 @@ tests/integration/test_openai_embeddings_e2e.py)."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import asyncio
+from typing import Any
 
+import numpy as np
+import orjson
+import pytest
+from fastapi import FastAPI
+
+from engine.auth import Authenticator, Principal, authenticate_headers
 from engine.errors import InvalidInput
-from engine.types import ModelMetadata, TensorSpec
+from engine.settings import AuthSettings
+from engine.types import InferResponse, ModelMetadata, TensorSpec
+from server.dataplane import CLIENT_GONE
 from server.http.embeddings import (
     MAX_INPUTS,
     EmbeddingModel,
     as_embedding_model,
+    embeddings_router,
     options_of,
     shorten,
     texts_of,
@@ -91,3 +100,70 @@ def test_shorten_renormalizes_unit_rows_only() -> None:
     np.testing.assert_array_equal(got[1], [3.0, 4.0])
     full = np.stack([unit, raw])
     assert shorten(full, 4) is full
+
+
+class FakeEngine:
+    """The engine as the route sees it: one embedding model `m`, 2 rows per batch."""
+
+    async def model_metadata(self, name: str, version: str | None) -> ModelMetadata:
+        return meta((TEXT,), (ROWS,))
+
+    async def model_config(self, name: str, version: str | None) -> dict[str, Any]:
+        return {"max_batch_size": 2, "parameters": {}}
+
+
+class HeldPlane:
+    """A data plane whose inference never answers: it counts the batches started and
+    cancelled."""
+
+    engine = FakeEngine()
+
+    def __init__(self, batches: int) -> None:
+        self.started = self.cancelled = 0
+        self.all_started = asyncio.Event()
+        self.batches = batches
+
+    def authenticate(self, who: object, model: str | None = None) -> Principal:
+        return authenticate_headers(Authenticator(AuthSettings()), {})
+
+    async def infer(self, call: object, principal: Principal) -> InferResponse:
+        self.started += 1
+        if self.started == self.batches:
+            self.all_started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_client_that_leaves_cancels_its_batches() -> None:
+    plane = HeldPlane(batches=3)
+    app = FastAPI()
+    app.include_router(embeddings_router(plane))  # type: ignore[arg-type]
+    body = orjson.dumps({"model": "m", "input": ["a", "b", "c", "d", "e", "f"]})
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": [],
+             "query_string": b"", "http_version": "1.1", "scheme": "http", "root_path": "",
+             "server": ("test", 80), "client": ("client", 1)}  # fmt: skip
+    served = asyncio.create_task(app(scope, receive, send))  # type: ignore[arg-type]
+    async with asyncio.timeout(10):
+        await plane.all_started.wait()  # 6 texts, 2 a batch: 3 batches queued
+        gone.set()
+        await served  # it hung here: the batches ran on with nobody to answer
+    assert (plane.started, plane.cancelled) == (3, 3)
+    assert sent[0]["status"] == CLIENT_GONE
