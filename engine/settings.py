@@ -28,6 +28,7 @@ from engine.settings_sections import (
     CacheSettings,
     MetricsSettings,
     MiB,
+    ModelMemorySettings,
     RateLimitSettings,
     TenantLimits,
     TlsSettings,
@@ -42,6 +43,7 @@ __all__ = [
     "BatchingDefaults",
     "CacheSettings",
     "MetricsSettings",
+    "ModelMemorySettings",
     "RateLimitSettings",
     "Settings",
     "SettingsError",
@@ -81,9 +83,10 @@ class Settings(BaseSettings):
     model_repository: Path | None = None
     """Folder of models (`<name>/config.yaml`, `<name>/<version>/model.onnx`); unset serves the
     built-in demo model."""
-    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    model_control_mode: Literal["none", "explicit", "poll", "on_demand"] = "none"
     """`none` loads everything at start; `explicit` loads `load_models` and then what the API asks;
-    `poll` also rescans the repository every `poll_interval_s`."""
+    `poll` also rescans the repository every `poll_interval_s`; `on_demand` loads a model on its
+    first inference request and evicts idle ones to stay within `model_memory`."""
     load_models: list[str] = Field(default_factory=list)
     """Models to load at start in `explicit` mode (`*` for all)."""
     poll_interval_s: float = Field(5.0, gt=0)
@@ -137,6 +140,8 @@ class Settings(BaseSettings):
     """Load Python steps (`backend: python`, a `model.py` in the repository). Such a file is
     code the server runs, so it is never imported unless this is true; a Python model's load
     fails naming this setting otherwise."""
+    model_memory: ModelMemorySettings = Field(default_factory=ModelMemorySettings)
+    """The memory budget and load bounds of `on_demand` model control."""
     batching: BatchingDefaults = Field(default_factory=BatchingDefaults)
     """Defaults for models whose config does not set dynamic batching."""
     cache: CacheSettings = Field(default_factory=CacheSettings)

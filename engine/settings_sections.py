@@ -224,3 +224,31 @@ class TracingSettings(Section):
     """Share of requests traced (by trace id); a caller's sampled `traceparent` is followed."""
     export_timeout_s: float = Field(5.0, gt=0, le=60)
     """Bound on one export call to the collector (spans are sent in the background)."""
+
+
+class ModelMemorySettings(Section):
+    """The memory budget of `model_control_mode: on_demand` (see docs/guides/many-models.md)."""
+
+    host_bytes: int | None = Field(None, gt=0)
+    """Host memory the loaded model versions may hold together, as measured (the process's
+    resident set growth across each load). Before a load that would pass it, idle versions are
+    evicted least recently used first; unset: no budget (models still load on demand)."""
+    gpu_bytes: int | None = Field(None, gt=0)
+    """Device memory per GPU the loaded versions may hold together (NVML's count of this
+    process's memory on the device, measured across each load); unset: not budgeted."""
+    max_concurrent_loads: int = Field(1, gt=0, le=64)
+    """Loads running at once. Each load's cost is the memory growth across it, so loads that
+    overlap each count the others' growth too (an over-count, never an under-count): 1 measures
+    exactly."""
+    load_queue_size: int = Field(256, gt=0, le=1_000_000)
+    """Requests that may wait for one model's load; the next is answered 503 with Retry-After."""
+    load_wait_s: float = Field(30.0, gt=0, le=3600)
+    """The longest a request without a timeout of its own waits for its model to load (a
+    request's own timeout bounds its wait otherwise); past it, 503 with Retry-After."""
+    idle_unload_s: float | None = Field(None, gt=0)
+    """Unload a version no request used for this long (pinned ones never); unset: only the
+    budget evicts."""
+    pinned: list[str] = Field(default_factory=list)
+    """Models loaded at start and never evicted. A server setting, not a model's: what deserves
+    memory is decided per deployment (replicas sharing one repository pin different models),
+    and the budget they spend is this server's."""

@@ -113,9 +113,10 @@ def main() -> None:
 )
 @click.option(
     "--model-control-mode",
-    type=click.Choice(["none", "explicit", "poll"]),
+    type=click.Choice(["none", "explicit", "poll", "on_demand"]),
     help="none: load every model at start (default); explicit: load --load-model models, then "
-    "what the repository API asks; poll: also rescan the repository.",
+    "what the repository API asks; poll: also rescan the repository; on_demand: load a model "
+    "on its first request, within the model_memory budget.",
 )
 @click.option(
     "--load-model",

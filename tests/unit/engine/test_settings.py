@@ -302,3 +302,31 @@ def test_limits_stop_where_the_redis_script_counts_exactly(
     limits = load_settings(config(2**53 - 1)).rate_limit
     section = limits.default if where == "default" else limits.tenants["acme"].models["m"]
     assert getattr(section, key) == 2**53 - 1
+
+
+def test_on_demand_mode_and_its_budget_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICE_MODEL_CONTROL_MODE", "on_demand")
+    monkeypatch.setenv("SLUICE_MODEL_MEMORY__HOST_BYTES", "1073741824")
+    monkeypatch.setenv("SLUICE_MODEL_MEMORY__PINNED", '["demo"]')
+    settings = load_settings()
+    assert settings.model_control_mode == "on_demand"
+    assert settings.model_memory.host_bytes == 1 << 30
+    assert settings.model_memory.pinned == ["demo"]
+    assert settings.model_memory.max_concurrent_loads == 1
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("host_bytes", 0),
+        ("gpu_bytes", -1),
+        ("max_concurrent_loads", 0),
+        ("load_queue_size", 0),
+        ("load_wait_s", 0),
+        ("idle_unload_s", 0),
+    ],
+)
+def test_model_memory_bounds_name_the_key(key: str, value: int) -> None:
+    assert f"model_memory.{key}" in error_of(model_memory={key: value})
