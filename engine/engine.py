@@ -174,7 +174,18 @@ class Engine:
         started = time.monotonic()
         if self._draining:
             raise ShuttingDown()
-        model = self.registry.resolve(request.model_name, request.model_version)
+        on_demand = self.registry.on_demand
+        if on_demand is None:
+            model = self.registry.resolve(request.model_name, request.model_version)
+            return await self._serve(model, request, started)
+        wait_s = request.timeout_s or self.settings.model_memory.load_wait_s
+        model = await self.registry.acquire(request.model_name, request.model_version, wait_s)
+        with on_demand.held(model.name):  # never evicted while this request holds it
+            return await self._serve(model, request, started)
+
+    async def _serve(
+        self, model: LoadedModel, request: InferRequest, started: float
+    ) -> InferResponse:
         rows = check_request(
             request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
         )
@@ -298,7 +309,7 @@ class Engine:
         return {"name": "sluice", "version": VERSION, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        model = self.registry.resolve(name, version)
+        model = self.registry.describe(name, version)
         return ModelMetadata(
             name=model.name,
             versions=self.registry.version_names(name),
@@ -308,24 +319,38 @@ class Engine:
         )
 
     def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:
-        """`input_check`'s answer, never None: the models are in this process."""
-        return self._input_check(name, version)
+        """`input_check`'s answer; None only in `on_demand` mode for a model never loaded (then
+        `input_check` loads it): the models are in this process."""
+        registry = self.registry
+        if registry.on_demand is not None and not registry.known(name):
+            return None
+        return registry.describe(name, version).input_check
 
     async def input_check(self, name: str, version: str | None = None) -> InputCheck:
-        return self._input_check(name, version)
+        return (await self.checked_model(name, version)).input_check
 
-    def _input_check(self, name: str, version: str | None) -> InputCheck:
-        return self.registry.resolve(name, version).input_check
+    async def checked_model(self, name: str, version: str | None = None) -> LoadedModel:
+        """The version whose inputs a request is checked against before it is decoded: in
+        `on_demand` mode the one last loaded (even if evicted since: the request's inference
+        loads it again), or, for a model never loaded, the model loaded now (waiting at most
+        `model_memory.load_wait_s`: the request's own timeout is not decoded yet)."""
+        registry = self.registry
+        if registry.on_demand is None or registry.known(name):
+            return registry.describe(name, version)
+        wait_s = self.settings.model_memory.load_wait_s
+        return await registry.acquire(name, version, wait_s)
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
         return self._serves(name, version)
 
     def _serves(self, name: str, version: str | None) -> bool:
+        if self._draining:
+            return False
+        if self.registry.on_demand is not None and not self.registry.has(name):
+            return self.registry.loadable(name, version)  # ready: a request would load it
         try:
             model = self.registry.resolve(name, version)
         except EngineError:
-            return False
-        if self._draining:
             return False
         # A pipeline serves only while every one of its steps does.
         pipeline = model.config.pipeline
@@ -337,7 +362,7 @@ class Engine:
         """Triton's model config; parameters `sluice_config` (the config as JSON) and
         `sluice_config_source` (`load` when a load request's config replaced config.yaml, else
         `repository`)."""
-        config = triton_config(self.registry.resolve(name, version))
+        config = triton_config(self.registry.describe(name, version))
         source = "load" if self.registry.config_loaded(name) else "repository"
         config["parameters"]["sluice_config_source"] = {"string_value": source}
         return config
@@ -345,13 +370,20 @@ class Engine:
     async def statistics(
         self, name: str | None = None, version: str | None = None
     ) -> dict[str, Any]:
+        registry = self.registry
         if name is None:
-            models = self.registry.all()
+            models = registry.all(known=True)
         elif version is None:
-            models = self.registry.versions(name)
+            models = registry.versions(name)
         else:
-            models = [self.registry.resolve(name, version)]
-        return {"model_stats": [m.stats.triton(m.name, m.version) for m in models]}
+            models = [registry.describe(name, version)]
+        return {
+            "model_stats": [
+                # `resident_bytes`: a sluice field (gRPC's message has none; 0 once evicted).
+                {**m.stats.triton(m.name, m.version), **registry.memory_of(m.name, m.version)}
+                for m in models
+            ]
+        }
 
     async def usage(self, tenant: str) -> dict[str, Any]:
         """The tenant's quotas, buckets and slots now, for `GET /v2/tenants/self/usage`."""
@@ -359,7 +391,7 @@ class Engine:
 
     def label_for(self, name: str) -> str:
         """`name` if such a model is loaded, else a fixed label (clients cannot grow metrics)."""
-        return name if self._registry is not None and self._registry.has(name) else "_unknown"
+        return name if self._registry is not None and self._registry.known(name) else "_unknown"
 
     async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.registry.index(ready_only)
@@ -386,4 +418,5 @@ class Engine:
             "in_flight": self._in_flight,
             "cache": self.cache.stats if self.cache is not None else None,
             "limiter": self.limiter.counters,
+            "memory": registry.memory() if registry else None,
         }

@@ -95,7 +95,7 @@ class HostControl:
         if method == "model_metadata":
             return metadata_payload(await engine.model_metadata(*args))
         if method == "input_spec":
-            model = engine.registry.resolve(*args)
+            model = await engine.checked_model(*args)
             return {
                 "inputs": [[s.name, s.datatype, list(s.shape)] for s in model.backend.inputs],
                 "max_batch_size": model.max_batch_size,

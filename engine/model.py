@@ -262,8 +262,10 @@ async def load_model(
     config: ModelConfig,
     defaults: BatchingDefaults,
     tenant_share: Callable[[str], float] | None = None,
+    stats: ModelStats | None = None,
 ) -> LoadedModel:
-    """Open, auto-complete, warm up and start batching one model version."""
+    """Open, auto-complete, warm up and start batching one model version. `stats` carries on
+    the counters of an earlier load of the same version (reloaded after an eviction)."""
     label = f"model '{name}' version {version}"
     started = time.monotonic()
     genai: GenaiGenerator | None = None
@@ -304,7 +306,7 @@ async def load_model(
     executor = ThreadPoolExecutor(
         config.instance_count, thread_name_prefix=f"infer-{name}-{version}"
     )
-    stats = ModelStats()
+    stats = stats if stats is not None else ModelStats()
     # Only a run that computes in the calling thread may go inline: its CPU time is its cost.
     # Python steps may block however fast they were so far, a GPU run waits on the device and
     # a tokenizer spreads a batch over its own threads: they always run in the pool.

@@ -8,13 +8,17 @@ import contextlib
 import logging
 from collections.abc import Callable
 
+from engine import memory
 from engine.backends.python_model import refuse
+from engine.budget import Cost, MemoryBudget
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
 from engine.model import LoadedModel, load_model
 from engine.model_config import ModelConfig, load_model_config
+from engine.on_demand import NOT_LOADED, OnDemandLoader
 from engine.pipeline import load_pipeline
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import Settings, SettingsError
+from engine.stats import ModelStats
 
 log = logging.getLogger("sluice.registry")
 
@@ -40,6 +44,19 @@ class ModelRegistry:
         # load without one or an unload.
         self._configs: dict[str, ModelConfig] = {}
         self._poller: asyncio.Task[None] | None = None
+        budget = settings.model_memory
+        self.budget = MemoryBudget(budget.host_bytes, budget.gpu_bytes)
+        """Every loaded version's measured bytes (in every mode; a budget only in on_demand)."""
+        self._gpu = memory.GpuMemory() if budget.gpu_bytes is not None else None
+        self.on_demand = (
+            OnDemandLoader(self, budget, self.budget)
+            if settings.model_control_mode == "on_demand"
+            else None
+        )
+        self._stats: dict[tuple[str, str], ModelStats] = {}  # kept across unloads and evictions
+        self._known: dict[str, dict[str, LoadedModel]] = {}
+        """The versions each model last loaded, kept (closed) after an eviction: metadata and
+        config answer from them without loading the model again."""
 
     async def start(self) -> None:
         """Load what the model control mode says; in `poll` mode, start watching the folder."""
@@ -50,6 +67,12 @@ class ModelRegistry:
         names = self.repository.names()
         if mode == "explicit" and "*" not in self.settings.load_models:
             names = [check_name("model", n) for n in self.settings.load_models]
+        if self.on_demand is not None:
+            # The runtime's one-time cost goes into the baseline, not the first model's bytes.
+            memory.map_large_blocks()
+            await asyncio.to_thread(memory.prime_runtime)
+            self.on_demand.start()
+            names = [check_name("model", n) for n in self.settings.model_memory.pinned]
         for name in sorted(names, key=self.repository.is_pipeline):  # steps before pipelines
             await self._load(name)
         if mode == "poll":
@@ -58,6 +81,8 @@ class ModelRegistry:
     def stop_polling(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
+        if self.on_demand is not None:
+            self.on_demand.stop()
 
     async def close(self) -> None:
         self.stop_polling()
@@ -70,16 +95,43 @@ class ModelRegistry:
         A reload (or a failed reload) of a model whose old version still serves counts as
         serving: readiness does not flap while a repository changes."""
         asked = self._loading | {name for name, _ in self._failed}
+        if self.on_demand is not None:  # a model loaded on demand is not asked for: pinned are
+            asked = self.on_demand.pinned & asked
         return all(name in self._models for name in asked)
 
-    def all(self) -> list[LoadedModel]:
-        """Every loaded model version."""
-        return [m for versions in self._models.values() for m in versions.values()]
+    def all(self, known: bool = False) -> list[LoadedModel]:
+        """Every loaded model version; with `known`, also those evicted (on_demand mode)."""
+        models = {**self._known, **self._models} if known else self._models
+        return [m for versions in models.values() for m in versions.values()]
 
     def versions(self, name: str) -> list[LoadedModel]:
-        """The loaded versions of `name` (ModelNotFound when none)."""
-        self.resolve(name, None)
-        return list(self._models[name].values())
+        """The loaded (or, on_demand, last loaded) versions of `name` (ModelNotFound if none)."""
+        self.describe(name, None)
+        return list((self._models.get(name) or self._known[name]).values())
+
+    def loadable(self, name: str, version: str | None) -> bool:
+        """on_demand readiness of a model not resident: its folder serves the version asked
+        for (any, without one) and its last load did not fail; a request would load it."""
+        if any(n == name for n, _ in self._failed):
+            return False
+        try:
+            entry = self.repository.entry(name, self._configs.get(name))
+        except (SettingsError, InvalidInput):
+            return False
+        if entry is None or not entry.versions:
+            return False
+        return not version or (version.isdigit() and int(version) in entry.versions)
+
+    def memory_of(self, name: str, version: str) -> dict[str, int]:
+        """The statistics' memory fields of one version."""
+        return {"resident_bytes": self.budget.resident_bytes(name, version)}
+
+    def memory(self) -> dict[str, object]:
+        """What the metrics read of the budget: the books, per-model usage, queued loads."""
+        return {
+            "budget": self.budget,
+            "queued": self.on_demand.queued() if self.on_demand is not None else {},
+        }
 
     def version_names(self, name: str) -> tuple[str, ...]:
         return tuple(sorted(self._models.get(name, {}), key=int))
@@ -90,6 +142,36 @@ class ModelRegistry:
     def config_loaded(self, name: str) -> bool:
         """Whether a load request's config replaces the folder's config.yaml of `name`."""
         return name in self._configs
+
+    async def acquire(self, name: str, version: str | None, wait_s: float) -> LoadedModel:
+        """`resolve`, except that in `on_demand` mode a model not resident is loaded first (the
+        caller waits at most `wait_s`)."""
+        if self.on_demand is None or name in self._models:
+            return self.resolve(name, version)
+        return await self.on_demand.serve(name, version, wait_s)
+
+    def describe(self, name: str, version: str | None) -> LoadedModel:
+        """The version whose metadata and config answer for (name, version): the loaded one, or
+        in `on_demand` mode the one last loaded (closed since), without loading anything."""
+        if self.on_demand is None or name in self._models:
+            return self.resolve(name, version)
+        if name not in self._known:
+            check_name("model", name)
+            if name in self._loading or not (self.repository.root / name).is_dir():
+                return self.resolve(name, version)  # loading, or no such model
+            failed = [reason for (n, _), reason in sorted(self._failed.items()) if n == name]
+            state = f"failed to load: {failed[0]}" if failed else NOT_LOADED
+            raise ModelNotReady(name, version or "latest", state)
+        versions = self._known[name]
+        if version is None or version == "":
+            return versions[max(versions, key=int)]
+        if version not in versions:
+            raise ModelNotFound(name, version, available=sorted(versions, key=int))
+        return versions[version]
+
+    def known(self, name: str) -> bool:
+        """Loaded now or, in `on_demand` mode, loaded before."""
+        return name in self._models or name in self._known
 
     def resolve(self, name: str, version: str | None) -> LoadedModel:
         """The version a request goes to: the one named, or the highest loaded."""
@@ -118,7 +200,10 @@ class ModelRegistry:
         rows = []
         for name in self.repository.names():
             for version in self.version_names(name):
-                rows.append({"name": name, "version": version, "state": "READY", "reason": ""})
+                reason = ""
+                if self.on_demand is not None:
+                    reason = f"resident: {self.budget.resident_bytes(name, version)} bytes"
+                rows.append({"name": name, "version": version, "state": "READY", "reason": reason})
             failed = sorted((v, r) for (n, v), r in self._failed.items() if n == name)
             for version, reason in failed:
                 rows.append(
@@ -127,16 +212,26 @@ class ModelRegistry:
             if name in self._loading:
                 rows.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
             elif name not in self._models and not failed:
-                rows.append({"name": name, "version": "", "state": "UNAVAILABLE",
-                             "reason": "unloaded"})  # fmt: skip
+                rows.append(
+                    {"name": name, "version": "", "state": "UNAVAILABLE", "reason": self._why(name)}
+                )
         return [row for row in rows if row["state"] == "READY"] if ready_only else rows
 
+    def _why(self, name: str) -> str:
+        """Why a model without a failure is not loaded."""
+        if self.on_demand is None:
+            return "unloaded"
+        return self.on_demand.evicted.get(name, NOT_LOADED)
+
     async def load(self, name: str, config: ModelConfig | None = None) -> None:
-        """Load (or reload) a model by API: only in `explicit` and `poll` modes. With `config`,
-        it replaces the folder's config.yaml until the next load without one or an unload; a
-        load that fails keeps the config that was in force (its versions keep serving)."""
+        """Load (or reload) a model by API: in `explicit`, `poll` and `on_demand` modes (where
+        it pins the model until it is unloaded). With `config`, it replaces the folder's
+        config.yaml until the next load without one or an unload; a load that fails keeps the
+        config that was in force (its versions keep serving)."""
         self._require_control()
         check_name("model", name)
+        if self.on_demand is not None:
+            await self.on_demand.make_room(name)
         if config is not None and name in self._models:
             # A config that serves nothing (its backend's file or its version_policy's versions
             # are not in the folder) would retire the serving versions: refused before that.
@@ -147,6 +242,9 @@ class ModelRegistry:
         if config is not None:
             self._configs[name] = config
         await self._load(name)
+        if self.on_demand is not None and name in self._models:
+            self.on_demand.pinned.add(name)
+            await self.on_demand.settle(name)
         failed = [reason for (n, _), reason in self._failed.items() if n == name]
         if failed:
             self._configs.pop(name, None)
@@ -168,12 +266,18 @@ class ModelRegistry:
             self._clear_failed(name)
             await self._retire(list(self._models.pop(name, {}).values()))
             self._configs.pop(name, None)
+            self._known.pop(name, None)
+            self.budget.forget(name)
+            if self.on_demand is not None:
+                self.on_demand.pinned.discard(name)
+                self.on_demand.evicted.pop(name, None)
+            await asyncio.to_thread(memory.release_free_memory)
 
     def _require_control(self) -> None:
         if self.settings.model_control_mode == "none":
             raise InvalidInput(
                 "model control mode is 'none': loading and unloading by API needs "
-                "--model-control-mode explicit or poll"
+                "--model-control-mode explicit, poll or on_demand"
             )
 
     def _lock(self, name: str) -> asyncio.Lock:
@@ -199,6 +303,7 @@ class ModelRegistry:
                 if entry is None or not entry.versions:
                     self._clear_failed(name)
                     await self._retire(list(self._models.pop(name, {}).values()))
+                    self.budget.forget(name)
                     if entry is not None:
                         self._failed[(name, "")] = NO_VERSION
                     return
@@ -231,16 +336,21 @@ class ModelRegistry:
             try:
                 if entry.config.backend == "python" and not self.settings.allow_python_models:
                     raise refuse(f"model '{entry.name}' version {version}")  # never imported
+                before = await asyncio.to_thread(self._measure)
                 if pipeline is not None:
-                    fresh[str(version)] = await load_pipeline(
+                    model = await load_pipeline(
                         entry.name, version, path, entry.config, self.settings.batching,
                         self._tenant_share, self.resolve,
                     )  # fmt: skip
-                    continue
-                fresh[str(version)] = await load_model(
-                    entry.name, version, path, entry.config, self.settings.batching,
-                    self._tenant_share,
-                )  # fmt: skip
+                else:
+                    stats = self._stats.setdefault((entry.name, str(version)), ModelStats())
+                    model = await load_model(
+                        entry.name, version, path, entry.config, self.settings.batching,
+                        self._tenant_share, stats,
+                    )  # fmt: skip
+                after = await asyncio.to_thread(self._measure)
+                fresh[str(version)] = model
+                self.budget.record(entry.name, str(version), after - before)
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
                 self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
@@ -250,9 +360,17 @@ class ModelRegistry:
             fresh = {**current, **fresh}
         if fresh:
             self._models[entry.name] = fresh
+            self._known[entry.name] = fresh
         else:
             self._models.pop(entry.name, None)
+        for gone in set(current) - set(fresh):
+            self.budget.costs.pop((entry.name, gone), None)
         await self._retire([m for v, m in current.items() if fresh.get(v) is not m])
+
+    def _measure(self) -> Cost:
+        """The process's memory now (blocking): a load costs the difference across it."""
+        gpu = self._gpu.used_bytes() if self._gpu is not None else {}
+        return Cost(memory.heap_bytes(), gpu)
 
     async def _retire(self, models: list[LoadedModel]) -> None:
         for model in models:

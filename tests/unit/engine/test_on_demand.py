@@ -1,0 +1,321 @@
+"""`model_control_mode: on_demand` in one process, on real ONNX models written by the tests:
+shared loads, the LRU rule by measured bytes, never evicting a model in use or pinned, failed,
+slow and too-large loads, idle unload, and what readiness, metadata and the index say."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+
+from engine.demo import mlp_model
+from engine.engine import Engine
+from engine.errors import ModelNotReady, Overloaded
+from engine.settings import load_settings
+from engine.types import InferRequest
+
+WIDTH = 16384  # hidden units: ~4 MB of weights a model, ~6 MB measured with ORT's pre-packing
+X = np.ones((2, 64), np.float32)
+StartEngine = Callable[..., Awaitable[Engine]]
+
+GATED_PY = """
+import time
+from pathlib import Path
+
+
+class Gated:
+    def load(self, config):
+        folder = Path(config["parameters"]["folder"])
+        self.started, self.release = folder / "started", folder / "release"
+        load_s = float(config["parameters"].get("load_s", 0))
+        deadline = time.monotonic() + load_s
+        while load_s and not (folder / "release_load").exists() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def infer(self, inputs):
+        self.started.touch()
+        deadline = time.monotonic() + 10
+        while not self.release.exists() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        return {"y": inputs["x"]}
+"""
+
+
+def write_mlp(repo: Path, name: str, width: int = WIDTH, seed: int = 0) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    onnx.save(mlp_model((64, width, 4), seed=seed), repo / name / "1" / "model.onnx")
+    (repo / name / "config.yaml").write_text("max_batch_size: 8\n")
+
+
+def write_gated(repo: Path, name: str, load_s: float = 0.0) -> Path:
+    """A Python model whose batches run until the test creates `<folder>/release` (and touch
+    `started` first); with `load_s`, its load takes that long unless `release_load` exists."""
+    folder = repo / name
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(GATED_PY)
+    (folder / "config.yaml").write_text(
+        "backend: python\nmax_batch_size: 8\nwarmup: {enabled: false}\n"
+        f"python:\n  parameters: {{folder: '{folder}', load_s: {load_s}}}\n"
+        "  inputs: [{name: x, datatype: FP32, shape: [-1, 4]}]\n"
+        "  outputs: [{name: y, datatype: FP32, shape: [-1, 4]}]\n"
+    )
+    return folder
+
+
+def request(model: str, timeout_s: float = 10) -> InferRequest:
+    x = np.ones((1, 4), np.float32) if model.startswith("gated") else X
+    return InferRequest(model, {"x": x}, {"x": "FP32"}, timeout_s=timeout_s)
+
+
+async def until(check: Callable[[], bool], what: str, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "models"
+    for index, name in enumerate(("a", "b", "c")):
+        write_mlp(root, name, seed=index)
+    return root
+
+
+@pytest.fixture
+async def start(repo: Path) -> AsyncIterator[StartEngine]:
+    engines: list[Engine] = []
+
+    async def start_engine(**memory: Any) -> Engine:
+        settings = load_settings(
+            model_repository=repo,
+            model_control_mode="on_demand",
+            model_memory=memory,
+            allow_python_models=True,
+        )
+        engine = Engine(settings)
+        engines.append(engine)
+        await engine.start()
+        return engine
+
+    yield start_engine
+    for engine in engines:
+        await engine.close()
+
+
+@pytest.fixture
+async def model_bytes(start: StartEngine) -> int:
+    """What one of the test's MLPs measures here (it differs with the CPU's pre-packing)."""
+    engine = await start()
+    await engine.infer(request("a"))
+    cost = engine.registry.budget.resident_bytes("a", "1")
+    assert cost > 2 * 64 * WIDTH * 4 // 2  # at least the weights: a measurement, not a guess
+    return cost
+
+
+def states(engine: Engine) -> dict[str, tuple[str, str]]:
+    return {row["name"]: (row["state"], row["reason"]) for row in engine.registry.index()}
+
+
+async def test_nothing_loads_at_start_and_concurrent_requests_share_one_load(
+    start: StartEngine,
+) -> None:
+    engine = await start()
+    assert engine.registry.all() == []
+    assert states(engine)["a"][0] == "UNAVAILABLE"
+    answers = await asyncio.gather(*(engine.infer(request("a")) for _ in range(20)))
+    expected = answers[0].outputs["probabilities"]
+    assert expected.shape == (2, 4)
+    assert all(np.array_equal(a.outputs["probabilities"], expected) for a in answers)
+    usage = engine.registry.budget.of("a")
+    assert (usage.loads, usage.load_failures) == (1, 0)
+    assert states(engine)["a"][0] == "READY"
+    assert engine.registry.budget.cold_start.count == 1
+
+
+async def test_least_recently_used_idle_model_is_evicted_by_measured_bytes(
+    start: StartEngine, model_bytes: int
+) -> None:
+    engine = await start(host_bytes=int(2.5 * model_bytes))  # two fit, three do not
+    for name in ("a", "b", "a", "c"):  # b is then the least recently used
+        await engine.infer(request(name))
+    assert {m.name for m in engine.registry.all()} == {"a", "c"}
+    assert states(engine)["b"] == (
+        "UNAVAILABLE",
+        "evicted: least recently used, to make room for another load",
+    )
+    assert engine.registry.budget.of("b").evictions == {"budget": 1}
+    assert engine.registry.budget.host_used() <= int(2.5 * model_bytes)
+    # Evicted, b still answers: its next request loads it again (evicting a, now the LRU).
+    assert (await engine.infer(request("b"))).outputs["probabilities"].shape == (2, 4)
+    assert {m.name for m in engine.registry.all()} == {"b", "c"}
+    assert engine.registry.budget.of("b").loads == 2
+
+
+async def test_a_model_with_a_running_batch_is_never_evicted_under_it(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    gate = write_gated(repo, "gated")
+    engine = await start(host_bytes=int(2.5 * model_bytes))
+    running = asyncio.create_task(engine.infer(request("gated")))
+    await until((gate / "started").exists, "the gated batch to start")
+    await engine.infer(request("a"))
+    await engine.infer(request("b"))
+    # gated is the least recently used, but its batch runs: c's room comes from a.
+    await engine.infer(request("c"))
+    assert {m.name for m in engine.registry.all()} >= {"gated", "c"}
+    assert "a" not in {m.name for m in engine.registry.all()}
+    (gate / "release").touch()
+    assert (await running).outputs["y"].tolist() == [[1.0] * 4]
+    assert engine.registry.budget.of("gated").evictions == {}
+
+
+async def test_no_room_while_every_resident_model_is_in_use_is_a_503_with_retry_after(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    gate = write_gated(repo, "gated")
+    engine = await start(host_bytes=int(1.5 * model_bytes), pinned=["gated"])
+    running = asyncio.create_task(engine.infer(request("gated")))
+    await until((gate / "started").exists, "the gated batch to start")
+    await engine.infer(request("a"))
+    held = asyncio.create_task(engine.infer(request("gated")))  # queued behind the running one
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    with on_demand.held("a"), pytest.raises(Overloaded, match=r"no room.*'b'.*in use") as caught:
+        await engine.infer(request("b"))
+    assert caught.value.retry_after_s is not None
+    (gate / "release").touch()
+    await asyncio.gather(running, held)
+    assert {m.name for m in engine.registry.all()} == {"gated", "a"}
+
+
+async def test_pinned_models_load_at_start_and_are_never_evicted(
+    start: StartEngine, model_bytes: int
+) -> None:
+    engine = await start(host_bytes=int(2.5 * model_bytes), pinned=["a"])
+    assert {m.name for m in engine.registry.all()} == {"a"}
+    for name in ("b", "c", "b", "c"):
+        await engine.infer(request(name))
+    assert "a" in {m.name for m in engine.registry.all()}
+    assert engine.registry.budget.of("a").evictions == {}
+    assert engine.registry.budget.of("b").evictions == {"budget": 2}  # by c, twice
+    assert engine.registry.budget.of("c").evictions == {"budget": 1}  # by b
+
+
+async def test_an_explicit_load_pins_the_model_until_it_is_unloaded(
+    start: StartEngine, model_bytes: int
+) -> None:
+    engine = await start(host_bytes=int(2.5 * model_bytes))
+    await engine.load_model("a")
+    for name in ("b", "c", "b"):
+        await engine.infer(request(name))
+    assert "a" in {m.name for m in engine.registry.all()}
+    await engine.unload_model("a")
+    assert engine.registry.budget.host_used() < 2 * model_bytes
+    await engine.infer(request("a"))  # unpinned: it loads on demand again
+    await engine.infer(request("c"))
+    assert "a" in {m.name for m in engine.registry.all()}
+    assert engine.registry.budget.of("b").evictions == {"budget": 2}
+
+
+async def test_a_failed_load_answers_its_requests_and_leaves_other_models_serving(
+    start: StartEngine, repo: Path
+) -> None:
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    (repo / "broken" / "config.yaml").write_text("max_batch_size: 8\n")
+    engine = await start()
+    results = await asyncio.gather(
+        *(engine.infer(request("broken")) for _ in range(5)),
+        engine.infer(request("a")),
+        return_exceptions=True,
+    )
+    assert all(isinstance(r, ModelNotReady) and "failed to load" in str(r) for r in results[:5]), (
+        results
+    )
+    assert not isinstance(results[5], BaseException)
+    state, reason = states(engine)["broken"]
+    assert (state, reason.split(":")[0]) == ("UNAVAILABLE", "InvalidProtobuf")
+    with pytest.raises(ModelNotReady, match="failed to load"):
+        await engine.infer(request("broken"))
+    # The failure is kept until the files change: not one load per request.
+    assert engine.registry.budget.of("broken").load_failures == 1
+    assert engine.ready  # a model loaded on demand is not one the server must serve
+    assert await engine.model_ready("broken") is False
+    (repo / "broken" / "1" / "model.onnx").unlink()
+    onnx.save(mlp_model((64, 8, 4)), repo / "broken" / "1" / "model.onnx")
+    assert (await engine.infer(request("broken"))).outputs["probabilities"].shape == (2, 4)
+
+
+async def test_a_request_that_outwaits_its_timeout_is_a_503_and_the_load_goes_on(
+    start: StartEngine, repo: Path
+) -> None:
+    folder = write_gated(repo, "gated", load_s=10)
+    engine = await start()
+    with pytest.raises(Overloaded, match=r"'gated' is not loaded yet.*0\.2 s") as caught:
+        await engine.infer(request("gated", timeout_s=0.2))
+    assert caught.value.retry_after_header is not None
+    waiting = asyncio.create_task(engine.infer(request("gated")))
+    await until(lambda: engine.registry.budget.of("gated").waiting == 1, "the second waiter")
+    (folder / "release_load").touch()
+    (folder / "release").touch()
+    assert (await waiting).outputs["y"].shape == (1, 4)
+    assert engine.registry.budget.of("gated").loads == 1  # the first request's load, shared
+
+
+async def test_the_load_queue_is_bounded_per_model(start: StartEngine, repo: Path) -> None:
+    folder = write_gated(repo, "gated", load_s=10)
+    engine = await start(load_queue_size=2)
+    waiters = [asyncio.create_task(engine.infer(request("gated"))) for _ in range(2)]
+    await until(lambda: engine.registry.budget.of("gated").waiting == 2, "two waiters")
+    with pytest.raises(Overloaded, match=r"2 requests already wait.*load_queue_size"):
+        await engine.infer(request("gated"))
+    (folder / "release_load").touch()
+    (folder / "release").touch()
+    assert [w.outputs["y"].shape for w in await asyncio.gather(*waiters)] == [(1, 4)] * 2
+
+
+async def test_a_model_larger_than_the_budget_is_refused_saying_so(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    write_mlp(repo, "small", width=256)
+    engine = await start(host_bytes=model_bytes // 2)
+    with pytest.raises(ModelNotReady, match=r"cannot fit in the memory budget even alone"):
+        await engine.infer(request("a"))
+    assert "a" not in {m.name for m in engine.registry.all()}
+    assert engine.registry.budget.host_used() <= model_bytes // 2
+    assert "cannot fit" in states(engine)["a"][1]
+    assert (await engine.infer(request("small"))).outputs["probabilities"].shape == (2, 4)
+
+
+async def test_idle_models_are_unloaded_after_idle_unload_s(start: StartEngine) -> None:
+    engine = await start(idle_unload_s=0.2)
+    await engine.infer(request("a"))
+    assert engine.registry.has("a")
+    # Out of the index at once, out of the books once its sessions are closed.
+    await until(lambda: engine.registry.budget.host_used() == 0, "the idle unload")
+    assert states(engine)["a"] == ("UNAVAILABLE", "evicted: idle for idle_unload_s")
+
+
+async def test_readiness_metadata_and_config_answer_without_loading(start: StartEngine) -> None:
+    engine = await start(idle_unload_s=0.2)
+    assert await engine.model_ready("a") is True  # ready: a request would load it
+    assert await engine.model_ready("a", "2") is False  # no such version in the folder
+    assert await engine.model_ready("nope") is False
+    with pytest.raises(ModelNotReady, match="loads on its first inference request"):
+        await engine.model_metadata("a")
+    assert engine.registry.budget.of("a").loads == 0
+    await engine.infer(request("a"))
+    await until(lambda: engine.registry.budget.host_used() == 0, "the idle unload")
+    metadata = await engine.model_metadata("a")  # from its last load, not loading it again
+    assert [spec.name for spec in metadata.inputs] == ["x"]
+    assert (await engine.model_config("a"))["max_batch_size"] == 8
+    assert (await engine.statistics("a"))["model_stats"][0]["resident_bytes"] == 0
+    assert engine.registry.budget.of("a").loads == 1
+    assert not engine.registry.has("a")
