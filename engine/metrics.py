@@ -24,6 +24,7 @@ from prometheus_client.core import (
 
 from engine.generation.metrics import GenerationCollector
 from engine.gpu_metrics import GpuMetrics
+from engine.memory_metrics import memory_families
 from engine.stats import LATENCY_BUCKETS_S, ModelStats
 from engine.stats import Histogram as StatsHistogram
 
@@ -205,6 +206,7 @@ class _EngineCollector:
         yield from (queue_wait, compute, batch_size, batch_requests, depth, depth_rows)
         yield from (inferences, executions, state, provider, in_flight)
         yield from (batch_cost, row_cost, shed)
+        yield from memory_families(snap.get("memory"))
         limiter = snap.get("limiter")
         if limiter is not None:
             yield from _admission(limiter)
