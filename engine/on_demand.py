@@ -54,6 +54,9 @@ class OnDemandLoader:
         self.evicted: dict[str, str] = {}
         """Why a model that was resident is not (for the repository index)."""
         self._idle_task: asyncio.Task[None] | None = None
+        self._released = asyncio.Event()  # set when a model's last holding request leaves
+        self.waiting_for_room: dict[str, str] = {}
+        """Loads waiting for a resident model to be left idle, and why (for the index)."""
 
     def start(self) -> None:
         if self._memory.idle_unload_s is not None:
@@ -83,6 +86,8 @@ class OnDemandLoader:
         finally:
             usage.in_use -= 1
             usage.last_used = time.monotonic()
+            if not usage.in_use:
+                self._released.set()
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -185,15 +190,28 @@ class OnDemandLoader:
         return ModelNotReady(name, "latest", reason)
 
     async def _evict_until(self, need: Cost, keep: str) -> None:
+        """Evict idle models until `need` fits. While every resident model is in use, wait for
+        one to be left idle (their requests are drained, never cut), up to `load_wait_s`."""
+        deadline = time.monotonic() + self._memory.load_wait_s
         while (excess := self.budget.excess(need)) is not None:
             victim = self.budget.victim(self._idle(keep))
-            if victim is None:
+            if victim is not None:
+                await self.evict(victim, "budget")
+                continue
+            self._released.clear()
+            self.waiting_for_room[keep] = f"waiting for room: {excess}"
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await self._released.wait()
+            except TimeoutError:
                 raise Overloaded(
-                    f"no room to load model '{keep}' ({excess}): every resident model is "
-                    "pinned, loading or in use; retry shortly",
+                    f"no room to load model '{keep}' ({excess}): every resident model stayed "
+                    f"pinned, loading or in use for {self._memory.load_wait_s:g} s "
+                    "(model_memory.load_wait_s); retry shortly",
                     retry_after_s=1.0,
-                )
-            await self.evict(victim, "budget")
+                ) from None
+            finally:
+                self.waiting_for_room.pop(keep, None)
 
     def _idle(self, keep: str | None) -> list[str]:
         """Resident models that may be evicted now."""

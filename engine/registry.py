@@ -209,8 +209,10 @@ class ModelRegistry:
                 rows.append(
                     {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
                 )
-            if name in self._loading:
-                rows.append({"name": name, "version": "", "state": "LOADING", "reason": ""})
+            on_demand = self.on_demand
+            if name in self._loading or (on_demand is not None and on_demand.loading(name)):
+                why = on_demand.waiting_for_room.get(name, "") if on_demand is not None else ""
+                rows.append({"name": name, "version": "", "state": "LOADING", "reason": why})
             elif name not in self._models and not failed:
                 rows.append(
                     {"name": name, "version": "", "state": "UNAVAILABLE", "reason": self._why(name)}

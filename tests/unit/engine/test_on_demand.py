@@ -180,7 +180,7 @@ async def test_no_room_while_every_resident_model_is_in_use_is_a_503_with_retry_
     start: StartEngine, repo: Path, model_bytes: int
 ) -> None:
     gate = write_gated(repo, "gated")
-    engine = await start(host_bytes=int(1.5 * model_bytes), pinned=["gated"])
+    engine = await start(host_bytes=int(1.5 * model_bytes), pinned=["gated"], load_wait_s=0.3)
     running = asyncio.create_task(engine.infer(request("gated")))
     await until((gate / "started").exists, "the gated batch to start")
     await engine.infer(request("a"))
@@ -193,6 +193,24 @@ async def test_no_room_while_every_resident_model_is_in_use_is_a_503_with_retry_
     (gate / "release").touch()
     await asyncio.gather(running, held)
     assert {m.name for m in engine.registry.all()} == {"gated", "a"}
+
+
+async def test_a_load_waits_for_a_model_in_use_to_be_left_and_then_evicts_it(
+    start: StartEngine, model_bytes: int
+) -> None:
+    engine = await start(host_bytes=int(1.5 * model_bytes))
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    await engine.infer(request("a"))
+    with on_demand.held("a"):  # a request holds a: b's load may not evict it
+        waiting = asyncio.create_task(engine.infer(request("b")))
+        await until(lambda: "b" in on_demand.waiting_for_room, "b's load to wait for room")
+        assert engine.registry.has("a")
+        state, reason = states(engine)["b"]
+        assert (state, reason.split(":")[0]) == ("LOADING", "waiting for room")
+    assert (await waiting).outputs["probabilities"].shape == (2, 4)
+    assert {m.name for m in engine.registry.all()} == {"b"}
+    assert engine.registry.budget.of("a").evictions == {"budget": 1}
 
 
 async def test_pinned_models_load_at_start_and_are_never_evicted(
