@@ -40,6 +40,7 @@ from engine.validate import (
     check_load_parameters,
     check_request,
     check_unload_parameters,
+    unchecked,
 )
 
 log = logging.getLogger("sluice.engine")
@@ -319,26 +320,24 @@ class Engine:
         )
 
     def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:
-        """`input_check`'s answer; None only in `on_demand` mode for a model never loaded (then
-        `input_check` loads it): the models are in this process."""
+        """`input_check`'s answer, never None: the models are in this process."""
+        model = self.checked_model(name, version)
+        return unchecked if model is None else model.input_check
+
+    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
+        model = self.checked_model(name, version)
+        return unchecked if model is None else model.input_check
+
+    def checked_model(self, name: str, version: str | None = None) -> LoadedModel | None:
+        """The version whose inputs a request is checked against before it is decoded: the
+        loaded one, or in `on_demand` mode the one last loaded (the request's inference loads
+        it again). None for a model never loaded in `on_demand` mode: only inference loads,
+        bounded by the request's own timeout, which is not decoded yet; the engine checks the
+        decoded request once the model is loaded."""
         registry = self.registry
         if registry.on_demand is not None and not registry.known(name):
             return None
-        return registry.describe(name, version).input_check
-
-    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
-        return (await self.checked_model(name, version)).input_check
-
-    async def checked_model(self, name: str, version: str | None = None) -> LoadedModel:
-        """The version whose inputs a request is checked against before it is decoded: in
-        `on_demand` mode the one last loaded (even if evicted since: the request's inference
-        loads it again), or, for a model never loaded, the model loaded now (waiting at most
-        `model_memory.load_wait_s`: the request's own timeout is not decoded yet)."""
-        registry = self.registry
-        if registry.on_demand is None or registry.known(name):
-            return registry.describe(name, version)
-        wait_s = self.settings.model_memory.load_wait_s
-        return await registry.acquire(name, version, wait_s)
+        return registry.describe(name, version)
 
     async def model_ready(self, name: str, version: str | None = None) -> bool:
         return self._serves(name, version)

@@ -95,7 +95,9 @@ class HostControl:
         if method == "model_metadata":
             return metadata_payload(await engine.model_metadata(*args))
         if method == "input_spec":
-            model = await engine.checked_model(*args)
+            model = engine.checked_model(*args)
+            if model is None:  # on_demand, never loaded: checked by the engine once loaded
+                return {"inputs": None, "max_batch_size": 0, "label": ""}
             return {
                 "inputs": [[s.name, s.datatype, list(s.shape)] for s in model.backend.inputs],
                 "max_batch_size": model.max_batch_size,

@@ -44,6 +44,11 @@ def check_request(
     return rows
 
 
+def unchecked(shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> None:
+    """The front-end check of a model whose inputs are not known yet (on_demand, never loaded):
+    none; the engine checks the decoded request once the model is loaded."""
+
+
 def check_inputs(
     shapes: Mapping[str, Sequence[int]],
     datatypes: Mapping[str, str],
