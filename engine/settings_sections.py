@@ -230,9 +230,9 @@ class ModelMemorySettings(Section):
     """The memory budget of `model_control_mode: on_demand` (see docs/guides/many-models.md)."""
 
     host_bytes: int | None = Field(None, gt=0)
-    """Host memory the loaded model versions may hold together, as measured (the process's
-    resident set growth across each load). Before a load that would pass it, idle versions are
-    evicted least recently used first; unset: no budget (models still load on demand)."""
+    """Host memory the loaded model versions may hold together, as measured (the growth of the
+    bytes the C allocator holds across each load). Before a load that would pass it, idle models
+    are evicted least recently used first; unset: no budget (models still load on demand)."""
     gpu_bytes: int | None = Field(None, gt=0)
     """Device memory per GPU the loaded versions may hold together (NVML's count of this
     process's memory on the device, measured across each load); unset: not budgeted."""
