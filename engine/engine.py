@@ -310,10 +310,13 @@ class Engine:
         return {"name": "sluice", "version": VERSION, "extensions": EXTENSIONS}
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        model = self.registry.describe(name, version)
+        registry = self.registry
+        if registry.on_demand is not None and not registry.known(name):
+            return await registry.on_demand.metadata(name, version)  # from the file, not loaded
+        model = registry.describe(name, version)
         return ModelMetadata(
             name=model.name,
-            versions=self.registry.version_names(name),
+            versions=tuple(sorted((m.version for m in registry.versions(name)), key=int)),
             platform=model.backend.platform,
             inputs=model.backend.inputs,
             outputs=model.backend.outputs,
@@ -345,8 +348,9 @@ class Engine:
     def _serves(self, name: str, version: str | None) -> bool:
         if self._draining:
             return False
-        if self.registry.on_demand is not None and not self.registry.has(name):
-            return self.registry.loadable(name, version)  # ready: a request would load it
+        on_demand = self.registry.on_demand
+        if on_demand is not None and not self.registry.has(name):
+            return on_demand.loadable(name, version)  # ready: a request would load it
         try:
             model = self.registry.resolve(name, version)
         except EngineError:

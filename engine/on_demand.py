@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 from engine.budget import Cost, MemoryBudget
 from engine.errors import EngineError, ModelNotFound, ModelNotReady, Overloaded
 from engine.memory import release_free_memory
-from engine.repository import MODEL_FILES, check_name
+from engine.model_file import declared_specs
+from engine.repository import MODEL_FILES, ModelEntry, check_name
 from engine.settings import ModelMemorySettings, SettingsError
+from engine.types import ModelMetadata
 
 if TYPE_CHECKING:
     from engine.model import LoadedModel
@@ -259,6 +261,53 @@ class OnDemandLoader:
                 if now - self.budget.of(name).last_used >= idle_s:
                     await self.evict(name, "idle")
 
+    # -- answers without loading -----------------------------------------------------------------
+
+    def loadable(self, name: str, version: str | None) -> bool:
+        """Readiness of a model not resident: its folder serves the version asked for (any,
+        without one) and its last load did not fail; a request would load it."""
+        if any(n == name for n, _ in self._registry._failed):
+            return False
+        entry = self._entry(name)
+        if entry is None or not entry.versions:
+            return False
+        return not version or (version.isdigit() and int(version) in entry.versions)
+
+    def not_loaded(self, name: str, version: str | None) -> ModelNotReady:
+        """What a config request for a model never loaded answers: why it is not."""
+        failed = [r for (n, _), r in sorted(self._registry._failed.items()) if n == name]
+        return ModelNotReady(
+            name, version or "latest", f"failed to load: {failed[0]}" if failed else NOT_LOADED
+        )
+
+    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
+        """The metadata of a model never loaded, from its model file's declared inputs and
+        outputs (engine.model_file: the weights are not read). ONNX models only; others answer
+        why they cannot be described before their first load."""
+        check_name("model", name)
+        entry = self._entry(name)
+        if entry is None or not entry.versions:
+            raise self.not_loaded(name, version) if entry else ModelNotFound(name)
+        served = sorted(entry.versions)
+        chosen = max(served) if not version else int(version) if version.isdigit() else None
+        if chosen not in entry.versions:
+            check_name("version", version or "")
+            raise ModelNotFound(name, version, available=[str(v) for v in served])
+        if entry.config.backend != "onnxruntime" or entry.config.pipeline is not None:
+            raise self.not_loaded(name, version)
+        try:
+            inputs, outputs = await asyncio.to_thread(declared_specs, entry.versions[chosen])
+        except (OSError, ValueError) as exc:
+            raise ModelNotReady(name, str(chosen), f"its model file cannot be read: {exc}") from exc
+        versions = tuple(str(v) for v in served)
+        return ModelMetadata(name, versions, "onnxruntime_onnx", inputs, outputs)
+
+    def _entry(self, name: str) -> ModelEntry | None:
+        try:
+            return self._registry.repository.entry(name, self._registry._configs.get(name))
+        except (SettingsError, EngineError, OSError):
+            return None
+
     # -- the model's files -----------------------------------------------------------------------
 
     def _files(self, name: str) -> object:
@@ -271,10 +320,7 @@ class OnDemandLoader:
     def _file_bytes(self, name: str) -> int:
         """The size of the files of the versions the model's policy serves: the estimate of
         a model never loaded (its measured cost replaces it after its first load)."""
-        try:
-            entry = self._registry.repository.entry(name, self._registry._configs.get(name))
-        except (SettingsError, EngineError, OSError):
-            return 0  # the load reports why
+        entry = self._entry(name)  # None: the load reports why
         if entry is None or entry.config.backend not in MODEL_FILES:
             return 0
         files = [p for path in entry.versions.values() for p in path.parent.rglob("*")]

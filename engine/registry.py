@@ -109,19 +109,6 @@ class ModelRegistry:
         self.describe(name, None)
         return list((self._models.get(name) or self._known[name]).values())
 
-    def loadable(self, name: str, version: str | None) -> bool:
-        """on_demand readiness of a model not resident: its folder serves the version asked
-        for (any, without one) and its last load did not fail; a request would load it."""
-        if any(n == name for n, _ in self._failed):
-            return False
-        try:
-            entry = self.repository.entry(name, self._configs.get(name))
-        except (SettingsError, InvalidInput):
-            return False
-        if entry is None or not entry.versions:
-            return False
-        return not version or (version.isdigit() and int(version) in entry.versions)
-
     def memory_of(self, name: str, version: str) -> dict[str, int]:
         """The statistics' memory fields of one version."""
         return {"resident_bytes": self.budget.resident_bytes(name, version)}
@@ -159,9 +146,7 @@ class ModelRegistry:
             check_name("model", name)
             if name in self._loading or not (self.repository.root / name).is_dir():
                 return self.resolve(name, version)  # loading, or no such model
-            failed = [reason for (n, _), reason in sorted(self._failed.items()) if n == name]
-            state = f"failed to load: {failed[0]}" if failed else NOT_LOADED
-            raise ModelNotReady(name, version or "latest", state)
+            raise self.on_demand.not_loaded(name, version)
         versions = self._known[name]
         if version is None or version == "":
             return versions[max(versions, key=int)]

@@ -326,13 +326,19 @@ async def test_readiness_metadata_and_config_answer_without_loading(start: Start
     assert await engine.model_ready("a") is True  # ready: a request would load it
     assert await engine.model_ready("a", "2") is False  # no such version in the folder
     assert await engine.model_ready("nope") is False
+    # Metadata of a model never loaded: its file's declared inputs, its weights not read.
+    first = await engine.model_metadata("a")
+    assert (first.versions, first.platform) == (("1",), "onnxruntime_onnx")
+    assert [(s.name, s.datatype, s.shape) for s in first.inputs] == [("x", "FP32", (-1, 64))]
+    assert [s.name for s in first.outputs] == ["probabilities"]
     with pytest.raises(ModelNotReady, match="loads on its first inference request"):
-        await engine.model_metadata("a")
+        await engine.model_config("a")
     assert engine.registry.budget.of("a").loads == 0
+    assert not engine.registry.has("a")
     await engine.infer(request("a"))
     await until(lambda: engine.registry.budget.host_used() == 0, "the idle unload")
     metadata = await engine.model_metadata("a")  # from its last load, not loading it again
-    assert [spec.name for spec in metadata.inputs] == ["x"]
+    assert metadata == first
     assert (await engine.model_config("a"))["max_batch_size"] == 8
     assert (await engine.statistics("a"))["model_stats"][0]["resident_bytes"] == 0
     assert engine.registry.budget.of("a").loads == 1
