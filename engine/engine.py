@@ -10,7 +10,7 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -179,14 +179,39 @@ class Engine:
         if on_demand is None:
             model = self.registry.resolve(request.model_name, request.model_version)
             return await self._serve(model, request, started)
+        registry, name, version = self.registry, request.model_name, request.model_version
         wait_s = request.timeout_s or self.settings.model_memory.load_wait_s
-        model = await self.registry.acquire(request.model_name, request.model_version, wait_s)
+        if not registry.has(name) and registry.known(name) and self._may_hit(name, request):
+            # Evicted, its results cached: checked against its last load, and a cache hit
+            # answers without loading it; only a miss loads it (once for the requests that miss
+            # together).
+            last = registry.describe(name, version)
+            with on_demand.held(last.name):
+                return await self._serve(
+                    last, request, started, lambda: registry.acquire(name, version, wait_s)
+                )
+        model = await registry.acquire(name, version, wait_s)
         with on_demand.held(model.name):  # never evicted while this request holds it
             return await self._serve(model, request, started)
 
+    def _may_hit(self, name: str, request: InferRequest) -> bool:
+        """Whether the result cache may answer a request of the model `name` (loaded before)."""
+        config = self.registry.describe(name, request.model_version).config
+        return (
+            self._cached is not None
+            and config.cache.enabled
+            and cache_requested(request.parameters)
+        )
+
     async def _serve(
-        self, model: LoadedModel, request: InferRequest, started: float
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        started: float,
+        load: Callable[[], Awaitable[LoadedModel]] | None = None,
     ) -> InferResponse:
+        """Answer the request with `model`; with `load`, `model` is an evicted version's last
+        load, and `load` gives the version to run when the answer is not in the result cache."""
         rows = check_request(
             request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
         )
@@ -206,7 +231,7 @@ class Engine:
         with await admit as admission:  # released on the way out (a coroutine pair less)
             try:
                 return await self._admitted(
-                    model, request, rows, priority, started, use_cache, admission
+                    model, request, rows, priority, started, use_cache, admission, load
                 )
             except EngineError as exc:
                 if isinstance(exc.__cause__, NEVER_RAN):  # refused by the queue: nothing used
@@ -247,6 +272,7 @@ class Engine:
         started: float,
         use_cache: bool,
         admission: Admission,
+        load: Callable[[], Awaitable[LoadedModel]] | None = None,
     ) -> InferResponse:
         batching = model.config.dynamic_batching
         timeout_s = request.timeout_s or batching.default_timeout_s
@@ -262,18 +288,23 @@ class Engine:
             deadline: float | None = deadline, on_run: Callable[[], None] | None = None
         ) -> CachedResult:
             tenant = request.tenant or ANONYMOUS_TENANT
+            try:
+                runner = model if load is None else await load()
+            except EngineError:  # never ran: the admission's charge goes back
+                await admission.refund(admission.charged)
+                raise
             # The admission's slots are held while the batcher holds the request: a caller who
             # leaves while it runs does not free a place for another run of the tenant's.
-            submit = model.batcher.submit(
+            submit = runner.batcher.submit(
                 request.inputs, rows, priority, tenant, deadline, arrived, on_run, admission.hold()
             )
             if self.tracing is not None:
-                submit = self.tracing.batched(submit, model.last_run)
+                submit = self.tracing.batched(submit, runner.last_run)
             try:
                 outputs = await submit
             except BatchingError as exc:
                 raise from_batching(exc) from exc
-            finish = getattr(model.backend, "finish_request", None)  # e.g. a tokenizer's
+            finish = getattr(runner.backend, "finish_request", None)  # e.g. a tokenizer's
             if finish is not None:  # padding cut back to this request's own rows
                 outputs = finish(outputs)
             # A pipeline's answer says e.g. how many rows were truncated (not kept in the cache).

@@ -343,3 +343,24 @@ async def test_readiness_metadata_and_config_answer_without_loading(start: Start
     assert (await engine.statistics("a"))["model_stats"][0]["resident_bytes"] == 0
     assert engine.registry.budget.of("a").loads == 1
     assert not engine.registry.has("a")
+
+
+async def test_a_cached_answer_of_an_evicted_model_is_a_hit_without_loading_it(
+    start: StartEngine, repo: Path
+) -> None:
+    (repo / "a" / "config.yaml").write_text("max_batch_size: 8\ncache: {enabled: true}\n")
+    engine = await start()
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    first = await engine.infer(request("a"))
+    assert first.parameters["cache_hit"] is False
+    await on_demand.evict("a", "idle")
+    again = await engine.infer(request("a"))
+    assert again.parameters["cache_hit"] is True
+    assert np.array_equal(again.outputs["probabilities"], first.outputs["probabilities"])
+    assert not engine.registry.has("a")
+    assert engine.registry.budget.of("a").loads == 1
+    other = InferRequest("a", {"x": X * 2}, {"x": "FP32"}, timeout_s=10)  # a miss: loads it
+    assert (await engine.infer(other)).parameters["cache_hit"] is False
+    assert engine.registry.has("a")
+    assert engine.registry.budget.of("a").loads == 2
