@@ -364,3 +364,27 @@ async def test_a_cached_answer_of_an_evicted_model_is_a_hit_without_loading_it(
     assert (await engine.infer(other)).parameters["cache_hit"] is False
     assert engine.registry.has("a")
     assert engine.registry.budget.of("a").loads == 2
+
+
+async def test_a_pipeline_loads_its_steps_and_keeps_them_while_it_is_resident(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    (repo / "p").mkdir()
+    (repo / "p" / "config.yaml").write_text(
+        "pipeline:\n  steps:\n    - {model: a, inputs: {x: X}, outputs: {probabilities: P}}\n"
+    )
+    engine = await start(host_bytes=int(2.5 * model_bytes))
+    answer = await engine.infer(InferRequest("p", {"X": X}, {"X": "FP32"}, timeout_s=10))
+    assert answer.outputs["P"].shape == (2, 4)
+    assert {m.name for m in engine.registry.all()} == {"p", "a"}
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    with on_demand.held("p"):  # while p serves, its step a is not evictable either
+        for name in ("b", "c"):
+            await engine.infer(request(name))
+        assert {m.name for m in engine.registry.all()} == {"p", "a", "c"}
+        assert engine.registry.budget.of("b").evictions == {"budget": 1}
+    await engine.infer(request("b"))  # p was used last (its request just left): c goes
+    assert {m.name for m in engine.registry.all()} == {"p", "a", "b"}
+    assert engine.registry.budget.of("c").evictions == {"budget": 1}
+    assert engine.registry.budget.of("a").evictions == {}
