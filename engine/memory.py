@@ -67,17 +67,20 @@ def _libc() -> Any:
 
 
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 128 * 1024
+MMAP_THRESHOLD_BYTES = 1024 * 1024
 
 
 def map_large_blocks() -> None:
-    """Make glibc serve every block of 128 KiB or more with its own mapping, for good.
+    """Make glibc serve every block of 1 MiB or more with its own mapping, for good.
 
-    By default glibc raises that threshold each time such a block is freed (up to 32 MiB), so
-    after the first unload a session's weights and arena blocks land in the heap instead,
-    among small long-lived allocations; freed, they leave holes that `malloc_trim` cannot hand
-    back whole (a load/evict loop of three 4-11 MB models kept 20-40 MB more resident than its
-    books). Mapped blocks go back to the system the moment they are freed."""
+    glibc starts at 128 KiB but raises that threshold each time such a block is freed (up to
+    32 MiB), so after the first unload a session's weights and arena blocks land in the heap
+    instead, among small long-lived allocations; freed, they leave holes that `malloc_trim`
+    cannot hand back whole (a load/evict loop of three 4-11 MB models kept 20-40 MB more
+    resident than its books). Mapped blocks go back to the system the moment they are freed.
+    The price: a block of 1 MiB or more (a large request's tensors) is mapped and its pages
+    faulted in on every allocation instead of reusing heap pages; 1 MiB rather than glibc's
+    128 KiB keeps that off the tensors of most requests, and returned the same memory here."""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
