@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from engine.budget import Cost, MemoryBudget
-from engine.errors import EngineError, ModelNotFound, ModelNotReady, Overloaded
+from engine.errors import EngineError, ModelNotFound, ModelNotReady, Overloaded, ShuttingDown
 from engine.memory import release_free_memory
 from engine.model_file import declared_specs
 from engine.repository import MODEL_FILES, ModelEntry, check_name
@@ -65,10 +65,26 @@ class OnDemandLoader:
             self._idle_task = asyncio.create_task(self._unload_idle(), name="idle-unload")
 
     def stop(self) -> None:
+        """No more idle unloads (a drain began). Loads under way go on: the requests waiting
+        for them were accepted, and are answered once the model serves."""
         if self._idle_task is not None:
             self._idle_task.cancel()
+
+    def close(self) -> None:
+        self.stop()
         for task in self._loads.values():
-            task.cancel()
+            task.cancel()  # its waiters are answered ShuttingDown
+
+    def pin_generative(self) -> list[str]:
+        """Pin the repository's generative models (loaded at start): their streams are served
+        by the generation scheduler, which does not load models on demand."""
+        found = []
+        for name in self._registry.repository.names():
+            entry = self._entry(name)
+            if entry is not None and entry.config.generative is not None:
+                found.append(name)
+        self.pinned.update(found)
+        return found
 
     def loading(self, name: str) -> bool:
         return name in self._loads
@@ -119,6 +135,10 @@ class OnDemandLoader:
         try:
             async with asyncio.timeout(wait_s):
                 await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():  # the server closed under the load, not this request
+                raise ShuttingDown() from None
+            raise
         except TimeoutError:
             raise Overloaded(
                 f"model '{name}' is not loaded yet: its load is still running after this "

@@ -73,6 +73,7 @@ class ModelRegistry:
             await asyncio.to_thread(memory.prime_runtime)
             self.on_demand.start()
             names = [check_name("model", n) for n in self.settings.model_memory.pinned]
+            names += [n for n in self.on_demand.pin_generative() if n not in names]
         for name in sorted(names, key=self.repository.is_pipeline):  # steps before pipelines
             await self._load(name)
         if mode == "poll":
@@ -86,6 +87,8 @@ class ModelRegistry:
 
     async def close(self) -> None:
         self.stop_polling()
+        if self.on_demand is not None:
+            self.on_demand.close()
         for model in self.all():
             await model.close()
         self._models.clear()

@@ -388,3 +388,18 @@ async def test_a_pipeline_loads_its_steps_and_keeps_them_while_it_is_resident(
     assert {m.name for m in engine.registry.all()} == {"p", "a", "b"}
     assert engine.registry.budget.of("c").evictions == {"budget": 1}
     assert engine.registry.budget.of("a").evictions == {}
+
+
+async def test_a_drain_answers_the_requests_waiting_for_a_load(
+    start: StartEngine, repo: Path
+) -> None:
+    folder = write_gated(repo, "gated", load_s=10)
+    engine = await start()
+    waiting = asyncio.create_task(engine.infer(request("gated")))
+    await until(lambda: engine.registry.budget.of("gated").waiting == 1, "the waiter")
+    drain = asyncio.create_task(engine.drain())
+    await until(lambda: engine.draining, "the drain to begin")
+    (folder / "release_load").touch()
+    (folder / "release").touch()
+    assert (await waiting).outputs["y"].shape == (1, 4)  # accepted before the drain: answered
+    await drain
