@@ -21,9 +21,7 @@ MODELS = [f"model-{i}" for i in range(40)]
 
 def with_affinity(text: str) -> str:
     """deploy/nginx.conf with affinity on and a third replica, as its comments say to do."""
-    text, turned_on = re.subn(
-        r"(\$sluice_model_affinity \{\n\s+)default off;", r"\1default on;", text
-    )
+    text, turned_on = re.subn(r"(\$affinity_by_model \{\n\s+)default off;", r"\1default on;", text)
     assert turned_on == 1
     for port in ("8000", "8001"):
         line = re.search(rf"^(\s+)server sluice-b:{port}(.*)$", text, flags=re.MULTILINE)
