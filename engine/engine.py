@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,35 +30,26 @@ from engine.limits import Limiter, build_limiter
 from engine.limits.limiter import Admission
 from engine.metrics import Metrics
 from engine.model import LoadedModel
+from engine.on_demand import OnDemandLoader
+from engine.queries import ModelQueries
 from engine.registry import ModelRegistry
 from engine.repository import Repository
 from engine.settings import Settings
 from engine.tracing import build_tracing
-from engine.triton_config import triton_config
-from engine.types import InferRequest, InferResponse, ModelMetadata
+from engine.types import InferRequest, InferResponse
 from engine.validate import (
-    InputCheck,
-    check_load_parameters,
     check_request,
-    check_unload_parameters,
-    unchecked,
 )
 
 log = logging.getLogger("sluice.engine")
 
-VERSION = "0.1.0"
 MAX_FRONT_END_S = 3600.0
 """A request's `arrived` older than this (or later than the engine took it) is not believed."""
-EXTENSIONS = [
-    "binary_tensor_data", "model_configuration", "model_repository",
-    "model_repository(unload_dependents)", "statistics", "schedule_policy",
-]  # fmt: skip
-
 NEVER_RAN = (QueueFull, DeadlinePassed)
 """What the batcher refuses before running a request: its admission charge is refunded."""
 
 
-class Engine:
+class Engine(ModelQueries):
     """Loads models from the repository and answers inference requests."""
 
     def __init__(self, settings: Settings) -> None:
@@ -77,12 +69,6 @@ class Engine:
         self._cached: CachedInference | None = None  # the result-cache path, from start()
 
     # -- lifecycle -------------------------------------------------------------------------------
-
-    @property
-    def registry(self) -> ModelRegistry:
-        if self._registry is None:
-            raise RuntimeError("engine not started")
-        return self._registry
 
     async def start(self) -> None:
         """Scan the repository and load what the model control mode says."""
@@ -179,27 +165,57 @@ class Engine:
         if on_demand is None:
             model = self.registry.resolve(request.model_name, request.model_version)
             return await self._serve(model, request, started)
-        registry, name, version = self.registry, request.model_name, request.model_version
-        wait_s = request.timeout_s or self.settings.model_memory.load_wait_s
-        if not registry.has(name) and registry.known(name) and self._may_hit(name, request):
-            # Evicted, its results cached: checked against its last load, and a cache hit
-            # answers without loading it; only a miss loads it (once for the requests that miss
-            # together).
-            last = registry.describe(name, version)
-            with on_demand.held(last.name):
-                return await self._serve(
-                    last, request, started, lambda: registry.acquire(name, version, wait_s)
-                )
-        model = await registry.acquire(name, version, wait_s)
-        with on_demand.held(model.name):  # never evicted while this request holds it
-            return await self._serve(model, request, started)
+        return await self._infer_on_demand(request, started, on_demand)
 
-    def _may_hit(self, name: str, request: InferRequest) -> bool:
-        """Whether the result cache may answer a request of the model `name` (loaded before)."""
-        config = self.registry.describe(name, request.model_version).config
+    async def _infer_on_demand(
+        self, request: InferRequest, started: float, on_demand: OnDemandLoader
+    ) -> InferResponse:
+        registry, name, version = self.registry, request.model_name, request.model_version
+        if registry.has(name):
+            model = registry.resolve(name, version)
+            with on_demand.held(model.name):  # never evicted while this request holds it
+                return await self._serve(model, request, started)
+        # Not resident. The tenant is admitted first: a request its tenant may not send now
+        # never loads a model (nor evicts one). A model loaded before checks the request now.
+        last = None
+        if registry.known(name):
+            last = registry.describe(name, version)
+        else:
+            on_demand.exists(name)  # an unknown name is refused before any charge
+        rows = self._rows(request, last)
+        tenant = request.tenant or ANONYMOUS_TENANT
+        wait_s = request.timeout_s or self.settings.model_memory.load_wait_s
+        with await self.limiter.admit(tenant, name, rows) as admission:
+            if last is not None and self._may_hit(last, request):
+                # Its results cached: a hit answers without loading it; only a miss loads it
+                # (once for the requests that miss together).
+                with on_demand.held(name):
+                    load = functools.partial(registry.acquire, name, version, wait_s)
+                    return await self._serve(last, request, started, load, admission)
+            try:
+                model = await registry.acquire(name, version, wait_s)
+            except EngineError:  # never ran: the charge goes back
+                await admission.refund(admission.charged)
+                raise
+            with on_demand.held(model.name):
+                return await self._serve(model, request, started, admitted=admission)
+
+    @staticmethod
+    def _rows(request: InferRequest, last: LoadedModel | None) -> int:
+        """The request's rows, for admission before its model is loaded: checked against the
+        model's last load, or (never loaded) the first input's first axis."""
+        if last is not None:
+            return check_request(
+                request, last.backend.inputs, last.backend.outputs, last.max_batch_size, last.label
+            )
+        first = next(iter(request.inputs.values()), None)
+        return len(first) if first is not None and first.ndim else 1
+
+    def _may_hit(self, last: LoadedModel, request: InferRequest) -> bool:
+        """Whether the result cache may answer a request of a model loaded before."""
         return (
             self._cached is not None
-            and config.cache.enabled
+            and last.config.cache.enabled
             and cache_requested(request.parameters)
         )
 
@@ -209,34 +225,64 @@ class Engine:
         request: InferRequest,
         started: float,
         load: Callable[[], Awaitable[LoadedModel]] | None = None,
+        admitted: Admission | None = None,
     ) -> InferResponse:
-        """Answer the request with `model`; with `load`, `model` is an evicted version's last
-        load, and `load` gives the version to run when the answer is not in the result cache."""
-        rows = check_request(
-            request, model.backend.inputs, model.backend.outputs, model.max_batch_size, model.label
-        )
+        """Answer the request with `model`. With `load`, `model` is an evicted version's last
+        load, and `load` gives the version to run when the answer is not in the result cache;
+        with `admitted`, the tenant was admitted before the model was loaded (on_demand)."""
         tenant = request.tenant or ANONYMOUS_TENANT
-        # Everything that can refuse a request is checked before admission charges for it.
-        priority = self._priority(
-            model, request.priority, tenant, self.limiter.limits_for(tenant).priority
-        )
+        try:
+            rows = check_request(
+                request,
+                model.backend.inputs,
+                model.backend.outputs,
+                model.max_batch_size,
+                model.label,
+            )
+            # Everything that can refuse a request is checked before admission charges for it.
+            priority = self._priority(
+                model, request.priority, tenant, self.limiter.limits_for(tenant).priority
+            )
+        except EngineError:
+            if admitted is not None:  # charged before its model could check it: refunded
+                await admitted.refund(admitted.charged)
+            raise
         use_cache = (
             self._cached is not None
             and model.config.cache.enabled
             and cache_requested(request.parameters)
         )
+        if admitted is not None:
+            return await self._charged(
+                model, request, rows, priority, started, use_cache, admitted, load
+            )
         admit = self.limiter.admit(tenant, model.name, rows)
         if self.tracing is not None:
             admit = self.tracing.stage("admission", admit)
         with await admit as admission:  # released on the way out (a coroutine pair less)
-            try:
-                return await self._admitted(
-                    model, request, rows, priority, started, use_cache, admission, load
-                )
-            except EngineError as exc:
-                if isinstance(exc.__cause__, NEVER_RAN):  # refused by the queue: nothing used
-                    await admission.refund(admission.charged)
-                raise
+            return await self._charged(
+                model, request, rows, priority, started, use_cache, admission, load
+            )
+
+    async def _charged(
+        self,
+        model: LoadedModel,
+        request: InferRequest,
+        rows: int,
+        priority: int,
+        started: float,
+        use_cache: bool,
+        admission: Admission,
+        load: Callable[[], Awaitable[LoadedModel]] | None,
+    ) -> InferResponse:
+        try:
+            return await self._admitted(
+                model, request, rows, priority, started, use_cache, admission, load
+            )
+        except EngineError as exc:
+            if isinstance(exc.__cause__, NEVER_RAN):  # refused by the queue: nothing used
+                await admission.refund(admission.charged)
+            raise
 
     def _priority(
         self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
@@ -332,115 +378,6 @@ class Engine:
             id=request.id,
             parameters=parameters,
         )
-
-    # -- metadata --------------------------------------------------------------------------------
-    # Metadata, config, statistics and the index are coroutines as the facade has them (a
-    # worker awaits the engine process for each); here each answers at once.
-
-    def server_metadata(self) -> dict[str, Any]:
-        return {"name": "sluice", "version": VERSION, "extensions": EXTENSIONS}
-
-    async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
-        registry = self.registry
-        if registry.on_demand is not None and not registry.known(name):
-            return await registry.on_demand.metadata(name, version)  # from the file, not loaded
-        model = registry.describe(name, version)
-        return ModelMetadata(
-            name=model.name,
-            versions=tuple(sorted((m.version for m in registry.versions(name)), key=int)),
-            platform=model.backend.platform,
-            inputs=model.backend.inputs,
-            outputs=model.backend.outputs,
-        )
-
-    def cached_input_check(self, name: str, version: str | None = None) -> InputCheck | None:
-        """`input_check`'s answer, never None: the models are in this process."""
-        model = self.checked_model(name, version)
-        return unchecked if model is None else model.input_check
-
-    async def input_check(self, name: str, version: str | None = None) -> InputCheck:
-        model = self.checked_model(name, version)
-        return unchecked if model is None else model.input_check
-
-    def checked_model(self, name: str, version: str | None = None) -> LoadedModel | None:
-        """The version whose inputs a request is checked against before it is decoded: the
-        loaded one, or in `on_demand` mode the one last loaded (the request's inference loads
-        it again). None for a model never loaded in `on_demand` mode: only inference loads,
-        bounded by the request's own timeout, which is not decoded yet; the engine checks the
-        decoded request once the model is loaded."""
-        registry = self.registry
-        if registry.on_demand is not None and not registry.known(name):
-            return None
-        return registry.describe(name, version)
-
-    async def model_ready(self, name: str, version: str | None = None) -> bool:
-        return self._serves(name, version)
-
-    def _serves(self, name: str, version: str | None) -> bool:
-        if self._draining:
-            return False
-        on_demand = self.registry.on_demand
-        if on_demand is not None and not self.registry.has(name):
-            return on_demand.loadable(name, version)  # ready: a request would load it
-        try:
-            model = self.registry.resolve(name, version)
-        except EngineError:
-            return False
-        # A pipeline serves only while every one of its steps does.
-        pipeline = model.config.pipeline
-        return pipeline is None or all(
-            self._serves(step.model, step.version) for step in pipeline.steps
-        )
-
-    async def model_config(self, name: str, version: str | None = None) -> dict[str, Any]:
-        """Triton's model config; parameters `sluice_config` (the config as JSON) and
-        `sluice_config_source` (`load` when a load request's config replaced config.yaml, else
-        `repository`)."""
-        config = triton_config(self.registry.describe(name, version))
-        source = "load" if self.registry.config_loaded(name) else "repository"
-        config["parameters"]["sluice_config_source"] = {"string_value": source}
-        return config
-
-    async def statistics(
-        self, name: str | None = None, version: str | None = None
-    ) -> dict[str, Any]:
-        registry = self.registry
-        if name is None:
-            models = registry.all(known=True)
-        elif version is None:
-            models = registry.versions(name)
-        else:
-            models = [registry.describe(name, version)]
-        return {
-            "model_stats": [
-                # `resident_bytes`: a sluice field (gRPC's message has none; 0 once evicted).
-                {**m.stats.triton(m.name, m.version), **registry.memory_of(m.name, m.version)}
-                for m in models
-            ]
-        }
-
-    async def usage(self, tenant: str) -> dict[str, Any]:
-        """The tenant's quotas, buckets and slots now, for `GET /v2/tenants/self/usage`."""
-        return await self.limiter.usage(tenant)
-
-    def label_for(self, name: str) -> str:
-        """`name` if such a model is loaded, else a fixed label (clients cannot grow metrics)."""
-        return name if self._registry is not None and self._registry.known(name) else "_unknown"
-
-    async def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self.registry.index(ready_only)
-
-    async def load_model(
-        self, name: str, parameters: Mapping[str, Any] | Collection[str] = ()
-    ) -> None:
-        """Load (or reload) a model by API: only in `explicit` and `poll` modes. Triton's
-        `config` parameter (a JSON model config) replaces the folder's config.yaml until the next
-        load without one; file overrides are refused: model files come from the repository."""
-        await self.registry.load(name, check_load_parameters(parameters))
-
-    async def unload_model(self, name: str, parameters: Collection[str] = ()) -> None:
-        check_unload_parameters(parameters)
-        await self.registry.unload(name)
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -109,13 +109,18 @@ class OnDemandLoader:
 
     # -- loading ---------------------------------------------------------------------------------
 
+    def exists(self, name: str) -> None:
+        """None for a model that is in the repository (to be loaded), else ModelNotFound (or
+        InvalidInput for a name that is not one)."""
+        check_name("model", name)
+        if not (self._registry.repository.root / name).is_dir():
+            raise ModelNotFound(name)
+
     async def serve(self, name: str, version: str | None, wait_s: float) -> LoadedModel:
         """The version to serve, loading the model first if it is not resident: waits at most
         `wait_s`, sharing the load with the other requests for it."""
         registry = self._registry
-        check_name("model", name)
-        if not (registry.repository.root / name).is_dir():
-            raise ModelNotFound(name)
+        self.exists(name)
         task = self._loads.get(name)
         if task is None:
             files = self._files(name)

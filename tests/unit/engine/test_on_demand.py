@@ -16,7 +16,7 @@ import pytest
 
 from engine.demo import mlp_model
 from engine.engine import Engine
-from engine.errors import ModelNotReady, Overloaded
+from engine.errors import InvalidInput, ModelNotReady, Overloaded, RateLimited
 from engine.settings import load_settings
 from engine.types import InferRequest
 
@@ -403,3 +403,25 @@ async def test_a_drain_answers_the_requests_waiting_for_a_load(
     (folder / "release").touch()
     assert (await waiting).outputs["y"].shape == (1, 4)  # accepted before the drain: answered
     await drain
+
+
+async def test_a_tenant_over_its_rate_never_loads_a_model(repo: Path) -> None:
+    settings = load_settings(
+        model_repository=repo,
+        model_control_mode="on_demand",
+        rate_limit={"default": {"rate_per_s": 0.001, "burst": 2}},
+    )
+    engine = Engine(settings)
+    await engine.start()
+    try:
+        bad = InferRequest("a", {"nope": X}, {"nope": "FP32"}, timeout_s=10)
+        with pytest.raises(InvalidInput, match="unexpected input 'nope'"):
+            await engine.infer(bad)  # found only once a is loaded: its charge is refunded
+        for _ in range(2):
+            await engine.infer(request("a"))
+        with pytest.raises(RateLimited):
+            await engine.infer(request("b"))
+        assert not engine.registry.has("b")
+        assert engine.registry.budget.of("b").loads == 0
+    finally:
+        await engine.close()
