@@ -255,7 +255,7 @@ class OnDemandLoader:
             usage = self.budget.of(name)
             if name == keep or name in self.pinned or name in steps or name in self._loads:
                 continue
-            if usage.in_use or name in self._registry._loading:
+            if usage.in_use or usage.waiting or name in self._registry._loading:
                 continue
             if any(m.generator is not None or m.batcher.queue.requests for m in versions.values()):
                 continue

@@ -425,3 +425,16 @@ async def test_a_tenant_over_its_rate_never_loads_a_model(repo: Path) -> None:
         assert engine.registry.budget.of("b").loads == 0
     finally:
         await engine.close()
+
+
+async def test_a_model_whose_load_just_finished_is_not_evicted_before_its_waiters_run(
+    start: StartEngine, model_bytes: int
+) -> None:
+    # Between a load's end and its waiters resuming, other tasks run (another load making room,
+    # the idle unload): the waiters count as holding the model.
+    engine = await start(host_bytes=int(1.5 * model_bytes), load_wait_s=0.2)
+    await engine.infer(request("a"))
+    engine.registry.budget.of("a").waiting = 1  # a waiter not resumed yet
+    with pytest.raises(Overloaded, match="no room to load model 'b'"):
+        await engine.infer(request("b"))
+    assert engine.registry.has("a")
