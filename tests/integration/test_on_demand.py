@@ -203,3 +203,39 @@ async def test_evictions_of_large_models_give_their_memory_back_to_the_system(
     grown = rss_anon_bytes(server.process.pid) - base_rss
     # Without large blocks mapped for good, glibc kept 20-40 MB more than the books.
     assert grown - books < 4 * MiB, (grown, books)
+
+
+async def test_grpc_requests_load_on_demand_and_a_model_too_large_is_unavailable(
+    tmp_path: Path, start_server: Callable[..., ServerProcess]
+) -> None:
+    import grpc
+
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+
+    repo = tmp_path / "models"
+    expected = write_mlp(repo, "small", width=256)
+    write_mlp(repo, "large", width=65536)
+    server = serve(start_server, repo, host_bytes=8 * MiB)
+
+    def infer_request(model: str) -> pb.ModelInferRequest:
+        request = pb.ModelInferRequest(model_name=model)
+        request.inputs.add(name="x", datatype="FP32", shape=[1, 64])
+        request.raw_input_contents.append(X.tobytes())
+        return request
+
+    async with grpc.aio.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        ready = await stub.ModelReady(pb.ModelReadyRequest(name="small"))
+        assert ready.ready  # a request would load it: ready before its first load
+        answers = await asyncio.gather(*(stub.ModelInfer(infer_request("small")) for _ in range(8)))
+        for answer in answers:
+            values = np.frombuffer(answer.raw_output_contents[0], np.float32)
+            np.testing.assert_allclose(values, expected.ravel(), rtol=1e-5)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.ModelInfer(infer_request("large"))
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "cannot fit in the memory budget even alone" in (caught.value.details() or "")
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as client:
+        found = await metrics(client)
+    assert found[("sluice_model_loads_total", (("model", "small"), ("outcome", "loaded")))] == 1
