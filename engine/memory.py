@@ -1,5 +1,5 @@
 """Measuring what a loaded model costs: the bytes the C allocator holds for the process (host)
-and the process's memory on each GPU (NVML), read before and after a load.
+and the memory in use on each GPU (NVML), read before and after a load.
 
 Host bytes are glibc's own count of the bytes it has handed out and not yet taken back
 (`mallinfo2`: in use in its arenas plus its mmapped blocks). Why that and not ONNX Runtime's
@@ -26,7 +26,6 @@ import ctypes
 import ctypes.util
 import functools
 import logging
-import os
 from typing import Any
 
 log = logging.getLogger("sluice.memory")
@@ -112,7 +111,12 @@ def settled_rss_bytes() -> int:
 
 
 class GpuMemory:
-    """This process's memory on each GPU, from NVML; empty without NVML or a device."""
+    """Memory in use on each GPU, from NVML; empty without NVML or a device.
+
+    The device's count, not this process's: NVML's per-process list names processes by their
+    host PID, which a process in a container cannot match to its own, so a per-process reading
+    would be 0 there. The error: another process allocating on the same GPU during a load is
+    counted in that load (serve a GPU from one server)."""
 
     def __init__(self) -> None:
         self._nvml: Any = None
@@ -126,40 +130,59 @@ class GpuMemory:
             self._nvml = None
             self._count = 0
 
+    @property
+    def devices(self) -> int:
+        return self._count
+
     def used_bytes(self) -> dict[int, int]:
-        """Bytes this process holds on each GPU, by device index."""
+        """Bytes in use on each GPU, by device index."""
         if self._nvml is None:
             return {}
-        nvml, pid, used = self._nvml, os.getpid(), {}
+        nvml, used = self._nvml, {}
         for index in range(self._count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            except Exception:
+                used[index] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used)
+            except Exception:  # a device that stopped answering: not measured this time
                 continue
-            used[index] = sum(int(p.usedGpuMemory or 0) for p in processes if p.pid == pid)
         return used
 
 
-def prime_runtime() -> None:
-    """Import ONNX Runtime and run one tiny session, so that the runtime's one-time cost (its
-    libraries, its environment and logging) is in the baseline, not in the first model's bytes."""
+def prime_runtime(gpus: int = 0) -> None:
+    """Import ONNX Runtime and run one tiny session (and one on each of the first `gpus` GPUs,
+    where the CUDA provider is there), so that the runtime's one-time cost (its libraries, its
+    environment and logging, each GPU's CUDA context: hundreds of MB of device memory) is in the
+    baseline, not in the first model's bytes."""
     import numpy as np
     import onnxruntime as ort
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
 
+    # A convolution and a matrix product: on a GPU they also start cuDNN and cuBLAS, whose
+    # handles and kernels would otherwise be charged to the first model that uses them.
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])],
+        [
+            helper.make_node("Conv", ["x", "k"], ["c"]),
+            helper.make_node("MatMul", ["c", "w"], ["y"]),
+        ],
         "prime",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [
+            numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "k"),
+            numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+        ],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
-    session.run(None, {"x": np.zeros(1, np.float32)})
-    del session
+    cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    placements: list[list[Any]] = [["CPUExecutionProvider"]]
+    placements += [
+        [("CUDAExecutionProvider", {"device_id": str(device)}), "CPUExecutionProvider"]
+        for device in range(gpus if cuda else 0)
+    ]
+    for providers in placements:
+        session = ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+        session.run(None, {"x": np.zeros((1, 1, 4, 4), np.float32)})
+        del session

@@ -70,7 +70,8 @@ class ModelRegistry:
         if self.on_demand is not None:
             # The runtime's one-time cost goes into the baseline, not the first model's bytes.
             memory.map_large_blocks()
-            await asyncio.to_thread(memory.prime_runtime)
+            gpus = self._gpu.devices if self._gpu is not None else 0
+            await asyncio.to_thread(memory.prime_runtime, gpus)
             self.on_demand.start()
             names = [check_name("model", n) for n in self.settings.model_memory.pinned]
             names += [n for n in self.on_demand.pin_generative() if n not in names]

@@ -234,8 +234,8 @@ class ModelMemorySettings(Section):
     bytes the C allocator holds across each load). Before a load that would pass it, idle models
     are evicted least recently used first; unset: no budget (models still load on demand)."""
     gpu_bytes: int | None = Field(None, gt=0)
-    """Device memory per GPU the loaded versions may hold together (NVML's count of this
-    process's memory on the device, measured across each load); unset: not budgeted."""
+    """Device memory per GPU the loaded versions may hold together (the growth of NVML's count
+    of the device's memory in use across each load); unset: not budgeted."""
     max_concurrent_loads: int = Field(1, gt=0, le=64)
     """Loads running at once. Each load's cost is the memory growth across it, so loads that
     overlap each count the others' growth too (an over-count, never an under-count): 1 measures
