@@ -53,7 +53,7 @@ class ModelRegistry:
             if settings.model_control_mode == "on_demand"
             else None
         )
-        self._stats: dict[tuple[str, str], ModelStats] = {}  # kept across unloads and evictions
+        self._stats: dict[tuple[str, str], ModelStats] = {}  # on_demand: kept across evictions
         self._known: dict[str, dict[str, LoadedModel]] = {}
         """The versions each model last loaded, kept (closed) after an eviction: metadata and
         config answer from them without loading the model again."""
@@ -334,7 +334,9 @@ class ModelRegistry:
                         self._tenant_share, self.resolve,
                     )  # fmt: skip
                 else:
-                    stats = self._stats.setdefault((entry.name, str(version)), ModelStats())
+                    stats = None  # a reload by file or API counts afresh, as in Triton
+                    if self.on_demand is not None:  # an eviction is not a reload
+                        stats = self._stats.setdefault((entry.name, str(version)), ModelStats())
                     model = await load_model(
                         entry.name, version, path, entry.config, self.settings.batching,
                         self._tenant_share, stats,

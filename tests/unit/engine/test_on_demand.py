@@ -156,6 +156,8 @@ async def test_least_recently_used_idle_model_is_evicted_by_measured_bytes(
     assert (await engine.infer(request("b"))).outputs["probabilities"].shape == (2, 4)
     assert {m.name for m in engine.registry.all()} == {"b", "c"}
     assert engine.registry.budget.of("b").loads == 2
+    stats = (await engine.statistics("b"))["model_stats"][0]  # counted across its eviction
+    assert (stats["inference_stats"]["success"]["count"], stats["inference_count"]) == (2, 4)
 
 
 async def test_a_model_with_a_running_batch_is_never_evicted_under_it(
