@@ -4,12 +4,12 @@ use, and which one goes first when room is needed.
 The rule is least recently used, by model, among the idle ones: a model no request holds (none
 queued, running or waiting in the result cache's lookup), not pinned, not a step of a resident
 pipeline. Least recently used by bytes rather than GreedyDual-Size: in simulation
-(loadtests/benchmarks/eviction_sim.py: 200 models of 0.3-30 MB, a budget of a quarter of them,
-Zipf s=1.1) GreedyDual-Size with a unit load cost finds 81% of requests resident against LRU's
-72%, but loads 18% more bytes: it keeps the small models and turns the large ones over (the
-largest quarter of the models finds 60% of its requests resident, against 71% under LRU). LRU treats every model alike, is
-predictable from the traffic alone, and needs no model of what a load costs (GreedyDual-Size's
-cost should be the cold start, a fixed part plus one that grows with size; with a cost
+(loadtests/benchmarks/eviction_sim.py: 200 models of 0.3-30 MB, a budget of a quarter of them, Zipf
+s=1.1) GreedyDual-Size with a unit load cost finds 81% of requests resident against LRU's 72%, but
+loads 18% more bytes: it keeps the small models and turns the large ones over (the largest quarter
+of the models finds 60% of its requests resident, against 71% under LRU). LRU treats every model
+alike, is predictable from the traffic alone, and needs no model of what a load costs (GreedyDual-
+Size's cost should be the cold start, a fixed part plus one that grows with size; with a cost
 proportional to size it reduces to LRU). Measuring cold starts per model would let a size-aware
 rule weigh them; the benchmark is there to show whether it pays."""
 
