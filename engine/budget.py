@@ -8,10 +8,10 @@ pipeline. Least recently used by bytes rather than GreedyDual-Size: in simulatio
 s=1.1) GreedyDual-Size with a unit load cost finds 81% of requests resident against LRU's 72%, but
 loads 18% more bytes: it keeps the small models and turns the large ones over (the largest quarter
 of the models finds 60% of its requests resident, against 71% under LRU). LRU treats every model
-alike, is predictable from the traffic alone, and needs no model of what a load costs (GreedyDual-
-Size's cost should be the cold start, a fixed part plus one that grows with size; with a cost
-proportional to size it reduces to LRU). Measuring cold starts per model would let a size-aware
-rule weigh them; the benchmark is there to show whether it pays."""
+alike, is predictable from the traffic alone, and needs no model of what a load costs
+(GreedyDual-Size's cost should be the cold start, a fixed part plus one that grows with size; with
+a cost proportional to size it reduces to LRU). Measuring cold starts per model would let a
+size-aware rule weigh them; the benchmark is there to show whether it pays."""
 
 from __future__ import annotations
 
