@@ -123,8 +123,8 @@ class OnDemandLoader:
         self.exists(name)
         task = self._loads.get(name)
         if task is None:
-            files = self._files(name)
-            if name in self._failed_files and self._failed_files[name] == files:
+            failed = any(n == name for n, _ in registry._failed)  # (a load by API clears it)
+            if failed and self._failed_files.get(name) == self._files(name):
                 return registry.resolve(name, version)  # the failure, until its files change
             self._failed_files.pop(name, None)
             task = self._loads[name] = asyncio.create_task(self._load(name), name=f"load-{name}")

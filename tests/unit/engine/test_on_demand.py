@@ -467,3 +467,19 @@ async def test_a_gpu_models_device_bytes_are_measured_without_the_cuda_context(
     # of MB) were started at start and are not charged to it.
     assert 4 << 20 <= cost.gpu_bytes.get(0, 0) < 256 << 20, cost
     assert engine.registry.budget.gpu_used() == cost.gpu_bytes
+
+
+async def test_a_model_that_failed_then_loaded_by_api_loads_on_demand_again_after_unload(
+    start: StartEngine, repo: Path
+) -> None:
+    (repo / "a" / "config.yaml").write_text("max_batch_size: [not a number\n")
+    engine = await start()
+    with pytest.raises(ModelNotReady, match="failed to load"):
+        await engine.infer(request("a"))
+    await engine.load_model("a", {"config": '{"max_batch_size": 8}'})  # the files unchanged
+    assert (await engine.infer(request("a"))).outputs["probabilities"].shape == (2, 4)
+    await engine.unload_model("a")
+    # Not "unknown model": it is tried again, and fails again on the folder's config.yaml.
+    with pytest.raises(ModelNotReady, match="failed to load"):
+        await engine.infer(request("a"))
+    assert engine.registry.budget.of("a").load_failures == 2
