@@ -281,9 +281,11 @@ class OnDemandLoader:
         assert idle_s is not None
         while True:
             await asyncio.sleep(min(idle_s / 4, 1.0))
-            now = time.monotonic()
             for name in self._idle(None):
-                if now - self.budget.of(name).last_used >= idle_s:
+                # Checked again at each: while the last one closed, this one may have been
+                # pinned or begun a reload by API (a request taking it renews its last use).
+                idle = name in self._idle(None)
+                if idle and time.monotonic() - self.budget.of(name).last_used >= idle_s:
                     await self.evict(name, "idle")
 
     # -- answers without loading -----------------------------------------------------------------
