@@ -214,6 +214,18 @@ class TlsSettings(Section):
         return self.cert_file is not None
 
 
+class SharedMemorySettings(Section):
+    enabled: bool = False
+    """Serve Triton's system shared-memory extension: same-host clients register files of
+    /dev/shm and pass tensors through them by name (docs/protocol/triton-extensions.md). Off,
+    its routes and any request naming a region answer 403. A registered region lets its tenant
+    read and write that file through the server: see the threat model in the security guide."""
+    max_regions_per_tenant: int = Field(64, gt=0, le=4096)
+    """Regions one tenant may hold registered at once (each holds an open file)."""
+    max_bytes_per_tenant: int = Field(4096 * MiB, gt=0)
+    """Bytes one tenant's registered regions may span together (their `byte_size`s)."""
+
+
 class TracingSettings(Section):
     otlp_endpoint: str | None = Field(None, pattern=r"^https?://")
     """OTLP/HTTP traces URL, e.g. http://127.0.0.1:4318/v1/traces; unset turns tracing off

@@ -330,3 +330,22 @@ def test_on_demand_mode_and_its_budget_from_the_environment(
 )
 def test_model_memory_bounds_name_the_key(key: str, value: int) -> None:
     assert f"model_memory.{key}" in error_of(model_memory={key: value})
+
+
+def test_shared_memory_is_off_unless_enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().shared_memory.enabled is False
+    monkeypatch.setenv("SLUICE_SHARED_MEMORY__ENABLED", "true")
+    monkeypatch.setenv("SLUICE_SHARED_MEMORY__MAX_REGIONS_PER_TENANT", "8")
+    settings = load_settings()
+    assert (settings.shared_memory.enabled, settings.shared_memory.max_regions_per_tenant) == (
+        True,
+        8,
+    )
+
+
+def test_shared_memory_with_several_workers_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICE_SHARED_MEMORY__ENABLED", "true")
+    monkeypatch.setenv("SLUICE_WORKERS", "2")
+    assert "shared_memory.enabled needs workers: 1" in error_of()
