@@ -26,7 +26,7 @@ import hmac
 import ipaddress
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
@@ -166,6 +166,9 @@ class Authenticator:
         # A keys_file means "keys are configured", even while it lists none: never open up.
         self._open = not settings.keys and settings.keys_file is None
         self._anonymous = Principal(ANONYMOUS_TENANT, "admin", None, self._admin_endpoints)
+        self.on_reload: list[Callable[[frozenset[str | None]], None]] = []
+        """Called after each reload of the keys file with the names of the keys served now
+        (what a revoked key held, such as its shared-memory regions, goes with it)."""
         if settings.keys_file is not None:
             self.reload_file(read_keys(settings.keys_file), quiet=True)
 
@@ -197,6 +200,9 @@ class Authenticator:
         before = {e.principal.key_name: e for e in self._entries if e.source == "auth.keys_file"}
         entries = tuple(self._entry(key, "auth.keys_file") for key in keys)
         self._entries = self._static + entries  # one assignment: requests see old or new
+        names = frozenset(entry.principal.key_name for entry in self._entries)
+        for listener in self.on_reload:
+            listener(names)
         if quiet:
             return
         after = {entry.principal.key_name: entry for entry in entries}

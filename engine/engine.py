@@ -32,6 +32,7 @@ from engine.metrics import Metrics
 from engine.model import LoadedModel
 from engine.on_demand import OnDemandLoader
 from engine.queries import ModelQueries
+from engine.regions import SystemRegions
 from engine.registry import ModelRegistry
 from engine.repository import Repository
 from engine.settings import Settings
@@ -65,6 +66,8 @@ class Engine(ModelQueries):
         self.tracing = build_tracing(settings.tracing)  # None: off
         self.cache: ResultCache | None = None
         self.authenticator = Authenticator(settings.auth)
+        self.regions = SystemRegions(settings.shared_memory)
+        self.authenticator.on_reload.append(self.regions.keep_keys)
         self.limiter: Limiter = build_limiter(settings.rate_limit)
         self._cached: CachedInference | None = None  # the result-cache path, from start()
 
@@ -134,6 +137,7 @@ class Engine(ModelQueries):
 
     async def close(self) -> None:
         self._draining = True
+        self.regions.close()
         if self._registry is not None:
             await self._registry.close()
         if self.cache is not None:

@@ -4,6 +4,7 @@ status and a gRPC code.
     EngineError                      base; never raised itself
     ├── InvalidInput                 400 / INVALID_ARGUMENT
     ├── ModelNotFound                404 / NOT_FOUND
+    ├── RegionNotFound               404 / NOT_FOUND
     ├── Unauthenticated              401 / UNAUTHENTICATED
     ├── Forbidden                    403 / PERMISSION_DENIED
     ├── RateLimited                  429 / RESOURCE_EXHAUSTED (+ Retry-After)
@@ -89,6 +90,15 @@ class ModelNotFound(EngineError):
         super().__init__(f"unknown {what}{hint}")
         self.name = name
         self.version = version
+
+
+class RegionNotFound(EngineError):
+    """No shared-memory region of this name is registered by the caller's tenant (another
+    tenant's region of that name is answered the same: its existence is not told)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no shared memory region '{name:.200}' is registered by this tenant")
+        self.name = name
 
 
 class ModelNotReady(EngineError):

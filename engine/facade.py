@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from engine.auth import Authenticator
     from engine.metrics import Metrics
+    from engine.regions import SystemRegions
     from engine.tracing import Tracing
     from engine.types import InferRequest, InferResponse, ModelMetadata
     from engine.validate import InputCheck
@@ -28,6 +29,10 @@ class EngineFacade(Protocol):
     @property
     def authenticator(self) -> Authenticator:
         """API keys -> principals (tenant, roles, models); `reload_file` swaps the keys file's."""
+
+    @property
+    def regions(self) -> SystemRegions:
+        """The shared-memory regions clients registered in this process (engine/regions.py)."""
 
     @property
     def metrics(self) -> Metrics:

@@ -13,6 +13,7 @@ from typing import Any
 from engine.errors import EngineError
 from engine.limits import Limiter
 from engine.model import LoadedModel
+from engine.regions import SystemRegions
 from engine.registry import ModelRegistry
 from engine.triton_config import triton_config
 from engine.types import ModelMetadata
@@ -34,6 +35,7 @@ class ModelQueries:
     """Metadata, readiness, config, statistics and model control, read from the registry."""
 
     limiter: Limiter
+    regions: SystemRegions
     _draining: bool
     _registry: ModelRegistry | None
 
@@ -44,7 +46,8 @@ class ModelQueries:
         return self._registry
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "sluice", "version": VERSION, "extensions": EXTENSIONS}
+        extensions = EXTENSIONS + (["system_shared_memory"] if self.regions.enabled else [])
+        return {"name": "sluice", "version": VERSION, "extensions": extensions}
 
     async def model_metadata(self, name: str, version: str | None = None) -> ModelMetadata:
         registry = self.registry

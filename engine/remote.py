@@ -25,6 +25,7 @@ from typing import Any
 from engine import errors
 from engine.auth import Authenticator
 from engine.generation.service import GenerateRequest
+from engine.regions import SystemRegions
 from engine.remote_channel import INFER_FLUSH_TURNS
 from engine.remote_control import RemoteControl
 from engine.remote_generate import RemoteStream, rebuild_error
@@ -52,6 +53,8 @@ class RemoteEngine(RemoteControl):
         self.inputs, self.outputs = arenas
         self.allocator = Allocator(self.inputs.size_bytes)
         self.authenticator = Authenticator(settings.auth)
+        self.regions = SystemRegions(settings.shared_memory)
+        self.authenticator.on_reload.append(self.regions.keep_keys)
         self.tracing: Tracing | None = build_tracing(settings.tracing)
         self._infers = 0
         self._idle = asyncio.Event()
@@ -81,6 +84,7 @@ class RemoteEngine(RemoteControl):
 
     async def close(self) -> None:
         self._closing = True
+        self.regions.close()
         self.flush_events()
         self._flush()
         if self._transport is not None:

@@ -33,6 +33,18 @@ class ModelMetadata:
     outputs: tuple[TensorSpec, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class SharedTensor:
+    """Where a tensor lies in a client's registered shared-memory region (engine/regions.py):
+    Triton's `shared_memory_region`, `shared_memory_offset` (relative to the region's own
+    offset) and `shared_memory_byte_size` parameters; `shape` is an input's declared shape."""
+
+    region: str
+    offset: int
+    byte_size: int
+    shape: tuple[int, ...] = ()
+
+
 @dataclass(slots=True)
 class InferRequest:
     """A decoded inference request.
@@ -40,6 +52,9 @@ class InferRequest:
     `inputs` maps each input name to its array; BYTES tensors are numpy object arrays of `bytes`.
     `datatypes` holds the datatype the client declared for each input (checked against the model).
     `outputs` is the requested output names, or None for all of them.
+    `shared_inputs` are inputs the client left in shared-memory regions: the data plane reads
+    them into `inputs` before the engine sees the request. `shared_outputs` are requested
+    outputs the data plane writes into regions once answered.
     """
 
     model_name: str
@@ -55,6 +70,8 @@ class InferRequest:
     arrived: float | None = None
     """time.monotonic() when the front-end took the request: its timeout and its model's
     latency target count from there (None: from when the engine took it)."""
+    shared_inputs: dict[str, SharedTensor] | None = None
+    shared_outputs: dict[str, SharedTensor] | None = None
 
 
 @dataclass(slots=True)
@@ -67,3 +84,5 @@ class InferResponse:
     datatypes: dict[str, str]
     id: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    shared_outputs: dict[str, SharedTensor] | None = None
+    """Outputs written into the client's shared-memory regions: answered without their data."""

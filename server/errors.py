@@ -12,6 +12,7 @@ _TABLE: tuple[tuple[type[errors.EngineError], int, grpc.StatusCode], ...] = (
     (errors.Unauthenticated, 401, grpc.StatusCode.UNAUTHENTICATED),
     (errors.Forbidden, 403, grpc.StatusCode.PERMISSION_DENIED),
     (errors.ModelNotFound, 404, grpc.StatusCode.NOT_FOUND),
+    (errors.RegionNotFound, 404, grpc.StatusCode.NOT_FOUND),
     (errors.PayloadTooLarge, 413, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.QuotaExceeded, 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.RateLimited, 429, grpc.StatusCode.RESOURCE_EXHAUSTED),
