@@ -23,12 +23,19 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from engine.auth import Principal, admin_action, authenticate_headers, metrics_need_key
+from engine.auth import (
+    Principal,
+    admin_action,
+    authenticate_headers,
+    log_admin_action,
+    metrics_need_key,
+)
 from engine.errors import BackendError, EngineError, ShuttingDown
 from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
+from server import shared_tensors
 from server.errors import http_status
 from server.raw_tensors import OFFLOAD_BYTES
 
@@ -117,6 +124,7 @@ class DataPlane:
             else f"/metrics on a server bound to {settings.host} (metrics.require_key unset; "
             "metrics.port serves them without a key)"
         )
+        self._request_bytes = settings.max_request_bytes
 
     # -- identity --------------------------------------------------------------------------------
 
@@ -228,6 +236,25 @@ class DataPlane:
         with admin_action(caller, "unload", model=name, protocol=protocol):
             await self.engine.unload_model(name, list(parameters))
 
+    # -- Triton's system shared-memory extension ---------------------------------------------------
+
+    def shm_register(
+        self, who: Caller, name: str, key: str, offset: Any, byte_size: Any, protocol: str
+    ) -> None:
+        """Register file `key` of /dev/shm as the caller's region `name` (engine/regions.py)."""
+        caller = self.authenticate(who)
+        self.engine.regions.register(caller.tenant, caller.key_name, name, key, offset, byte_size)
+        log_admin_action(caller, "shm_register", region=name, shm_key=key, protocol=protocol)
+
+    def shm_unregister(self, who: Caller, name: str | None) -> None:
+        """Drop the caller's region `name`, or all its regions when `name` is None or empty."""
+        caller = self.authenticate(who)
+        self.engine.regions.unregister(caller.tenant, name)
+
+    def shm_status(self, who: Caller, name: str | None) -> list[dict[str, Any]]:
+        """The caller's regions (only `name`, when given): name, key, offset, byte_size."""
+        return self.engine.regions.status(self.authenticate(who).tenant, name)
+
     # -- inference -------------------------------------------------------------------------------
 
     async def infer(self, call: InferCall[W], principal: Principal | None = None) -> W:
@@ -261,7 +288,15 @@ class DataPlane:
             request = await call.decode(check)
             request.tenant = principal.tenant
             request.arrived = started  # its deadline counts from here, decoding included
+            if request.shared_inputs is not None:
+                await shared_tensors.read_inputs(
+                    engine.regions, principal.tenant, request, self._request_bytes
+                )
             response = await call.wait(engine.infer(request))
+            if request.shared_outputs is not None:
+                response = await shared_tensors.write_outputs(
+                    engine.regions, principal.tenant, request, response
+                )
             served = response.model_version
             encode_started = time.monotonic()
             size = sum(array.nbytes for array in response.outputs.values())

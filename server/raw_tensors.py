@@ -33,6 +33,15 @@ _WIRE = {name: dtype.newbyteorder("<") for name, dtype in NUMPY_DTYPES.items()}
 """Each datatype's numpy dtype in the wire's byte order (made once: a dtype per call costs)."""
 
 
+def fixed_bytes(datatype: str, shape: tuple[int, ...]) -> int | None:
+    """The bytes a tensor of a fixed-size `datatype` and `shape` takes in the raw layout; None
+    for BYTES (each element's length is in the data)."""
+    dtype = _WIRE.get(datatype)
+    if dtype is None or datatype == "BYTES":
+        return None
+    return math.prod(shape) * dtype.itemsize
+
+
 async def off_loop(size: int, func: Callable[..., T], *args: Any) -> T:
     """`func(*args)`, in a worker thread when `size` bytes are involved past OFFLOAD_BYTES."""
     return await asyncio.to_thread(func, *args) if size > OFFLOAD_BYTES else func(*args)

@@ -135,12 +135,15 @@ def _unimplemented(name: str, why: str) -> Handler[Message, NoReturn]:
     return _guarded(method)
 
 
-_SHARED_MEMORY = "send tensor data in the request (raw_input_contents)"
+_SHARED_MEMORY = (
+    "no GPU backend reads CUDA shared memory here; pass tensors through system shared memory "
+    "or in the request (raw_input_contents)"
+)
 
 
 class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     """The servicer: every RPC of `inference.GRPCInferenceService` over the data plane; those
-    sluice does not serve (shared memory, trace and log settings) answer UNIMPLEMENTED.
+    sluice does not serve (CUDA shared memory, trace and log settings) answer UNIMPLEMENTED.
 
     `stream_max_pending` bounds each ModelStreamInfer stream: requests running plus answers not
     yet sent to the client. At the bound the stream is not read, so HTTP/2 flow control holds
@@ -233,9 +236,6 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- Triton extensions -----------------------------------------------------------------------
 
-    SystemSharedMemoryStatus = _unimplemented("SystemSharedMemoryStatus", _SHARED_MEMORY)
-    SystemSharedMemoryRegister = _unimplemented("SystemSharedMemoryRegister", _SHARED_MEMORY)
-    SystemSharedMemoryUnregister = _unimplemented("SystemSharedMemoryUnregister", _SHARED_MEMORY)
     CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus", _SHARED_MEMORY)
     CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister", _SHARED_MEMORY)
     CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister", _SHARED_MEMORY)
@@ -288,6 +288,33 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         names = list(request.parameters)
         await self._plane.unload_model(caller, request.model_name, names, "grpc")
         return pb.RepositoryModelUnloadResponse()
+
+    # -- Triton's system shared-memory extension (engine/regions.py) -----------------------------
+
+    @_guarded
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Context, caller: Metadata
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        rows = self._plane.shm_status(caller, request.name or None)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(
+            regions={row["name"]: status(**row) for row in rows}
+        )
+
+    @_guarded
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context, caller: Metadata
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        r = request
+        self._plane.shm_register(caller, r.name, r.key, r.offset, r.byte_size, "grpc")
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_guarded
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context, caller: Metadata
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._plane.shm_unregister(caller, request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:

@@ -15,7 +15,8 @@ import numpy as np
 
 from engine.datatypes import check_shape, numpy_dtype
 from engine.errors import InvalidInput
-from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
+from engine.regions import shared_tensor
+from engine.types import InferRequest, InferResponse, ModelMetadata, SharedTensor, TensorSpec
 from engine.validate import InputCheck, scheduling
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
@@ -116,13 +117,9 @@ def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = Non
     `check` sees every input's declared shape and datatype before any array is built."""
     raw = request.raw_input_contents
     tensors = list(request.inputs)  # protobuf builds a wrapper per element at each iteration
-    if raw and len(raw) != len(tensors):
-        raise InvalidInput(
-            f"request has {len(tensors)} inputs but {len(raw)} raw_input_contents "
-            "entries; send raw contents for every input or for none"
-        )
     shapes: dict[str, tuple[int, ...]] = {}
     datatypes: dict[str, str] = {}
+    shared: dict[str, SharedTensor] = {}
     for tensor in tensors:  # the metadata first: no array for a request that is refused
         name, datatype = tensor.name, tensor.datatype
         if name in shapes:
@@ -131,33 +128,51 @@ def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = Non
             numpy_dtype(datatype)
         except InvalidInput as exc:
             raise InvalidInput(f"input '{name}': {exc.message}") from None
-        input_params = parameters(tensor.parameters)
-        if "shared_memory_region" in input_params:
-            raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
         shapes[name], datatypes[name] = _shape(tensor), datatype
+        if len(tensor.parameters):
+            ref = shared_tensor(parameters(tensor.parameters), f"input '{name}'", shapes[name])
+            if ref is not None:
+                if tensor.HasField("contents"):
+                    raise InvalidInput(
+                        f"input '{name}' names a shared memory region and has "
+                        "contents too; send one"
+                    )
+                shared[name] = ref
+                continue
         if raw and tensor.HasField("contents"):
             raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
+    # Inputs in shared memory have no raw contents (tritonclient sends none for them).
+    if raw and len(raw) != len(tensors) - len(shared):
+        raise InvalidInput(
+            f"request has {len(tensors) - len(shared)} inputs outside shared memory but "
+            f"{len(raw)} raw_input_contents entries; send raw contents for every such input or "
+            "for none"
+        )
     if check is not None:
         check(shapes, datatypes)
     inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(tensors):
+    index = 0
+    for tensor in tensors:
         name, datatype, shape = tensor.name, tensor.datatype, shapes[tensor.name]
+        if name in shared:
+            continue
         if raw:
             buffer = memoryview(raw[index])
             inputs[name] = tensor_from_buffer(buffer, datatype, shape, name, shape_checked=True)
+            index += 1
         else:
             inputs[name] = _typed(tensor, datatype, shape)
     outputs = []
+    shared_outputs: dict[str, SharedTensor] = {}
     for output in request.outputs if len(request.outputs) else ():  # len: no iterator built
         output_params = parameters(output.parameters)
         if "classification" in output_params:
             raise InvalidInput(
                 f"output '{output.name}': the classification extension is not supported"
             )
-        if "shared_memory_region" in output_params:
-            raise InvalidInput(
-                f"output '{output.name}': shared memory is not supported by this server"
-            )
+        ref = shared_tensor(output_params, f"output '{output.name}'") if output_params else None
+        if ref is not None:
+            shared_outputs[output.name] = ref
         outputs.append(output.name)
     params = parameters(request.parameters)
     priority, timeout_s = scheduling(params)
@@ -171,6 +186,8 @@ def decode_request(request: pb.ModelInferRequest, check: InputCheck | None = Non
         parameters=params,
         priority=priority,
         timeout_s=timeout_s,
+        shared_inputs=shared or None,
+        shared_outputs=shared_outputs or None,
     )
 
 
@@ -198,10 +215,20 @@ def encode_response(response: InferResponse) -> pb.ModelInferResponse:
     """The ModelInferResponse for an engine response, outputs in raw_output_contents."""
     outputs, raw = [], []
     datatypes = response.datatypes
+    shared = response.shared_outputs or {}
     for name, array in response.outputs.items():
         datatype = datatypes[name]
-        outputs.append(_OutputTensor(name=name, datatype=datatype, shape=array.shape))
-        raw.append(bytes(tensor_buffer(array, datatype)))
+        output = _OutputTensor(name=name, datatype=datatype, shape=array.shape)
+        outputs.append(output)
+        ref = shared.get(name)
+        if ref is None:
+            raw.append(bytes(tensor_buffer(array, datatype)))
+        else:  # in the client's region; an empty entry keeps the others at their index
+            raw.append(b"")
+            _set_parameter(output.parameters["shared_memory_region"], ref.region)
+            _set_parameter(output.parameters["shared_memory_byte_size"], ref.byte_size)
+            if ref.offset:
+                _set_parameter(output.parameters["shared_memory_offset"], ref.offset)
     # Built in one constructor call: upb fills repeated fields from lists faster than add().
     message = pb.ModelInferResponse(
         model_name=response.model_name,

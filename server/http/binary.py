@@ -25,7 +25,7 @@ import orjson
 
 from engine.datatypes import UINT64_MAX, check_shape, past_64_bits, shown
 from engine.errors import InvalidInput, PayloadTooLarge
-from engine.types import InferResponse
+from engine.types import InferResponse, SharedTensor
 from server.http import json_header
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
@@ -139,7 +139,9 @@ def _binary_inputs(
             continue
         name = str(entry.get("name"))
         if "shared_memory_region" in params:
-            raise InvalidInput(f"input '{name}': shared memory is not supported by this server")
+            raise InvalidInput(
+                f"input '{name}' names a shared memory region and has binary_data_size; send one"
+            )
         size = params["binary_data_size"]
         if past_64_bits(size):
             raise InvalidInput(
@@ -191,14 +193,24 @@ def _output_flags(header: Mapping[str, Any]) -> tuple[bool, dict[str, bool]]:
             raise InvalidInput(f"output '{name}' has parameters {out_params!r}; expected an object")
         if "classification" in out_params:
             raise InvalidInput(f"output '{name}': the classification extension is not supported")
-        if "shared_memory_region" in out_params:
-            raise InvalidInput(f"output '{name}': shared memory is not supported by this server")
         flag = out_params.get("binary_data", default)
         if not isinstance(flag, bool):
             raise InvalidInput(f"output '{name}' has binary_data {flag!r}; expected true or false")
         if isinstance(name, str):
             flags[name] = flag
     return default, flags
+
+
+def shared_parameters(ref: SharedTensor) -> dict[str, Any]:
+    """An output's parameters when it was written into a shared-memory region, as Triton
+    answers them."""
+    params: dict[str, Any] = {
+        "shared_memory_region": ref.region,
+        "shared_memory_byte_size": ref.byte_size,
+    }
+    if ref.offset:
+        params["shared_memory_offset"] = ref.offset
+    return params
 
 
 def encode_response(
@@ -212,10 +224,14 @@ def encode_response(
     gzip or deflate."""
     outputs = []
     chunks: list[bytes | memoryview] = []
+    shared = response.shared_outputs or {}
     for name, array in response.outputs.items():
         datatype = response.datatypes[name]
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        if name in binary:
+        ref = shared.get(name)
+        if ref is not None:  # written into the client's region: answered without data
+            tensor["parameters"] = shared_parameters(ref)
+        elif name in binary:
             chunk = tensor_buffer(array, datatype)
             tensor["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)

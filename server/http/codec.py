@@ -14,7 +14,8 @@ import orjson
 
 from engine import datatypes
 from engine.errors import InvalidInput
-from engine.types import InferRequest
+from engine.regions import shared_tensor
+from engine.types import InferRequest, SharedTensor
 from engine.validate import InputCheck, check_parameters, scheduling
 from server.http.json_arrays import TYPES, decode_data
 
@@ -56,8 +57,6 @@ def tensor_header(item: Any, index: int) -> tuple[str, str, list[int], dict[str,
     if not isinstance(parameters, dict):
         raise InvalidInput(f"{where}: parameters must be an object")
     check_parameters(parameters, where)
-    if "shared_memory_region" in parameters:
-        raise InvalidInput(f"{where}: shared memory is not supported by this server")
     return name, datatype, shape, parameters
 
 
@@ -175,18 +174,27 @@ def decode_request(
     arrays = arrays or {}
     inputs: dict[str, np.ndarray] = {}
     types: dict[str, str] = {}
-    for (name, datatype, shape, _), item in zip(headers, payload["inputs"], strict=True):
-        if name in arrays:
+    shared: dict[str, SharedTensor] = {}
+    for (name, datatype, shape, params), item in zip(headers, payload["inputs"], strict=True):
+        types[name] = datatype
+        ref = shared_tensor(params, f"input '{name}'", tuple(shape)) if params else None
+        if ref is not None:
+            if "data" in item or name in arrays:
+                raise InvalidInput(
+                    f"input '{name}' names a shared memory region and sends data too; send one"
+                )
+            shared[name] = ref
+        elif name in arrays:
             inputs[name] = arrays[name]
         else:
             if "data" not in item:
                 raise InvalidInput(f"input '{name}': missing field 'data'")
             inputs[name] = decode_data(name, datatype, shape, item["data"])
-        types[name] = datatype
     outputs = None
+    shared_outputs: dict[str, SharedTensor] = {}
     if payload.get("outputs") is not None:
         outputs_json = _field(payload, "outputs", list, "request")
-        outputs = [_output_name(o, i) for i, o in enumerate(outputs_json)]
+        outputs = [_output_name(o, i, shared_outputs) for i, o in enumerate(outputs_json)]
     parameters = {} if payload.get("parameters") is None else payload["parameters"]
     if not isinstance(parameters, dict):
         raise InvalidInput("request: 'parameters' must be an object")
@@ -205,14 +213,20 @@ def decode_request(
         parameters=parameters,
         priority=priority,
         timeout_s=timeout_s,
+        shared_inputs=shared or None,
+        shared_outputs=shared_outputs or None,
     )
 
 
-def _output_name(item: Any, index: int) -> str:
+def _output_name(item: Any, index: int, shared: dict[str, SharedTensor]) -> str:
+    """A requested output's name; a shared-memory region it names goes into `shared`."""
     name: str = _field(item if isinstance(item, dict) else {}, "name", str, f"outputs[{index}]")
     parameters = item.get("parameters")
     if isinstance(parameters, dict):  # any other kind is refused by the binary extension's reader
         check_parameters(parameters, f"output '{name}'")
+        ref = shared_tensor(parameters, f"output '{name}'")
+        if ref is not None:
+            shared[name] = ref
     return name
 
 

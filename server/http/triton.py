@@ -7,6 +7,10 @@
                                                            state, reason}]
     POST /v2/repository/models/{name}/load                 explicit / poll model control modes
     POST /v2/repository/models/{name}/unload               {"parameters": {"unload_dependents"}}
+    GET  /v2/systemsharedmemory[/region/{name}]/status     [{name, key, offset, byte_size}]
+    POST /v2/systemsharedmemory/region/{name}/register     {"key", "offset", "byte_size"}
+    POST /v2/systemsharedmemory[/region/{name}]/unregister one region, or all the caller's
+    *    /v2/cudasharedmemory/...                          400: no CUDA shared memory here
 
 Include the router before the core `/v2/models/{name}` routes: `/v2/models/stats` must not be
 taken for the metadata of a model called "stats" (Triton shadows such a model the same way).
@@ -24,6 +28,11 @@ from fastapi.responses import Response
 from engine.errors import InvalidInput
 from server.dataplane import DataPlane
 from server.http import codec
+
+CUDA_SHARED_MEMORY = (
+    "sluice serves no CUDA shared memory (no GPU backend reads it); pass tensors through system "
+    "shared memory (/v2/systemsharedmemory) or in the request"
+)
 
 
 def _json(body: Any) -> Response:
@@ -82,5 +91,33 @@ def triton_router(plane: DataPlane) -> APIRouter:
         caller = plane.repository_caller(request.headers, name)  # before the body is read
         await plane.unload_model(caller, name, _parameters(await _body(request)), "http")
         return Response(status_code=200)
+
+    @router.get("/v2/systemsharedmemory/status")
+    @router.get("/v2/systemsharedmemory/region/{name}/status")
+    async def shm_status(request: Request) -> Response:
+        name = request.path_params.get("name")
+        return _json(plane.shm_status(request.headers, name))
+
+    @router.post("/v2/systemsharedmemory/region/{name}/register")
+    async def shm_register(request: Request, name: str) -> Response:
+        caller = plane.authenticate(request.headers)  # a stranger's body is never read
+        body = await _body(request)
+        key, offset, size = body.get("key"), body.get("offset", 0), body.get("byte_size")
+        # offset and byte_size are checked by the registry (whole numbers >= 0)
+        if not isinstance(key, str):
+            raise InvalidInput(f"'key' must be a string, got {key!r:.60}")
+        plane.shm_register(caller, name, key, offset, size, "http")
+        return Response(status_code=200)
+
+    @router.post("/v2/systemsharedmemory/unregister")
+    @router.post("/v2/systemsharedmemory/region/{name}/unregister")
+    async def shm_unregister(request: Request) -> Response:
+        plane.shm_unregister(request.headers, request.path_params.get("name"))
+        return Response(status_code=200)
+
+    @router.api_route("/v2/cudasharedmemory/{rest:path}", methods=["GET", "POST"])
+    async def cuda_shm(request: Request) -> Response:
+        plane.authenticate(request.headers)
+        raise InvalidInput(CUDA_SHARED_MEMORY)
 
     return router

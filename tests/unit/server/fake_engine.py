@@ -23,7 +23,8 @@ from engine import datatypes
 from engine.auth import Authenticator
 from engine.errors import EngineError, InvalidInput, ModelNotFound
 from engine.metrics import Metrics
-from engine.settings import AuthSettings
+from engine.regions import SystemRegions
+from engine.settings import AuthSettings, SharedMemorySettings
 from engine.types import InferRequest, InferResponse, ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs, check_load_parameters, check_unload_parameters
 
@@ -78,8 +79,11 @@ def _text(array: np.ndarray) -> np.ndarray:
 class FakeEngine:
     """Implements the engine facade the front-ends call."""
 
-    def __init__(self, auth: AuthSettings | None = None) -> None:
+    def __init__(
+        self, auth: AuthSettings | None = None, regions: SystemRegions | None = None
+    ) -> None:
         self.authenticator = Authenticator(auth or AuthSettings())
+        self.regions = regions or SystemRegions(SharedMemorySettings())
         self.sessions = {name: ort.InferenceSession(blob) for name, blob in model_files().items()}
         self.loaded = set(self.sessions)
         self.live = True

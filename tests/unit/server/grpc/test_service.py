@@ -9,6 +9,7 @@ import asyncio
 import logging
 import socket
 import struct
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -17,7 +18,9 @@ import pytest
 from google.protobuf import json_format
 
 from engine.auth import digest_key
-from engine.settings import ApiKey, AuthSettings, Settings, SettingsError
+from engine.regions import SystemRegions
+from engine.settings import ApiKey, AuthSettings, Settings, SettingsError, SharedMemorySettings
+from server.grpc import tensors
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.service import CallClock, GrpcService, build_grpc_server, server_options
@@ -143,7 +146,10 @@ def _two_inputs_one_raw() -> Any:
             _raw_wrong_size,
             "input 'x' has shape [2, 4] of FP32, which is 32 bytes; received 28 bytes",
         ),
-        (_two_inputs_one_raw, "request has 2 inputs but 1 raw_input_contents entries"),
+        (
+            _two_inputs_one_raw,
+            "request has 2 inputs outside shared memory but 1 raw_input_contents entries",
+        ),
         (
             lambda: _typed("FP32", [2, 4], fp32_contents=[1.0] * 7),
             "input 'x' has shape [2, 4] (8 elements) but contents.fp32_contents holds 7",
@@ -282,9 +288,6 @@ async def test_repository_index_load_unload(stub: Stub) -> None:
 
 
 UNIMPLEMENTED = {
-    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest,
-    "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterRequest,
-    "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterRequest,
     "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest,
     "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
     "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest,
@@ -503,5 +506,103 @@ async def test_calls_past_the_streams_limit_wait_on_their_connection(engine: Fak
             engine.release.set()
             answers = await asyncio.wait_for(asyncio.gather(*calls, other), 10)
             assert sorted(a.id for a in answers) == ["a0", "a1", "a2", "a3", "a4", "b"]
+
+
+# -- system shared memory --------------------------------------------------------------------------
+
+
+def _shm_engine(folder: Path, enabled: bool = True) -> FakeEngine:
+    keys = [ApiKey(digest=digest_key(k), tenant=k, name=k) for k in ("a", "b")]
+    regions = SystemRegions(SharedMemorySettings(enabled=enabled), folder)
+    return FakeEngine(AuthSettings(keys=keys), regions)
+
+
+def _shm_infer(region: str, size: int) -> Any:
+    """`double` with input `x` [2, 4] in `region`, `z` raw after it, and output `y` in region
+    `out` at offset 8."""
+    request = pb.ModelInferRequest(model_name="double")
+    x = request.inputs.add(name="x", datatype="FP32", shape=[2, 4])
+    x.parameters["shared_memory_region"].string_param = region
+    x.parameters["shared_memory_byte_size"].int64_param = size
+    y = request.outputs.add(name="y")
+    y.parameters["shared_memory_region"].string_param = "out"
+    y.parameters["shared_memory_byte_size"].int64_param = 32
+    y.parameters["shared_memory_offset"].int64_param = 8
+    request.outputs.add(name="total")
+    return request
+
+
+async def test_system_shared_memory_round_trip(tmp_path: Path) -> None:
+    x = np.random.default_rng(4).standard_normal((2, 4)).astype(np.float32)
+    (tmp_path / "in").write_bytes(x.tobytes())
+    (tmp_path / "out").write_bytes(bytes(48))
+    engine = _shm_engine(tmp_path)
+    server, port = await _serve(engine)
+    a, b = (("x-api-key", "a"),), (("x-api-key", "b"),)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            register = pb.SystemSharedMemoryRegisterRequest
+            await stub.SystemSharedMemoryRegister(
+                register(name="in", key="/in", byte_size=32), metadata=a
+            )
+            await stub.SystemSharedMemoryRegister(
+                register(name="out", key="/out", byte_size=48), metadata=a
+            )
+            status = await stub.SystemSharedMemoryStatus(
+                pb.SystemSharedMemoryStatusRequest(), metadata=a
+            )
+            assert sorted(status.regions) == ["in", "out"]
+            assert (status.regions["in"].key, status.regions["in"].byte_size) == ("/in", 32)
+            response = await stub.ModelInfer(_shm_infer("in", 32), metadata=a)
+            assert list(response.raw_output_contents[0]) == []  # y went to the region
+            assert tensors.parameters(response.outputs[0].parameters) == {
+                "shared_memory_region": "out",
+                "shared_memory_byte_size": 32,
+                "shared_memory_offset": 8,
+            }
+            np.testing.assert_allclose(output(response, "total"), x.sum(axis=1), rtol=1e-6)
+            written = np.frombuffer((tmp_path / "out").read_bytes()[8:40], np.float32)
+            np.testing.assert_array_equal(written.reshape(2, 4), 2 * x)
+            # Another tenant: unknown region, nothing listed.
+            error = await _status(stub.ModelInfer(_shm_infer("in", 32), metadata=b))
+            assert error.code() == grpc.StatusCode.NOT_FOUND
+            assert "no shared memory region 'in'" in error.details()
+            empty = await stub.SystemSharedMemoryStatus(
+                pb.SystemSharedMemoryStatusRequest(), metadata=b
+            )
+            assert dict(empty.regions) == {}
+            error = await _status(stub.ModelInfer(_shm_infer("in", 28), metadata=a))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "(32 bytes) but shared_memory_byte_size 28" in error.details()
+            await stub.SystemSharedMemoryUnregister(
+                pb.SystemSharedMemoryUnregisterRequest(name="in"), metadata=a
+            )
+            error = await _status(stub.ModelInfer(_shm_infer("in", 32), metadata=a))
+            assert error.code() == grpc.StatusCode.NOT_FOUND
+            await stub.SystemSharedMemoryUnregister(
+                pb.SystemSharedMemoryUnregisterRequest(), metadata=a
+            )
+            assert engine.regions.count() == 0
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_system_shared_memory_off_is_permission_denied(tmp_path: Path) -> None:
+    (tmp_path / "in").write_bytes(bytes(32))
+    server, port = await _serve(_shm_engine(tmp_path, enabled=False))
+    a = (("x-api-key", "a"),)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            request = pb.SystemSharedMemoryRegisterRequest(name="in", key="/in", byte_size=32)
+            for call in (
+                stub.SystemSharedMemoryRegister(request, metadata=a),
+                stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(), metadata=a),
+                stub.ModelInfer(_shm_infer("in", 32), metadata=a),
+            ):
+                error = await _status(call)
+                assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "SLUICE_SHARED_MEMORY__ENABLED=true" in error.details()
     finally:
         await server.stop(grace=None)

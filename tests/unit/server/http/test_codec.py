@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from engine.errors import InvalidInput
-from engine.types import InferRequest, InferResponse
+from engine.types import InferRequest, InferResponse, SharedTensor
 from server.http import binary, codec
 from server.http.codec import decode_request, json_data, parse_json, simple_request
 from server.http.json_arrays import decode_data
@@ -219,8 +219,28 @@ def test_parameters_nested_up_to_the_limit_are_kept() -> None:
 def test_shared_memory_input_with_data_is_rejected() -> None:
     params = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
     assert rejected(tensor(parameters=params)) == (
-        "input 'x': shared memory is not supported by this server"
+        "input 'x' names a shared memory region and sends data too; send one"
     )
+
+
+def test_inputs_and_outputs_in_shared_memory_are_named_not_decoded() -> None:
+    params = {"shared_memory_region": "r", "shared_memory_byte_size": 32, "shared_memory_offset": 8}
+    payload = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4], "parameters": params}],
+        "outputs": [
+            {
+                "name": "y",
+                "parameters": {"shared_memory_region": "o", "shared_memory_byte_size": 4},
+            },
+            {"name": "z"},
+        ],
+    }
+    request = decode_request(payload, "m", None)
+    assert request.inputs == {}
+    assert request.datatypes == {"x": "FP32"}
+    assert request.shared_inputs == {"x": SharedTensor("r", 8, 32, (2, 4))}
+    assert request.outputs == ["y", "z"]
+    assert request.shared_outputs == {"y": SharedTensor("o", 0, 4)}
 
 
 def test_null_parameters_mean_none() -> None:

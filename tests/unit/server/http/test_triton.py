@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from engine.auth import digest_key
 from engine.errors import EngineError
-from engine.settings import ApiKey, AuthSettings, Settings
+from engine.regions import SystemRegions
+from engine.settings import ApiKey, AuthSettings, Settings, SharedMemorySettings
 from server.dataplane import DataPlane
-from server.http.app import error_response
+from server.http.app import create_app, error_response
 from server.http.triton import triton_router
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
@@ -155,3 +158,151 @@ async def test_admin_groups_and_model_allow_list() -> None:
         assert (await http.post("/v2/repository/index", **root)).status_code == 200
         stats = (await http.get("/v2/models/stats", **root)).json()["model_stats"]
         assert len(stats) == 4
+
+
+# -- system shared memory --------------------------------------------------------------------------
+
+REGISTER = "/v2/systemsharedmemory/region/{}/register"
+
+
+def shm_client(engine: FakeEngine) -> httpx.AsyncClient:
+    """A client of the whole application (the inference route included) over `engine`."""
+    app = create_app(Settings(), engine)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://sluice")
+
+
+def shm_engine(folder: Path, enabled: bool = True, **keys: str) -> FakeEngine:
+    """A FakeEngine whose regions are files of `folder`; `keys`: tenant -> its API key."""
+    auth = AuthSettings(
+        keys=[ApiKey(digest=digest_key(k), tenant=tenant, name=k) for tenant, k in keys.items()]
+    )
+    return FakeEngine(auth, SystemRegions(SharedMemorySettings(enabled=enabled), folder))
+
+
+def shm_infer(
+    size: int,
+    offset: int = 0,
+    shape: tuple[int, ...] = (2, 4),
+    output: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An inference body for `double` whose input `x` lies in region `in`."""
+    params = {"shared_memory_region": "in", "shared_memory_byte_size": size}
+    if offset:
+        params["shared_memory_offset"] = offset
+    body: dict[str, Any] = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": list(shape), "parameters": params}]
+    }
+    if output is not None:
+        body["outputs"] = [{"name": "y", "parameters": output}, {"name": "total"}]
+    return body
+
+
+async def test_shared_memory_is_off_by_default_and_says_how_to_enable_it(tmp_path: Path) -> None:
+    (tmp_path / "in").write_bytes(bytes(32))
+    async with shm_client(shm_engine(tmp_path, enabled=False)) as http:
+        for response in (
+            await http.post(REGISTER.format("in"), json={"key": "/in", "byte_size": 32}),
+            await http.get("/v2/systemsharedmemory/status"),
+            await http.post("/v2/systemsharedmemory/unregister"),
+            await http.post("/v2/models/double/infer", json=shm_infer(32)),
+        ):
+            assert response.status_code == 403
+            assert "SLUICE_SHARED_MEMORY__ENABLED=true" in response.json()["error"]
+        cuda = await http.get("/v2/cudasharedmemory/status")
+        assert cuda.status_code == 400
+        assert "no CUDA shared memory" in cuda.json()["error"]
+
+
+async def test_tensors_round_trip_through_registered_regions(tmp_path: Path) -> None:
+    x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+    (tmp_path / "in").write_bytes(b"\0" * 16 + x.tobytes())
+    (tmp_path / "out").write_bytes(bytes(64))
+    engine = shm_engine(tmp_path)
+    async with shm_client(engine) as http:
+        body = {"key": "/in", "offset": 16, "byte_size": 32}
+        assert (await http.post(REGISTER.format("in"), json=body)).status_code == 200
+        body = {"key": "/out", "byte_size": 64}
+        assert (await http.post(REGISTER.format("out"), json=body)).status_code == 200
+        status = (await http.get("/v2/systemsharedmemory/region/in/status")).json()
+        assert status == [{"name": "in", "key": "/in", "offset": 16, "byte_size": 32}]
+        out = {
+            "shared_memory_region": "out",
+            "shared_memory_byte_size": 32,
+            "shared_memory_offset": 8,
+        }
+        answer = await http.post("/v2/models/double/infer", json=shm_infer(32, output=out))
+        assert answer.status_code == 200, answer.text
+        y, total = answer.json()["outputs"]
+        assert y == {"name": "y", "datatype": "FP32", "shape": [2, 4], "parameters": out}
+        np.testing.assert_allclose(total["data"], x.sum(axis=1), rtol=1e-6)
+        written = np.frombuffer((tmp_path / "out").read_bytes()[8:40], np.float32)
+        np.testing.assert_array_equal(written.reshape(2, 4), 2 * x)
+        np.testing.assert_array_equal(engine.requests[-1].inputs["x"], x)
+        assert (await http.post("/v2/systemsharedmemory/region/in/unregister")).status_code == 200
+        left = (await http.get("/v2/systemsharedmemory/status")).json()
+        assert [row["name"] for row in left] == ["out"]
+        assert (await http.post("/v2/systemsharedmemory/unregister")).status_code == 200
+        assert (await http.get("/v2/systemsharedmemory/status")).json() == []
+
+
+async def test_bad_registrations_are_precise_4xx(tmp_path: Path) -> None:
+    (tmp_path / "in").write_bytes(bytes(32))
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    engine = shm_engine(tmp_path, a="key-a")
+    a = {"x-api-key": "key-a"}
+    cases = [
+        ({}, {"key": "/in", "byte_size": 32}, 401, "missing API key"),
+        (a, {"key": "/link", "byte_size": 8}, 400, "not a link"),
+        (a, {"key": "/etc/passwd", "byte_size": 8}, 400, "must name a file directly in"),
+        (a, {"key": "/in", "offset": 8, "byte_size": 32}, 400, "passes the end of '/in'"),
+        (a, {"byte_size": 8}, 400, "'key' must be a string"),
+        (a, {"key": "/in", "byte_size": "8"}, 400, "byte_size must be an integer >= 0"),
+    ]
+    async with shm_client(engine) as http:
+        for headers, body, status, message in cases:
+            response = await http.post(REGISTER.format("r"), headers=headers, json=body)
+            assert response.status_code == status, body
+            assert message in response.json()["error"]
+        assert (await http.get("/v2/systemsharedmemory/status", headers=a)).json() == []
+
+
+async def test_another_tenants_region_and_bad_sizes_are_refused_before_the_engine(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "in").write_bytes(bytes(32))
+    engine = shm_engine(tmp_path, a="key-a", b="key-b")
+    a, b = {"x-api-key": "key-a"}, {"x-api-key": "key-b"}
+    infer = "/v2/models/double/infer"
+    async with shm_client(engine) as http:
+        body = {"key": "/in", "byte_size": 32}
+        assert (await http.post(REGISTER.format("in"), headers=a, json=body)).status_code == 200
+        cases = [
+            (await http.post(infer, headers=b, json=shm_infer(32)), 404, "region 'in'"),
+            (await http.get("/v2/systemsharedmemory/region/in/status", headers=b), 404, "'in'"),
+            (
+                await http.post("/v2/systemsharedmemory/region/in/unregister", headers=b),
+                404,
+                "'in'",
+            ),
+            (
+                await http.post(infer, headers=a, json=shm_infer(32, 8)),
+                400,
+                "32 bytes at shared_memory_offset 8 pass the end of region 'in' (32 bytes)",
+            ),
+            (
+                await http.post(infer, headers=a, json=shm_infer(28)),
+                400,
+                "(32 bytes) but shared_memory_byte_size 28",
+            ),
+            (
+                await http.post(infer, headers=a, json=shm_infer(64, shape=(4, 4))),
+                400,
+                "64 bytes at shared_memory_offset 0 pass the end",
+            ),
+        ]
+        for response, status, message in cases:
+            assert response.status_code == status, response.text
+            assert message in response.json()["error"]
+        assert (await http.get("/v2/systemsharedmemory/status", headers=b)).json() == []
+        assert len((await http.get("/v2/systemsharedmemory/status", headers=a)).json()) == 1
+    assert engine.requests == []  # nothing reached the engine
