@@ -284,7 +284,7 @@ def test_parameter_nested_too_deep_is_400_on_a_cached_model(server: ServerProces
 def test_shared_memory_input_with_data_is_400(server: ServerProcess) -> None:
     params = {"shared_memory_region": "r", "shared_memory_byte_size": 64}
     message = demo_error(server, {"inputs": [x_input(parameters=params)]})
-    assert message == "input 'x': shared memory is not supported by this server"
+    assert message == "input 'x' names a shared memory region and sends data too; send one"
 
 
 UINT64_MAX = 2**64 - 1
