@@ -30,7 +30,7 @@ from engine.auth import (
     log_admin_action,
     metrics_need_key,
 )
-from engine.errors import BackendError, EngineError, ShuttingDown
+from engine.errors import BackendError, EngineError, RegionNotFound, ShuttingDown
 from engine.facade import EngineFacade
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse, ModelMetadata
@@ -254,6 +254,13 @@ class DataPlane:
     def shm_status(self, who: Caller, name: str | None) -> list[dict[str, Any]]:
         """The caller's regions (only `name`, when given): name, key, offset, byte_size."""
         return self.engine.regions.status(self.authenticate(who).tenant, name)
+
+    def cuda_shm_status(self, who: Caller, name: str | None) -> None:
+        """CUDA shared memory's status and unregister: no CUDA region is ever registered (no
+        GPU backend reads one), so all of the caller's are none and a named one is unknown."""
+        self.authenticate(who)
+        if name:
+            raise RegionNotFound(name)
 
     # -- inference -------------------------------------------------------------------------------
 

@@ -236,9 +236,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- Triton extensions -----------------------------------------------------------------------
 
-    CudaSharedMemoryStatus = _unimplemented("CudaSharedMemoryStatus", _SHARED_MEMORY)
     CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister", _SHARED_MEMORY)
-    CudaSharedMemoryUnregister = _unimplemented("CudaSharedMemoryUnregister", _SHARED_MEMORY)
     TraceSetting = _unimplemented(
         "TraceSetting", "tracing is set by the server's `tracing` settings at start"
     )
@@ -308,6 +306,20 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         r = request
         self._plane.shm_register(caller, r.name, r.key, r.offset, r.byte_size, "grpc")
         return pb.SystemSharedMemoryRegisterResponse()
+
+    @_guarded
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context, caller: Metadata
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._plane.cuda_shm_status(caller, request.name or None)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_guarded
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context, caller: Metadata
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._plane.cuda_shm_status(caller, request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
     @_guarded
     async def SystemSharedMemoryUnregister(

@@ -25,7 +25,7 @@ import orjson
 
 from engine.datatypes import UINT64_MAX, check_shape, past_64_bits, shown
 from engine.errors import InvalidInput, PayloadTooLarge
-from engine.types import InferResponse, SharedTensor
+from engine.types import InferResponse
 from server.http import json_header
 from server.raw_tensors import tensor_buffer, tensor_from_buffer
 
@@ -201,18 +201,6 @@ def _output_flags(header: Mapping[str, Any]) -> tuple[bool, dict[str, bool]]:
     return default, flags
 
 
-def shared_parameters(ref: SharedTensor) -> dict[str, Any]:
-    """An output's parameters when it was written into a shared-memory region, as Triton
-    answers them."""
-    params: dict[str, Any] = {
-        "shared_memory_region": ref.region,
-        "shared_memory_byte_size": ref.byte_size,
-    }
-    if ref.offset:
-        params["shared_memory_offset"] = ref.offset
-    return params
-
-
 def encode_response(
     response: InferResponse,
     binary: Collection[str],
@@ -228,9 +216,11 @@ def encode_response(
     for name, array in response.outputs.items():
         datatype = response.datatypes[name]
         tensor: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
-        ref = shared.get(name)
-        if ref is not None:  # written into the client's region: answered without data
-            tensor["parameters"] = shared_parameters(ref)
+        # An output written into the client's region goes without data or parameters, as Triton
+        # answers it (tritonclient's C++ client, perf_analyzer's, takes a `parameters` object for
+        # binary data and fails without its binary_data_size).
+        if name in shared:
+            pass
         elif name in binary:
             chunk = tensor_buffer(array, datatype)
             tensor["parameters"] = {"binary_data_size": len(chunk)}

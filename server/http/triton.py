@@ -10,7 +10,9 @@
     GET  /v2/systemsharedmemory[/region/{name}]/status     [{name, key, offset, byte_size}]
     POST /v2/systemsharedmemory/region/{name}/register     {"key", "offset", "byte_size"}
     POST /v2/systemsharedmemory[/region/{name}]/unregister one region, or all the caller's
-    *    /v2/cudasharedmemory/...                          400: no CUDA shared memory here
+    GET  /v2/cudasharedmemory[/region/{name}]/status       [] (none is ever registered)
+    POST /v2/cudasharedmemory[/region/{name}]/unregister   200, nothing to drop
+    POST /v2/cudasharedmemory/region/{name}/register       400: no CUDA shared memory here
 
 Include the router before the core `/v2/models/{name}` routes: `/v2/models/stats` must not be
 taken for the metadata of a model called "stats" (Triton shadows such a model the same way).
@@ -115,8 +117,20 @@ def triton_router(plane: DataPlane) -> APIRouter:
         plane.shm_unregister(request.headers, request.path_params.get("name"))
         return Response(status_code=200)
 
-    @router.api_route("/v2/cudasharedmemory/{rest:path}", methods=["GET", "POST"])
-    async def cuda_shm(request: Request) -> Response:
+    @router.get("/v2/cudasharedmemory/status")
+    @router.get("/v2/cudasharedmemory/region/{name}/status")
+    async def cuda_shm_status(request: Request) -> Response:
+        plane.cuda_shm_status(request.headers, request.path_params.get("name"))
+        return _json([])
+
+    @router.post("/v2/cudasharedmemory/unregister")
+    @router.post("/v2/cudasharedmemory/region/{name}/unregister")
+    async def cuda_shm_unregister(request: Request) -> Response:
+        plane.cuda_shm_status(request.headers, request.path_params.get("name"))
+        return Response(status_code=200)
+
+    @router.post("/v2/cudasharedmemory/region/{name}/register")
+    async def cuda_shm_register(request: Request) -> Response:
         plane.authenticate(request.headers)
         raise InvalidInput(CUDA_SHARED_MEMORY)
 

@@ -182,9 +182,11 @@ def test_http_round_trip_with_tritonclient(sluice: Any, regions: Regions) -> Non
     wanted = httpclient.InferRequestedOutput("probabilities", binary_data=True)
     wanted.set_shared_memory("out", 80)
     result = client.infer("demo", [tensor], outputs=[wanted], headers=acme)
-    output = result.get_output("probabilities")
-    assert output["parameters"] == {"shared_memory_region": "out", "shared_memory_byte_size": 80}
-    assert "data" not in output
+    assert result.get_output("probabilities") == {  # no data: it is in the region
+        "name": "probabilities",
+        "datatype": "FP32",
+        "shape": [2, 10],
+    }
     got = shm.get_contents_as_numpy(out, np.float32, [2, 10])
     np.testing.assert_allclose(got, reference(sluice, x), rtol=1e-6)
     client.unregister_system_shared_memory("in", headers=acme)
@@ -287,6 +289,32 @@ def test_cache_keys_on_the_bytes_in_the_region(sluice: Any, regions: Regions) ->
     assert third is False
     np.testing.assert_allclose(third_out, reference(sluice, demo_x(4)), rtol=1e-6)
     client.unregister_system_shared_memory(headers=acme)
+
+
+def test_perf_analyzer_over_system_shared_memory(start_server: Any) -> None:
+    perf_analyzer = Path(sys.executable).parent / "perf_analyzer"
+    if not perf_analyzer.exists():
+        pytest.skip("perf_analyzer is not installed (./dev.sh test installs it)")
+    # No keys: perf_analyzer sends no header over gRPC (its -H is for HTTP only).
+    server = start_server(env={"SLUICE_SHARED_MEMORY__ENABLED": "true"})
+    # One after the other: each begins by unregistering every region of its tenant (anonymous).
+    for protocol in ("http", "grpc"):
+        url = server.grpc_url if protocol == "grpc" else server.url.removeprefix("http://")
+        command = [
+            str(perf_analyzer), "-m", "demo", "-u", url, "-i", protocol, "-b", "2",
+            "--shared-memory", "system", "--output-shared-memory-size", "1024",
+            "--concurrency-range", "2", "--measurement-mode", "count_windows",
+            "--measurement-request-count", "100", "--max-trials", "10",
+            "--stability-percentage", "999",
+        ]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=100, check=False)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        assert "throughput: " in output, output
+        # Its regions were registered, used and unregistered without a single error.
+        assert "error" not in output.lower(), output
+        assert "Unable" not in output, output
+    assert http_client(server).get_system_shared_memory_status() == []
 
 
 # -- attacks ---------------------------------------------------------------------------------------

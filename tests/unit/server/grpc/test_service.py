@@ -288,9 +288,7 @@ async def test_repository_index_load_unload(stub: Stub) -> None:
 
 
 UNIMPLEMENTED = {
-    "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest,
     "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
-    "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest,
     "TraceSetting": pb.TraceSettingRequest,
     "LogSettings": pb.LogSettingsRequest,
 }
@@ -506,6 +504,8 @@ async def test_calls_past_the_streams_limit_wait_on_their_connection(engine: Fak
             engine.release.set()
             answers = await asyncio.wait_for(asyncio.gather(*calls, other), 10)
             assert sorted(a.id for a in answers) == ["a0", "a1", "a2", "a3", "a4", "b"]
+    finally:
+        await server.stop(grace=None)
 
 
 # -- system shared memory --------------------------------------------------------------------------
@@ -604,5 +604,14 @@ async def test_system_shared_memory_off_is_permission_denied(tmp_path: Path) -> 
                 error = await _status(call)
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert "SLUICE_SHARED_MEMORY__ENABLED=true" in error.details()
+            # No CUDA region is ever registered: none listed, none to drop, a named one unknown.
+            cuda = await stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), metadata=a)
+            assert dict(cuda.regions) == {}
+            await stub.CudaSharedMemoryUnregister(
+                pb.CudaSharedMemoryUnregisterRequest(), metadata=a
+            )
+            named = pb.CudaSharedMemoryStatusRequest(name="r")
+            error = await _status(stub.CudaSharedMemoryStatus(named, metadata=a))
+            assert error.code() == grpc.StatusCode.NOT_FOUND
     finally:
         await server.stop(grace=None)

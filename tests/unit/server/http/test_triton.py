@@ -208,7 +208,11 @@ async def test_shared_memory_is_off_by_default_and_says_how_to_enable_it(tmp_pat
         ):
             assert response.status_code == 403
             assert "SLUICE_SHARED_MEMORY__ENABLED=true" in response.json()["error"]
-        cuda = await http.get("/v2/cudasharedmemory/status")
+        # No CUDA region is ever registered: none listed, none to drop, none registered.
+        assert (await http.get("/v2/cudasharedmemory/status")).json() == []
+        assert (await http.post("/v2/cudasharedmemory/unregister")).status_code == 200
+        assert (await http.get("/v2/cudasharedmemory/region/r/status")).status_code == 404
+        cuda = await http.post("/v2/cudasharedmemory/region/r/register", json={})
         assert cuda.status_code == 400
         assert "no CUDA shared memory" in cuda.json()["error"]
 
@@ -233,7 +237,7 @@ async def test_tensors_round_trip_through_registered_regions(tmp_path: Path) -> 
         answer = await http.post("/v2/models/double/infer", json=shm_infer(32, output=out))
         assert answer.status_code == 200, answer.text
         y, total = answer.json()["outputs"]
-        assert y == {"name": "y", "datatype": "FP32", "shape": [2, 4], "parameters": out}
+        assert y == {"name": "y", "datatype": "FP32", "shape": [2, 4]}  # as Triton answers it
         np.testing.assert_allclose(total["data"], x.sum(axis=1), rtol=1e-6)
         written = np.frombuffer((tmp_path / "out").read_bytes()[8:40], np.float32)
         np.testing.assert_array_equal(written.reshape(2, 4), 2 * x)
