@@ -36,6 +36,10 @@ def is_generative(engine: object, name: str) -> bool:
 
 def _text(request: pb.ModelInferRequest) -> str:
     decoded = decode_request(request)
+    if decoded.shared_inputs:
+        raise InvalidInput(
+            "a generative model takes its text_input in the request, not in shared memory"
+        )
     text = decoded.inputs.get("text_input")
     if (
         text is None

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -261,3 +262,17 @@ def test_open_server_refuses_a_public_bind_unless_allowed() -> None:
     ensure_safe_bind("0.0.0.0", AuthSettings(), allow_unauthenticated=True)
     ensure_safe_bind("127.0.0.1", AuthSettings(), allow_unauthenticated=False)
     ensure_safe_bind("0.0.0.0", auth_settings(), allow_unauthenticated=False)
+
+
+def test_listeners_hear_the_keys_served_after_each_reload(tmp_path: Path) -> None:
+    # What a revoked key held (its shared-memory regions) is dropped by such a listener.
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys: []\n")
+    static = ApiKey(digest=digest_key("s"), tenant="acme", name="static")
+    authenticator = Authenticator(AuthSettings(keys=[static], keys_file=path))
+    heard: list[frozenset[str | None]] = []
+    authenticator.on_reload.append(heard.append)
+    filed = [ApiKey(digest=digest_key(k), tenant="acme", name=k) for k in ("a", "b")]
+    authenticator.reload_file(filed)
+    authenticator.reload_file(filed[1:])
+    assert heard == [frozenset({"static", "a", "b"}), frozenset({"static", "b"})]
