@@ -53,18 +53,22 @@ class HostControl:
 
     def state(self) -> dict[str, Any]:
         """What every worker keeps a copy of: whether the engine drains, which models are loaded
-        (`generation` changes whenever a model is loaded, reloaded or unloaded)."""
+        (`generation` changes whenever a model is loaded, reloaded or unloaded), and the client
+        shared-memory regions when that extension is on."""
         engine = self.engine
         models = engine.registry.all() if engine.live and _started(engine) else []
         index = engine.registry.index() if _started(engine) else []
         marks = orjson.dumps([index, [[m.name, m.version, m.generation] for m in models]])
-        return {
+        state = {
             "draining": engine.draining,
             "models": sorted({m.name for m in models}),
             "generative": sorted({m.name for m in models if m.generator is not None}),
             "generation": zlib.crc32(marks),
             "server": engine.server_metadata(),
         }
+        if engine.regions.enabled:  # the client shared-memory regions (engine/remote_regions.py)
+            state["shm_regions"] = engine.regions.table()
+        return state
 
     async def _push_state(self) -> None:
         while True:
@@ -119,6 +123,15 @@ class HostControl:
         if method == "unload_model":
             await engine.unload_model(args[0], args[1])
             return self._fresh_state()
+        if method in ("shm_register", "shm_unregister"):  # a change every worker mirrors
+            await getattr(engine.regions, method.removeprefix("shm_"))(*args)
+            return self._fresh_state()
+        if method == "shm_status":
+            return await engine.regions.status(*args)
+        if method == "shm_keep_keys":
+            engine.regions.keep_keys(frozenset(args[0]))
+            self._fresh_state()
+            return None
         if method == "usage":
             return await engine.usage(args[0])
         if method == "metrics":

@@ -22,6 +22,9 @@ short and is refused (InvalidInput naming the region); no fault is possible. The
 reference-counted: unregistering a region while a request reads it closes the file only after
 that read, so its number is never reused under the read (which would read another file's bytes).
 The one copy replaces the socket read and decode a tensor in the request body costs.
+
+With `--workers N` this registry lives in the engine process and every worker mirrors it
+(engine/remote_regions.py), reading and writing the files itself.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def shared_tensor(
     return SharedTensor(region, offset, size, shape)
 
 
-class _Region:
+class Region:
     """One registered region: its open file and who registered it. `users` counts the reads
     and writes under way; the file closes when the region is dropped and none is left."""
 
@@ -108,7 +111,7 @@ class SystemRegions:
     def __init__(self, settings: SharedMemorySettings, folder: Path = SHM_FOLDER) -> None:
         self.settings = settings
         self.folder = folder
-        self._regions: dict[tuple[str, str], _Region] = {}  # (tenant, name) -> region
+        self._regions: dict[tuple[str, str], Region] = {}  # (tenant, name) -> region
         self._lock = threading.Lock()
 
     @property
@@ -122,7 +125,7 @@ class SystemRegions:
 
     # -- registration ----------------------------------------------------------------------------
 
-    def register(
+    async def register(
         self, tenant: str, key_name: str | None, name: str, key: str, offset: Any, byte_size: Any
     ) -> None:
         """Register file `key` of the folder as region `name` of `tenant` (`key_name`: the API
@@ -139,7 +142,7 @@ class SystemRegions:
             raise InvalidInput(f"region '{name}': byte_size must be at least 1")
         fd, writable = self._open(name, key)
         try:
-            region = _Region(name, key, offset, byte_size, fd, writable)
+            region = Region(name, key, offset, byte_size, fd, writable)
             size = os.fstat(fd).st_size
             if offset + byte_size > size:
                 raise InvalidInput(
@@ -188,7 +191,7 @@ class SystemRegions:
             )
         return fd, writable
 
-    def _admit(self, region: _Region) -> None:
+    def _admit(self, region: Region) -> None:
         """Add `region` under the lock, within the tenant's bounds."""
         tenant, limits = region.tenant, self.settings
         if (tenant, region.name) in self._regions:
@@ -212,7 +215,7 @@ class SystemRegions:
                 )
         self._regions[tenant, region.name] = region
 
-    def unregister(self, tenant: str, name: str | None) -> None:
+    async def unregister(self, tenant: str, name: str | None) -> None:
         """Drop `tenant`'s region `name`, or all its regions when `name` is None or empty."""
         self.require_enabled()
         with self._lock:
@@ -225,7 +228,7 @@ class SystemRegions:
                 for key in [key for key in self._regions if key[0] == tenant]:
                     self._drop(self._regions.pop(key))
 
-    def status(self, tenant: str, name: str | None) -> list[dict[str, Any]]:
+    async def status(self, tenant: str, name: str | None) -> list[dict[str, Any]]:
         """`tenant`'s regions (its region `name` only, when given), as Triton lists them."""
         self.require_enabled()
         with self._lock:
@@ -250,19 +253,28 @@ class SystemRegions:
                 self._drop(region)
             self._regions.clear()
 
+    def table(self) -> list[list[Any]]:
+        """Every region as `[tenant, key_name, name, key, offset, byte_size, device, inode]`:
+        what a worker process mirrors (engine/remote_regions.py)."""
+        with self._lock:
+            return [
+                [r.tenant, r.key_name, r.name, r.key, r.offset, r.byte_size, *r.identity]
+                for r in self._regions.values()
+            ]
+
     def count(self, tenant: str | None = None) -> int:
         """Regions registered (by `tenant`, when given)."""
         with self._lock:
             return sum(1 for owner, _ in self._regions if tenant in (None, owner))
 
-    def _drop(self, region: _Region) -> None:
+    def _drop(self, region: Region) -> None:
         region.dropped = True
         if region.users == 0:
             os.close(region.fd)
 
     # -- tensors ---------------------------------------------------------------------------------
 
-    def _lease(self, tenant: str, ref: SharedTensor, nbytes: int, what: str) -> _Region:
+    def _lease(self, tenant: str, ref: SharedTensor, nbytes: int, what: str) -> Region:
         """The region `ref` names, its use counted, once `nbytes` from `ref.offset` lie within
         the region as registered."""
         self.require_enabled()
@@ -278,7 +290,7 @@ class SystemRegions:
             region.users += 1
             return region
 
-    def _release(self, region: _Region) -> None:
+    def _release(self, region: Region) -> None:
         with self._lock:
             region.users -= 1
             if region.dropped and region.users == 0:

@@ -25,10 +25,10 @@ from typing import Any
 from engine import errors
 from engine.auth import Authenticator
 from engine.generation.service import GenerateRequest
-from engine.regions import SystemRegions
 from engine.remote_channel import INFER_FLUSH_TURNS
 from engine.remote_control import RemoteControl
 from engine.remote_generate import RemoteStream, rebuild_error
+from engine.remote_regions import WorkerRegions
 from engine.settings import Settings
 from engine.shm.allocator import Allocator
 from engine.shm.arena import Arena, SlotWatcher
@@ -53,7 +53,9 @@ class RemoteEngine(RemoteControl):
         self.inputs, self.outputs = arenas
         self.allocator = Allocator(self.inputs.size_bytes)
         self.authenticator = Authenticator(settings.auth)
-        self.regions = SystemRegions(settings.shared_memory)
+        self.regions = WorkerRegions(
+            settings.shared_memory, self.call, lambda: self._state, self._adopt_state
+        )
         self.authenticator.on_reload.append(self.regions.keep_keys)
         self.tracing: Tracing | None = build_tracing(settings.tracing)
         self._infers = 0
@@ -62,6 +64,11 @@ class RemoteEngine(RemoteControl):
         self._watcher: SlotWatcher | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
+
+    def _adopt_state(self, state: dict[str, Any]) -> None:
+        """The engine's state as a call answered it (newer than the last push, or the same)."""
+        self._state = state
+        self.regions.follow()
 
     async def start(self) -> None:
         """Connect to the engine process and take over this worker slot's arenas."""
@@ -234,6 +241,7 @@ class RemoteEngine(RemoteControl):
                 future.set_result(message["result"])
         elif kind is Kind.STATE:
             self._state = message
+            self.regions.follow()
         elif kind is Kind.WELCOME and self._welcome is not None and not self._welcome.done():
             self._welcome.set_result(message)
         else:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator
 from pydantic_settings import (
     BaseSettings,
     InitSettingsSource,
@@ -168,17 +168,6 @@ class Settings(BaseSettings):
         if value is not None and not value.is_dir():
             raise ValueError(f"model repository '{value}' is not a directory")
         return value
-
-    @model_validator(mode="after")
-    def _shared_memory_one_process(self) -> Settings:
-        # Regions are registered in the process that serves the call; with workers a client's
-        # next call may reach another worker, which does not know its regions.
-        if self.shared_memory.enabled and self.workers != 1:
-            raise ValueError(
-                "shared_memory.enabled needs workers: 1 (regions are not shared between worker "
-                f"processes yet); got workers: {self.workers}"
-            )
-        return self
 
     @classmethod
     def settings_customise_sources(

@@ -238,22 +238,23 @@ class DataPlane:
 
     # -- Triton's system shared-memory extension ---------------------------------------------------
 
-    def shm_register(
+    async def shm_register(
         self, who: Caller, name: str, key: str, offset: Any, byte_size: Any, protocol: str
     ) -> None:
         """Register file `key` of /dev/shm as the caller's region `name` (engine/regions.py)."""
         caller = self.authenticate(who)
-        self.engine.regions.register(caller.tenant, caller.key_name, name, key, offset, byte_size)
+        regions = self.engine.regions
+        await regions.register(caller.tenant, caller.key_name, name, key, offset, byte_size)
         log_admin_action(caller, "shm_register", region=name, shm_key=key, protocol=protocol)
 
-    def shm_unregister(self, who: Caller, name: str | None) -> None:
+    async def shm_unregister(self, who: Caller, name: str | None) -> None:
         """Drop the caller's region `name`, or all its regions when `name` is None or empty."""
         caller = self.authenticate(who)
-        self.engine.regions.unregister(caller.tenant, name)
+        await self.engine.regions.unregister(caller.tenant, name)
 
-    def shm_status(self, who: Caller, name: str | None) -> list[dict[str, Any]]:
+    async def shm_status(self, who: Caller, name: str | None) -> list[dict[str, Any]]:
         """The caller's regions (only `name`, when given): name, key, offset, byte_size."""
-        return self.engine.regions.status(self.authenticate(who).tenant, name)
+        return await self.engine.regions.status(self.authenticate(who).tenant, name)
 
     def cuda_shm_status(self, who: Caller, name: str | None) -> None:
         """CUDA shared memory's status and unregister: no CUDA region is ever registered (no

@@ -293,7 +293,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(
         self, request: pb.SystemSharedMemoryStatusRequest, context: Context, caller: Metadata
     ) -> pb.SystemSharedMemoryStatusResponse:
-        rows = self._plane.shm_status(caller, request.name or None)
+        rows = await self._plane.shm_status(caller, request.name or None)
         status = pb.SystemSharedMemoryStatusResponse.RegionStatus
         return pb.SystemSharedMemoryStatusResponse(
             regions={row["name"]: status(**row) for row in rows}
@@ -304,7 +304,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.SystemSharedMemoryRegisterRequest, context: Context, caller: Metadata
     ) -> pb.SystemSharedMemoryRegisterResponse:
         r = request
-        self._plane.shm_register(caller, r.name, r.key, r.offset, r.byte_size, "grpc")
+        await self._plane.shm_register(caller, r.name, r.key, r.offset, r.byte_size, "grpc")
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_guarded
@@ -325,7 +325,7 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context, caller: Metadata
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self._plane.shm_unregister(caller, request.name or None)
+        await self._plane.shm_unregister(caller, request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
 

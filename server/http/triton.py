@@ -98,7 +98,7 @@ def triton_router(plane: DataPlane) -> APIRouter:
     @router.get("/v2/systemsharedmemory/region/{name}/status")
     async def shm_status(request: Request) -> Response:
         name = request.path_params.get("name")
-        return _json(plane.shm_status(request.headers, name))
+        return _json(await plane.shm_status(request.headers, name))
 
     @router.post("/v2/systemsharedmemory/region/{name}/register")
     async def shm_register(request: Request, name: str) -> Response:
@@ -108,13 +108,13 @@ def triton_router(plane: DataPlane) -> APIRouter:
         # offset and byte_size are checked by the registry (whole numbers >= 0)
         if not isinstance(key, str):
             raise InvalidInput(f"'key' must be a string, got {key!r:.60}")
-        plane.shm_register(caller, name, key, offset, size, "http")
+        await plane.shm_register(caller, name, key, offset, size, "http")
         return Response(status_code=200)
 
     @router.post("/v2/systemsharedmemory/unregister")
     @router.post("/v2/systemsharedmemory/region/{name}/unregister")
     async def shm_unregister(request: Request) -> Response:
-        plane.shm_unregister(request.headers, request.path_params.get("name"))
+        await plane.shm_unregister(request.headers, request.path_params.get("name"))
         return Response(status_code=200)
 
     @router.get("/v2/cudasharedmemory/status")

@@ -46,6 +46,21 @@ def open_regions(pid: int) -> int:
     return count
 
 
+def holders(root: int, key: str) -> int:
+    """How many processes of the tree under `root` hold file `key` of /dev/shm open."""
+    count, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        with contextlib.suppress(FileNotFoundError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                todo += map(int, Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+            count += any(
+                os.readlink(f"/proc/{pid}/fd/{fd}").startswith(f"/dev/shm{key}")
+                for fd in os.listdir(f"/proc/{pid}/fd")
+            )
+    return count
+
+
 def write_keys(path: Path, names: list[str]) -> None:
     from engine.auth import digest_key
 
@@ -315,6 +330,48 @@ def test_perf_analyzer_over_system_shared_memory(start_server: Any) -> None:
         assert "error" not in output.lower(), output
         assert "Unable" not in output, output
     assert http_client(server).get_system_shared_memory_status() == []
+
+
+def test_regions_registered_through_one_worker_serve_through_all(
+    start_server: Any, regions: Regions
+) -> None:
+    import httpx
+    import tritonclient.utils.shared_memory as shm
+
+    from tests.integration.helpers_e2e import wait_for
+
+    server = start_server("--workers", "2", env={"SLUICE_SHARED_MEMORY__ENABLED": "true"})
+    x = demo_x(9)
+    into, in_key = regions.create("win", x.nbytes)
+    out, out_key = regions.create("wout", 80)
+    shm.set_shared_memory_region(into, [x])
+    http_client(server).register_system_shared_memory("win", in_key, x.nbytes)
+    http_client(server).register_system_shared_memory("wout", out_key, 80)
+    params = {"shared_memory_region": "win", "shared_memory_byte_size": x.nbytes}
+    body = {
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16], "parameters": params}],
+        "outputs": [{"name": "probabilities", "parameters": {
+            "shared_memory_region": "wout", "shared_memory_byte_size": 80}}],
+    }  # fmt: skip
+    expected = reference(server, x)
+    # A connection each: the kernel spreads them over both workers, which must all know the
+    # regions (20 on one worker alone would be a 1 in 500 000 chance).
+    for _ in range(20):
+        shm.set_shared_memory_region(out, [np.zeros((2, 10), np.float32)])
+        with httpx.Client(base_url=server.url, timeout=10) as http:
+            response = http.post("/v2/models/demo/infer", json=body)
+        assert response.status_code == 200, response.text
+        got = shm.get_contents_as_numpy(out, np.float32, [2, 10]).copy()
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    # The engine process and both workers hold the file: each worker opened it to read.
+    assert holders(server.process.pid, in_key) == 3
+    http_client(server).unregister_system_shared_memory("win")
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        gone = http.post("/v2/models/demo/infer", json=body)
+    assert gone.status_code == 404
+    http_client(server).unregister_system_shared_memory()
+    wait_for(lambda: holders(server.process.pid, out_key) == 0 or None, 10, "files closed")
+    assert holders(server.process.pid, in_key) == 0
 
 
 # -- attacks ---------------------------------------------------------------------------------------

@@ -38,43 +38,45 @@ def regions(folder: Path, **limits: int) -> SystemRegions:
     return SystemRegions(SharedMemorySettings(enabled=True, **limits), folder)
 
 
-def test_a_registered_region_reads_and_writes_its_bytes(folder: Path) -> None:
+async def test_a_registered_region_reads_and_writes_its_bytes(folder: Path) -> None:
     payload = np.arange(16, dtype=np.float32)
     region_file(folder, "in", b"\xff" * 8 + payload.tobytes())
     reg = regions(folder)
-    reg.register("a", "k", "r", "/in", 8, payload.nbytes)
+    await reg.register("a", "k", "r", "/in", 8, payload.nbytes)
     got = reg.read("a", SharedTensor("r", 16, 32), "input 'x'")
     assert np.array_equal(np.frombuffer(got, np.float32), payload[4:12])
     reg.write("a", SharedTensor("r", 0, 8), memoryview(b"ABCDEFGH"), "output 'y'")
     assert (folder / "in").read_bytes()[:16] == b"\xff" * 8 + b"ABCDEFGH"
-    assert reg.status("a", None) == [{"name": "r", "key": "/in", "offset": 8, "byte_size": 64}]
+    assert (await reg.status("a", None)) == [
+        {"name": "r", "key": "/in", "offset": 8, "byte_size": 64}
+    ]
 
 
-def test_off_by_default_every_call_says_how_to_enable_it(folder: Path) -> None:
+async def test_off_by_default_every_call_says_how_to_enable_it(folder: Path) -> None:
     region_file(folder, "in", bytes(64))
     reg = SystemRegions(SharedMemorySettings(), folder)
-    for call in (
-        lambda: reg.register("a", "k", "r", "/in", 0, 64),
-        lambda: reg.status("a", None),
-        lambda: reg.unregister("a", None),
-        lambda: reg.read("a", SharedTensor("r", 0, 4), "input 'x'"),
-    ):
-        with pytest.raises(Forbidden, match="SLUICE_SHARED_MEMORY__ENABLED=true"):
-            call()
+    with pytest.raises(Forbidden, match="SLUICE_SHARED_MEMORY__ENABLED=true"):
+        await reg.register("a", "k", "r", "/in", 0, 64)
+    with pytest.raises(Forbidden, match="SLUICE_SHARED_MEMORY__ENABLED=true"):
+        await reg.status("a", None)
+    with pytest.raises(Forbidden, match="SLUICE_SHARED_MEMORY__ENABLED=true"):
+        await reg.unregister("a", None)
+    with pytest.raises(Forbidden, match="SLUICE_SHARED_MEMORY__ENABLED=true"):
+        reg.read("a", SharedTensor("r", 0, 4), "input 'x'")
 
 
 @pytest.mark.parametrize(
     "key", ["/../in", "sub/in", "/", "", "..", ".", "/in\0", "/" + "a" * 256, "//in"]
 )
-def test_keys_that_leave_the_folder_are_refused(folder: Path, key: str) -> None:
+async def test_keys_that_leave_the_folder_are_refused(folder: Path, key: str) -> None:
     region_file(folder, "in", bytes(64))
     (folder / "sub").mkdir()
     region_file(folder / "sub", "in", bytes(64))
     with pytest.raises(InvalidInput, match="must name a file directly in"):
-        regions(folder).register("a", "k", "r", key, 0, 8)
+        await regions(folder).register("a", "k", "r", key, 0, 8)
 
 
-def test_a_symlink_is_refused_even_to_a_file_in_the_folder(folder: Path) -> None:
+async def test_a_symlink_is_refused_even_to_a_file_in_the_folder(folder: Path) -> None:
     region_file(folder, "real", bytes(64))
     (folder / "link").symlink_to(folder / "real")
     (folder / "passwd").symlink_to("/etc/passwd")
@@ -82,22 +84,22 @@ def test_a_symlink_is_refused_even_to_a_file_in_the_folder(folder: Path) -> None
     before = open_fds()
     for key in ("/link", "/passwd"):
         with pytest.raises(InvalidInput, match="not a link"):
-            reg.register("a", "k", key, key, 0, 8)
+            await reg.register("a", "k", key, key, 0, 8)
     assert open_fds() == before
     assert reg.count() == 0
 
 
-def test_only_regular_files_are_registered(folder: Path) -> None:
+async def test_only_regular_files_are_registered(folder: Path) -> None:
     os.mkfifo(folder / "fifo")  # opening a FIFO to read would block the event loop
     (folder / "dir").mkdir()
     reg = regions(folder)
     before = open_fds()
     with pytest.raises(InvalidInput, match="not a regular file"):
-        reg.register("a", "k", "f", "/fifo", 0, 8)
+        await reg.register("a", "k", "f", "/fifo", 0, 8)
     with pytest.raises(InvalidInput, match="dir"):
-        reg.register("a", "k", "d", "/dir", 0, 8)
+        await reg.register("a", "k", "d", "/dir", 0, 8)
     with pytest.raises(InvalidInput, match="no file 'nope'"):
-        reg.register("a", "k", "n", "/nope", 0, 8)
+        await reg.register("a", "k", "n", "/nope", 0, 8)
     assert open_fds() == before
 
 
@@ -112,21 +114,21 @@ def test_only_regular_files_are_registered(folder: Path) -> None:
         (0, True, "byte_size must be an integer >= 0"),
     ],
 )
-def test_offsets_and_sizes_past_the_file_are_refused(
+async def test_offsets_and_sizes_past_the_file_are_refused(
     folder: Path, offset: int, size: int, message: str
 ) -> None:
     region_file(folder, "in", bytes(64))
     reg = regions(folder)
     before = open_fds()
     with pytest.raises(InvalidInput, match=message):
-        reg.register("a", "k", "r", "/in", offset, size)
+        await reg.register("a", "k", "r", "/in", offset, size)
     assert open_fds() == before
 
 
-def test_a_tensor_past_its_region_is_refused_before_any_read(folder: Path) -> None:
+async def test_a_tensor_past_its_region_is_refused_before_any_read(folder: Path) -> None:
     region_file(folder, "in", bytes(128))
     reg = regions(folder)
-    reg.register("a", "k", "r", "/in", 0, 64)  # the file holds more than the region
+    await reg.register("a", "k", "r", "/in", 0, 64)  # the file holds more than the region
     with pytest.raises(InvalidInput, match="60 bytes at shared_memory_offset 8 pass the end"):
         reg.read("a", SharedTensor("r", 8, 60), "input 'x'")
     with pytest.raises(InvalidInput, match="pass the end"):
@@ -135,36 +137,36 @@ def test_a_tensor_past_its_region_is_refused_before_any_read(folder: Path) -> No
         reg.write("a", SharedTensor("r", 0, 8), memoryview(bytes(9)), "output 'y'")
 
 
-def test_another_tenants_region_is_unknown_and_unlisted(folder: Path) -> None:
+async def test_another_tenants_region_is_unknown_and_unlisted(folder: Path) -> None:
     region_file(folder, "secret", b"s" * 64)
     region_file(folder, "mine", b"m" * 64)
     reg = regions(folder)
-    reg.register("a", "ka", "r", "/secret", 0, 64)
+    await reg.register("a", "ka", "r", "/secret", 0, 64)
     with pytest.raises(RegionNotFound, match="no shared memory region 'r'"):
         reg.read("b", SharedTensor("r", 0, 8), "input 'x'")
     with pytest.raises(RegionNotFound):
-        reg.status("b", "r")
+        await reg.status("b", "r")
     with pytest.raises(RegionNotFound):
-        reg.unregister("b", "r")
-    assert reg.status("b", None) == []
-    reg.unregister("b", None)  # all of b's: none of a's
+        await reg.unregister("b", "r")
+    assert (await reg.status("b", None)) == []
+    await reg.unregister("b", None)  # all of b's: none of a's
     assert reg.count("a") == 1
     # b may use the same name for its own region, but not a's file under any name.
-    reg.register("b", "kb", "r", "/mine", 0, 64)
+    await reg.register("b", "kb", "r", "/mine", 0, 64)
     with pytest.raises(InvalidInput, match="registered by another tenant"):
-        reg.register("b", "kb", "other", "/secret", 0, 64)
+        await reg.register("b", "kb", "other", "/secret", 0, 64)
     assert bytes(reg.read("b", SharedTensor("r", 0, 4), "x")) == b"mmmm"
     assert bytes(reg.read("a", SharedTensor("r", 0, 4), "x")) == b"ssss"
 
 
-def test_thousands_of_registrations_are_bounded_and_leak_no_file(folder: Path) -> None:
+async def test_thousands_of_registrations_are_bounded_and_leak_no_file(folder: Path) -> None:
     region_file(folder, "in", bytes(64))
     reg = regions(folder, max_regions_per_tenant=16)
     before = open_fds()
     refusals: set[str] = set()
     for index in range(2000):
         try:
-            reg.register("a", "k", f"r{index}", "/in", 0, 64)
+            await reg.register("a", "k", f"r{index}", "/in", 0, 64)
         except InvalidInput as exc:
             refusals.add(exc.message)
     assert reg.count("a") == 16
@@ -173,35 +175,35 @@ def test_thousands_of_registrations_are_bounded_and_leak_no_file(folder: Path) -
         "unregister one first"
     }
     assert open_fds() == before + 16
-    reg.unregister("a", None)
+    await reg.unregister("a", None)
     assert open_fds() == before
 
 
-def test_bytes_per_tenant_are_bounded(folder: Path) -> None:
+async def test_bytes_per_tenant_are_bounded(folder: Path) -> None:
     region_file(folder, "in", bytes(64))
     reg = regions(folder, max_bytes_per_tenant=100)
-    reg.register("a", "k", "r1", "/in", 0, 64)
+    await reg.register("a", "k", "r1", "/in", 0, 64)
     with pytest.raises(InvalidInput, match=r"passes shared_memory.max_bytes_per_tenant \(100\)"):
-        reg.register("a", "k", "r2", "/in", 0, 64)
-    reg.register("a", "k", "r3", "/in", 0, 36)
+        await reg.register("a", "k", "r2", "/in", 0, 64)
+    await reg.register("a", "k", "r3", "/in", 0, 36)
     assert reg.count("a") == 2
 
 
-def test_a_name_is_registered_once(folder: Path) -> None:
+async def test_a_name_is_registered_once(folder: Path) -> None:
     region_file(folder, "in", bytes(64))
     reg = regions(folder)
-    reg.register("a", "k", "r", "/in", 0, 64)
+    await reg.register("a", "k", "r", "/in", 0, 64)
     with pytest.raises(InvalidInput, match="already registered"):
-        reg.register("a", "k", "r", "/in", 0, 8)
-    reg.unregister("a", "r")
-    reg.register("a", "k", "r", "/in", 0, 8)
-    assert reg.status("a", "r")[0]["byte_size"] == 8
+        await reg.register("a", "k", "r", "/in", 0, 8)
+    await reg.unregister("a", "r")
+    await reg.register("a", "k", "r", "/in", 0, 8)
+    assert (await reg.status("a", "r"))[0]["byte_size"] == 8
 
 
-def test_a_truncated_file_is_refused_without_a_fault(folder: Path) -> None:
+async def test_a_truncated_file_is_refused_without_a_fault(folder: Path) -> None:
     path = region_file(folder, "in", bytes(4096))
     reg = regions(folder)
-    reg.register("a", "k", "r", "/in", 0, 4096)
+    await reg.register("a", "k", "r", "/in", 0, 4096)
     os.truncate(path, 100)  # the client shrinks its file under a registered region
     with pytest.raises(InvalidInput, match=r"ends after 100 of its 4096 bytes.*was truncated"):
         reg.read("a", SharedTensor("r", 0, 4096), "input 'x'")
@@ -212,31 +214,31 @@ def test_a_truncated_file_is_refused_without_a_fault(folder: Path) -> None:
     assert bytes(reg.read("a", SharedTensor("r", 0, 100), "x")) == bytes(100)
 
 
-def test_a_region_unregistered_during_a_read_keeps_its_file_until_the_read_ends(
+async def test_a_region_unregistered_during_a_read_keeps_its_file_until_the_read_ends(
     folder: Path,
 ) -> None:
     region_file(folder, "in", b"a" * 64)
     reg = regions(folder)
-    reg.register("a", "k", "r", "/in", 0, 64)
+    await reg.register("a", "k", "r", "/in", 0, 64)
     region = reg._lease("a", SharedTensor("r", 0, 64), 64, "x")  # a read under way
-    reg.unregister("a", "r")
+    await reg.unregister("a", "r")
     os.fstat(region.fd)  # still open: its number cannot be reused for another file yet
     region_file(folder, "other", b"b" * 64)
-    reg.register("a", "k", "r2", "/other", 0, 64)
+    await reg.register("a", "k", "r2", "/other", 0, 64)
     assert bytes(os.pread(region.fd, 4, 0)) == b"aaaa"
     reg._release(region)  # the last use: now the file closes
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(region.fd)
 
 
-def test_regions_of_a_revoked_key_are_dropped(folder: Path) -> None:
+async def test_regions_of_a_revoked_key_are_dropped(folder: Path) -> None:
     region_file(folder, "in", bytes(64))
     reg = regions(folder)
-    reg.register("a", "old", "r1", "/in", 0, 64)
-    reg.register("a", "kept", "r2", "/in", 0, 64)
+    await reg.register("a", "old", "r1", "/in", 0, 64)
+    await reg.register("a", "kept", "r2", "/in", 0, 64)
     before = open_fds()
     reg.keep_keys(frozenset({"kept"}))
-    assert [row["name"] for row in reg.status("a", None)] == ["r2"]
+    assert [row["name"] for row in await reg.status("a", None)] == ["r2"]
     assert open_fds() == before - 1
 
 

@@ -341,11 +341,3 @@ def test_shared_memory_is_off_unless_enabled(monkeypatch: pytest.MonkeyPatch) ->
         True,
         8,
     )
-
-
-def test_shared_memory_with_several_workers_is_refused_at_start(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("SLUICE_SHARED_MEMORY__ENABLED", "true")
-    monkeypatch.setenv("SLUICE_WORKERS", "2")
-    assert "shared_memory.enabled needs workers: 1" in error_of()

@@ -44,7 +44,7 @@ async def test_fixed_and_bytes_inputs_are_read_from_their_region(
     x = np.arange(6, dtype=np.int32).reshape(2, 3)
     texts = b"".join(struct.pack("<I", len(t)) + t for t in (b"ab", b"", b"xyz"))
     (tmp_path / "in").write_bytes(x.tobytes() + texts)
-    regions.register("a", "k", "in", "/in", 0, x.nbytes + len(texts))
+    await regions.register("a", "k", "in", "/in", 0, x.nbytes + len(texts))
     shared = {
         "x": SharedTensor("in", 0, x.nbytes, (2, 3)),
         "t": SharedTensor("in", x.nbytes, len(texts), (3,)),
@@ -62,7 +62,7 @@ async def test_outputs_are_written_and_the_answer_is_a_copy(
     regions: SystemRegions, tmp_path: Path
 ) -> None:
     (tmp_path / "out").write_bytes(bytes(16))
-    regions.register("a", "k", "out", "/out", 0, 16)
+    await regions.register("a", "k", "out", "/out", 0, 16)
     y = np.array([1.5, -2.0], np.float32)
     shared = {"y": SharedTensor("out", 4, 8), "absent": SharedTensor("out", 0, 4)}
     asked = InferRequest("m", {}, {}, shared_outputs=shared)
