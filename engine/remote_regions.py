@@ -33,7 +33,7 @@ Call = Callable[..., Coroutine[Any, Any, Any]]
 class WorkerRegions(SystemRegions):
     """The engine process's regions, mirrored in this worker (see the module docstring).
     `call` asks the engine; `state` is the engine's latest pushed state; `adopt` takes a state
-    a call answered with."""
+    a call answered with (and calls `follow`, as a pushed state does)."""
 
     def __init__(
         self,
@@ -61,7 +61,6 @@ class WorkerRegions(SystemRegions):
     async def unregister(self, tenant: str, name: str | None) -> None:
         self.require_enabled()
         self._adopt(await self._call("shm_unregister", tenant, name))
-        self._follow()
 
     async def status(self, tenant: str, name: str | None) -> list[dict[str, Any]]:
         self.require_enabled()
