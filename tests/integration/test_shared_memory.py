@@ -348,11 +348,11 @@ def test_regions_registered_through_one_worker_serve_through_all(
     http_client(server).register_system_shared_memory("win", in_key, x.nbytes)
     http_client(server).register_system_shared_memory("wout", out_key, 80)
     params = {"shared_memory_region": "win", "shared_memory_byte_size": x.nbytes}
+    out_params = {"shared_memory_region": "wout", "shared_memory_byte_size": 80}
     body = {
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 16], "parameters": params}],
-        "outputs": [{"name": "probabilities", "parameters": {
-            "shared_memory_region": "wout", "shared_memory_byte_size": 80}}],
-    }  # fmt: skip
+        "outputs": [{"name": "probabilities", "parameters": out_params}],
+    }
     expected = reference(server, x)
     # A connection each: the kernel spreads them over both workers, which must all know the
     # regions (20 on one worker alone would be a 1 in 500 000 chance).
