@@ -57,9 +57,12 @@ class Usage:
 class MemoryBudget:
     """Measured bytes of the resident versions against the host and per-GPU budgets."""
 
-    def __init__(self, host_bytes: int | None, gpu_bytes: int | None) -> None:
+    def __init__(
+        self, host_bytes: int | None, gpu_bytes: int | None, max_models: int | None = None
+    ) -> None:
         self.host_limit = host_bytes
         self.gpu_limit = gpu_bytes
+        self.max_models = max_models
         self.costs: dict[tuple[str, str], Cost] = {}
         self.usage: dict[str, Usage] = {}
         self.cold_start = Histogram(COLD_START_BUCKETS_S)
@@ -108,8 +111,13 @@ class MemoryBudget:
                     total.gpu_bytes[device] = total.gpu_bytes.get(device, 0) + size
         return total
 
-    def excess(self, need: Cost) -> str | None:
-        """Why resident versions plus `need` pass a budget ("host: ... bytes"), or None."""
+    def excess(self, need: Cost, adding: str | None = None) -> str | None:
+        """Why resident versions plus `need` (of model `adding`, resident or about to be) pass
+        a budget ("host: ... bytes"), or None."""
+        if self.max_models is not None:
+            models = {name for name, _ in self.costs} | ({adding} if adding else set())
+            if len(models) > self.max_models:
+                return f"{len(models)} models > {self.max_models} (model_memory.max_models)"
         if self.host_limit is not None and self.host_used() + need.host_bytes > self.host_limit:
             return (
                 f"host: {self.host_used()} bytes resident + {need.host_bytes} needed > "

@@ -220,7 +220,7 @@ class OnDemandLoader:
         """Evict idle models until `need` fits. While every resident model is in use, wait for
         one to be left idle (their requests are drained, never cut), up to `load_wait_s`."""
         deadline = time.monotonic() + self._memory.load_wait_s
-        while (excess := self.budget.excess(need)) is not None:
+        while (excess := self.budget.excess(need, keep)) is not None:
             victim = self.budget.victim(self._idle(keep))
             if victim is not None:
                 await self.evict(victim, "budget")

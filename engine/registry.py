@@ -45,7 +45,7 @@ class ModelRegistry:
         self._configs: dict[str, ModelConfig] = {}
         self._poller: asyncio.Task[None] | None = None
         budget = settings.model_memory
-        self.budget = MemoryBudget(budget.host_bytes, budget.gpu_bytes)
+        self.budget = MemoryBudget(budget.host_bytes, budget.gpu_bytes, budget.max_models)
         """Every loaded version's measured bytes (in every mode; a budget only in on_demand)."""
         self._gpu = memory.GpuMemory() if budget.gpu_bytes is not None else None
         self.on_demand = (

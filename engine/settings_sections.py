@@ -248,6 +248,11 @@ class ModelMemorySettings(Section):
     gpu_bytes: int | None = Field(None, gt=0)
     """Device memory per GPU the loaded versions may hold together (the growth of NVML's count
     of the device's memory in use across each load); unset: not budgeted."""
+    max_models: int | None = Field(None, gt=0)
+    """At most this many models resident at once, whatever their bytes (Ray Serve's
+    multiplexing rule), as well as the byte budgets; unset: only bytes count. For comparing
+    the rules (loadtests/benchmarks/many_models.py): models of mixed sizes fit a byte budget
+    better than a count."""
     max_concurrent_loads: int = Field(1, gt=0, le=64)
     """Loads running at once. Each load's cost is the memory growth across it, so loads that
     overlap each count the others' growth too (an over-count, never an under-count): 1 measures

@@ -42,3 +42,14 @@ def test_no_budget_never_passes() -> None:
     budget.record("a", "1", Cost(1 << 40))
     assert budget.excess(Cost(1 << 40, {0: 1 << 40})) is None
     assert budget.too_large(Cost(1 << 50)) is None
+
+
+def test_max_models_counts_models_not_versions_nor_bytes() -> None:
+    budget = MemoryBudget(None, None, max_models=2)
+    budget.record("a", "1", Cost(1))
+    budget.record("a", "2", Cost(1))
+    assert budget.excess(Cost(1 << 40), "b") is None  # a (two versions) and b: two models
+    budget.record("b", "1", Cost(1))
+    assert budget.excess(Cost(), "b") is None  # b is resident already: still two
+    assert budget.excess(Cost(1), "c") == "3 models > 2 (model_memory.max_models)"
+    assert budget.excess(Cost(1)) is None  # no model named: only the bytes count

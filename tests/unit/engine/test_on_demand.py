@@ -160,6 +160,14 @@ async def test_least_recently_used_idle_model_is_evicted_by_measured_bytes(
     assert (stats["inference_stats"]["success"]["count"], stats["inference_count"]) == (2, 4)
 
 
+async def test_max_models_evicts_by_count_with_no_byte_budget(start: StartEngine) -> None:
+    engine = await start(max_models=2)  # Ray Serve's rule: two models, whatever their bytes
+    for name in ("a", "b", "a", "c"):
+        await engine.infer(request(name))
+    assert {m.name for m in engine.registry.all()} == {"a", "c"}
+    assert engine.registry.budget.of("b").evictions == {"budget": 1}
+
+
 async def test_a_model_with_a_running_batch_is_never_evicted_under_it(
     start: StartEngine, repo: Path, model_bytes: int
 ) -> None:
