@@ -122,6 +122,11 @@ RUN_NAMES = {
 }
 
 
+def shown(value: float, digits: int) -> str:
+    """`value` with `digits` decimals, "-" where there was nothing to measure (NaN)."""
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
 def table(report: Mapping[str, Any]) -> str:
     """The results page: the runs, the offline simulation of the same trace, the targets."""
     plan, budget = report["plan"], report["budget_bytes"]
@@ -140,8 +145,8 @@ def table(report: Mapping[str, Any]) -> str:
     for key, run in report["runs"].items():
         cells.append([
             RUN_NAMES[key], f"{run['hit_ratio']:.3f}",
-            f"{run['cold_p50_ms']:.0f} / {run['cold_p99_ms']:.0f}",
-            f"{run['warm_p50_ms']:.1f} / {run['warm_p99_ms']:.1f}",
+            f"{shown(run['cold_p50_ms'], 0)} / {shown(run['cold_p99_ms'], 0)}",
+            f"{shown(run['warm_p50_ms'], 1)} / {shown(run['warm_p99_ms'], 1)}",
             f"{run['evictions_per_s']:.2f}", f"{run['idle_rss_bytes'] / MB:,.0f}",
             f"{run['peak_rss_bytes'] / MB:,.0f}", run["errors"],
         ])  # fmt: skip
@@ -150,6 +155,12 @@ def table(report: Mapping[str, Any]) -> str:
          "idle RSS MB", "peak RSS MB", "errors"],
         cells,
     )  # fmt: skip
+    lines += [
+        "",
+        "Cold start: from the request's send time to its answer (the load, warm-up and first "
+        "answer), a model's slowest requests as many as its loads; warm: the others. Evictions "
+        "count every model unloaded, pipelines' steps included.",
+    ]
     lines += ["", "Offline simulation of the same trace with the measured sizes:", ""]
     lines += markdown_table(
         ["rule", "hit ratio", "evictions", "MB loaded"],

@@ -128,6 +128,10 @@ def test_targets_met() -> None:
     page = table(report(run(0.72, 12.0, peak=11_000_000)))
     assert "| on_demand, LRU by bytes | 0.720 | 50 / 90 | 1.0 / 12.0 |" in page
     assert "MISSED" not in page
+    assert "| all loaded (mode none) | 1.000 | - / - | 1.0 / 10.0 |" in table(
+        {**report(run(0.72, 12.0)), "runs": {"all_loaded": {**run(1.0, 10.0),
+         "cold_p50_ms": math.nan, "cold_p99_ms": math.nan}, "lru_bytes": run(0.72, 12.0)}}
+    )  # fmt: skip
 
 
 def test_each_target_missed() -> None:
