@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import sys
 import tempfile
@@ -67,8 +68,11 @@ def server(repo: Path, cores: str | None, env: dict[str, str]) -> Iterator[tuple
     """sluice on `repo` (with `env`), under taskset on `cores` when given, once ready: its URL
     and process id (taskset and env exec the server, so the id is the server's)."""
     port = free_port()
-    command = ["env", *(f"{k}={v}" for k, v in env.items()),
-               *sluice_command(repo, port, free_port())]  # fmt: skip
+    command = [
+        "env",
+        *(f"{k}={v}" for k, v in env.items()),
+        *sluice_command(repo, port, free_port()),
+    ]
     if cores is not None:
         command = pinned(cores, *command)
     url = f"http://127.0.0.1:{port}"
@@ -102,6 +106,17 @@ def per_model(samples: Samples, name: str, **labels: str) -> dict[str, int]:
         if sample == name and all(found.get(k) == v for k, v in labels.items()):
             totals[found["model"]] = totals.get(found["model"], 0) + int(value)
     return totals
+
+
+def cold_start_mean_ms(before: Samples, after: Samples) -> float:
+    """The server's mean cold start between two scrapes (sluice_model_cold_start_seconds: from
+    a request finding its model not resident to the model serving); NaN for none."""
+    name = "sluice_model_cold_start_seconds"
+    total, count = (
+        after.get((f"{name}_{k}", ()), 0.0) - before.get((f"{name}_{k}", ()), 0.0)
+        for k in ("sum", "count")
+    )
+    return total / count * 1e3 if count else math.nan
 
 
 async def send(url: str, trace: Trace, drain_s: float) -> list[Answer]:
@@ -141,10 +156,16 @@ async def send(url: str, trace: Trace, drain_s: float) -> list[Answer]:
 
 
 def measure(
-    repo: Path, trace: Trace, seconds: float, cores: str | None, env: dict[str, str]
+    repo: Path,
+    trace: Trace,
+    seconds: float,
+    cores: str | None,
+    env: dict[str, str],
+    sizes: dict[str, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, int]]:
-    """One server's run of `trace`: its figures, and the bytes each model measured (summed
-    over versions) in the last scrape."""
+    """One server's run of `trace`: its figures (cold starts by size too with each model's
+    measured `sizes`), and the bytes each model measured (summed over versions) in the last
+    scrape."""
     with server(repo, cores, env) as (url, pid):
         idle = memory_kb(pid, "VmRSS")
         before = scrape(url)
@@ -160,7 +181,8 @@ def measure(
         per_model(before, "sluice_model_evictions_total").values()
     )
     rss = {"idle": idle, "peak": peak}
-    summary = summarize(answers, loads, evictions, seconds, rss)
+    summary = summarize(answers, loads, evictions, seconds, rss, sizes)
+    summary["server_cold_mean_ms"] = cold_start_mean_ms(before, after)
     print(f"{env.get('SLUICE_MODEL_CONTROL_MODE', 'none')} {env}: {summary}", flush=True)
     return summary, per_model(after, "sluice_model_resident_bytes")
 
@@ -239,23 +261,32 @@ def main() -> None:
     sizes = unit_sizes(plan, resident)
     budget = int(sum(sizes.values()) * args.budget_share)
     max_models = max(1, budget // max(1, round(sum(sizes.values()) / len(sizes))))
-    on_demand = {"SLUICE_MODEL_CONTROL_MODE": "on_demand",
-                 "SLUICE_MODEL_MEMORY__HOST_BYTES": str(budget)}  # fmt: skip
-    runs["lru_bytes"], _ = measure(repo, trace, args.seconds, args.server_cores, on_demand)
+    on_demand = {
+        "SLUICE_MODEL_CONTROL_MODE": "on_demand",
+        "SLUICE_MODEL_MEMORY__HOST_BYTES": str(budget),
+    }
+    runs["lru_bytes"], _ = measure(repo, trace, args.seconds, args.server_cores, on_demand, sizes)
     by_count = {**on_demand, "SLUICE_MODEL_MEMORY__MAX_MODELS": str(max_models)}
-    runs["lru_count"], _ = measure(repo, trace, args.seconds, args.server_cores, by_count)
+    runs["lru_count"], _ = measure(repo, trace, args.seconds, args.server_cores, by_count, sizes)
     simulation = {}
     for rule in RULES:
         outcome = simulate(trace.names, sizes, budget, rule)
         simulation[rule] = {**asdict(outcome), "hit_ratio": outcome.hit_ratio}
     report = {
         "command": " ".join(["python -m loadtests.benchmarks.many_models", *sys.argv[1:]]),
-        "machine": machine(), "plan": asdict(plan), "rate_rps": args.rate,
-        "seconds": args.seconds, "zipf": args.zipf, "budget_share": args.budget_share,
-        "budget_bytes": budget, "max_models": max_models,
-        "repository_bytes": sum(sizes.values()), "sizes": sizes,
-        "runs": runs, "simulation": simulation,
-    }  # fmt: skip
+        "machine": machine(),
+        "plan": asdict(plan),
+        "rate_rps": args.rate,
+        "seconds": args.seconds,
+        "zipf": args.zipf,
+        "budget_share": args.budget_share,
+        "budget_bytes": budget,
+        "max_models": max_models,
+        "repository_bytes": sum(sizes.values()),
+        "sizes": sizes,
+        "runs": runs,
+        "simulation": simulation,
+    }
     write_results(args.out, args.name, report, table(report))
 
 
