@@ -81,7 +81,7 @@ def server(repo: Path, cores: str | None, env: dict[str, str]) -> Iterator[tuple
         yield url, process.pid
 
 
-def memory_kb(pid: int, field: str) -> int:
+def status_bytes(pid: int, field: str) -> int:
     """A field of /proc/PID/status in bytes (VmRSS: resident now; VmHWM: the peak)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -167,11 +167,11 @@ def measure(
     measured `sizes`), and the bytes each model measured (summed over versions) in the last
     scrape."""
     with server(repo, cores, env) as (url, pid):
-        idle = memory_kb(pid, "VmRSS")
+        idle = status_bytes(pid, "VmRSS")
         before = scrape(url)
         answers = asyncio.run(send(url, trace, drain_s=60))
         after = scrape(url)
-        peak = memory_kb(pid, "VmHWM")
+        peak = status_bytes(pid, "VmHWM")
     loaded_before = per_model(before, "sluice_model_loads_total", outcome="loaded")
     loads = {
         model: count - loaded_before.get(model, 0)
