@@ -8,7 +8,7 @@ budget over the mean model's bytes, with the same byte budget), and the offline 
 the trace (loadtests/benchmarks/eviction_sim.py) with the measured sizes.
 
     python -m loadtests.benchmarks.many_models --out loadtests/benchmarks/results \
-        [--seconds 180 | --quick] [--rate 40] [--server-cores 0 --client-cores 1]
+        [--seconds 180 | --quick] [--rate 20] [--server-cores 0 --client-cores 1]
 
 Reported per server: hit ratio (requests that needed no load), cold-start p50/p99 (load and
 first answer, from the client), warm p50/p99, evictions per second, the server's idle and peak
@@ -226,7 +226,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--name", default="many_models")
     parser.add_argument("--seconds", type=float, default=180.0, help="each server's trace")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_S:g} s traces")
-    parser.add_argument("--rate", type=float, default=40.0, help="requests per second")
+    parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument("--zipf", type=float, default=1.1)
     parser.add_argument("--budget-share", type=float, default=0.25)
     parser.add_argument("--models", type=int, default=200)
