@@ -1,9 +1,15 @@
 """Validation of an exported causal-LM decoder against transformers: logits and caches on random
 cached inputs (padded rows included), then greedy tokens on sample prompts, either the decoder's
-own cached loop (fp32) or its next-token choice along generate's continuation (int8)."""
+own cached loop (fp32) or its next-token choice along generate's continuation (int8).
+
+Both sides stop the same way: at the first end-of-text token (kept, so a side that picks it
+where the other does not is a difference) or after GREEDY_TOKENS. Neither masks end-of-text (a
+`min_new_tokens` on transformers' side alone made a correct export fail whenever the model
+picked it early)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +53,8 @@ class _OrtRunner:
 
 def onnx_greedy(runner: _OrtRunner, shape: DecoderShape, prompt: list[int], steps: int) -> list[
         int]:  # fmt: skip
-    """Greedy decoding with the ONNX decoder and its cache (one prompt, no early stop)."""
+    """Greedy decoding with the ONNX decoder and its cache (one prompt): at most `steps` new
+    tokens, ending with the first of the model's end-of-text tokens."""
     past = {n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
             for n in shape.past_names}  # fmt: skip
     ids, out = list(prompt), []
@@ -64,6 +71,8 @@ def onnx_greedy(runner: _OrtRunner, shape: DecoderShape, prompt: list[int], step
         past = dict(zip(shape.past_names, present, strict=True))
         token = int(np.argmax(logits[0, -1]))
         out.append(token)
+        if token in shape.eos_token_ids:
+            break
         ids.append(token)
         new = [token]
     return out
@@ -83,8 +92,9 @@ def onnx_next_tokens(runner: _OrtRunner, shape: DecoderShape, ids: list[int]) ->
     return [int(t) for t in np.argmax(runner.run(feed)[0][0], axis=-1)]
 
 
-def torch_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
-    """transformers `generate`, greedy, exactly `steps` new tokens."""
+def torch_greedy(model: Any, prompt: list[int], steps: int, eos: Collection[int]) -> list[int]:
+    """transformers `generate`, greedy: at most `steps` new tokens, ending with the first of
+    `eos` (the tokens the ONNX side stops at; end-of-text is never masked)."""
     import torch
 
     with quiet(), torch.no_grad():
@@ -92,11 +102,25 @@ def torch_greedy(model: Any, prompt: list[int], steps: int) -> list[int]:
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=steps,
-            min_new_tokens=steps,
             do_sample=False,
+            eos_token_id=list(eos) or None,
             pad_token_id=0,
         )
-    return [int(t) for t in generated[0, len(prompt) :]]
+    return _until_eos([int(t) for t in generated[0, len(prompt) :]], eos)
+
+
+def _until_eos(tokens: list[int], eos: Collection[int]) -> list[int]:
+    """`tokens` up to and including the first end-of-text one."""
+    cut = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return tokens[:cut]
+
+
+def first_difference(want: list[int], got: list[int]) -> int | None:
+    """The first position where `got` differs from `want` (one stopping earlier included)."""
+    first = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
+    if first is None and len(got) != len(want):
+        return min(len(got), len(want))
+    return first
 
 
 def validate(
@@ -116,14 +140,14 @@ def validate(
     for prompt in SAMPLE_PROMPTS:
         ids = tokenizer.encode(prompt).ids or [0]
         steps = min(GREEDY_TOKENS, shape.context_length - len(ids))
-        want = torch_greedy(model, ids, steps)
+        want = torch_greedy(model, ids, steps, shape.eos_token_ids)
         total += len(want)
         if tolerances.max_mismatch == 0:
             # Exact precision: the decoder's own cached loop must give generate's tokens.
             got = onnx_greedy(onnx_runner, shape, ids, steps)
-            first = next((i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b), -1)
-            if first >= 0:
-                differ += len(want) - first
+            first = first_difference(want, got)
+            if first is not None:
+                differ += max(1, len(want) - first)
                 check.reasons.append(f"'{prompt}': first differs at token {first}")
         else:
             # Quantized: one divergence changes every later token, so compare the next-token

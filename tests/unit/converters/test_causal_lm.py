@@ -93,3 +93,37 @@ def test_folder_without_tokenizer_json_is_refused(
     result = convert_cli(str(folder), "--repository", tmp_path / "repo")
     assert result.exit_code == 1
     assert "has no tokenizer.json" in result.output
+
+
+def test_a_model_that_picks_end_of_text_first_still_validates(
+    hf_folder: Path, tmp_path: Path, convert_cli: Convert
+) -> None:
+    # The same weights with end-of-text moved to the token the model picks first after the
+    # first sample prompt: both sides must stop there (transformers masking it alone made a
+    # correct export fail "at token 0").
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from converters.decoder_validation import SAMPLE_PROMPTS
+
+    folder = tmp_path / "early-eos"
+    shutil.copytree(hf_folder, folder)
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(SAMPLE_PROMPTS[0]).ids
+    with torch.no_grad():
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        first = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+    for name in ("config.json", "generation_config.json"):
+        settings = json.loads((folder / name).read_text())
+        settings["eos_token_id"] = first
+        (folder / name).write_text(json.dumps(settings))
+    result = convert_cli(
+        str(folder), "--repository", tmp_path / "repo", "--json", tmp_path / "r.json"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    greedy = next(c for c in report["validation"]["outputs"] if c["name"] == "greedy tokens")
+    assert (greedy["passed"], greedy["mismatch"]) == (True, 0.0)
+    config = load_model_config(tmp_path / "repo" / "early-eos")
+    assert config.generative is not None
+    assert config.generative.eos_token_ids == [first]
