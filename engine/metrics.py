@@ -22,6 +22,7 @@ from prometheus_client.core import (
     Metric,
 )
 
+from engine.generation.gateway_metrics import GatewayCollector
 from engine.generation.metrics import GenerationCollector
 from engine.gpu_metrics import GpuMetrics
 from engine.memory_metrics import memory_families
@@ -40,6 +41,7 @@ class Metrics:
         self.registry.register(_EngineCollector(snapshot))
         self.registry.register(GpuMetrics())  # exports nothing without NVML
         self.registry.register(GenerationCollector(snapshot))  # generative models only
+        self.registry.register(GatewayCollector(snapshot))  # an inference gateway's view of them
         # Plain counts and histograms, exported at scrape time: prometheus_client's own take a
         # lock and several calls per update.
         self.counted: dict[tuple[str, str, str, int], int] = {}

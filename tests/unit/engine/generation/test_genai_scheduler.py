@@ -169,6 +169,35 @@ async def test_past_the_batch_and_the_waiting_room_a_sequence_is_refused(
         await gen.close()
 
 
+async def test_queued_are_the_sequences_the_engine_has_not_given_a_token(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    # What the metrics (and an inference gateway) read as running and queued. Six sequences
+    # are more than the Engine decodes at once: those it holds out have had no token.
+    gen = generator(tiny_genai_built, max_running_sequences=2, max_waiting_sequences=6)
+    scheduler, library = gen.scheduler, Gated(permits=0)
+    scheduler._og = library
+    try:
+        ids = await gen.prompt_ids(PROMPTS[0])
+        params = sampling_params(max_tokens=40, temperature=0)
+        sequences = [gen.start(ids, params) for _ in range(6)]
+        assert (scheduler.running, scheduler.waiting) == ([], sequences)
+        library.gate.release(4)  # too few steps for any to finish its 40 tokens
+        stream = sequences[0].stream()
+        for _ in range(4):  # the first sequence has a token of each of the four steps
+            await anext(stream)
+        running, waiting = scheduler.running, scheduler.waiting
+        assert running == sequences[: len(running)]  # in arrival order
+        assert waiting == sequences[len(running) :]
+        assert waiting, "the Engine decoded all six at once"
+        assert all(s.generated for s in running)
+        assert not any(s.generated for s in waiting)
+        library.gate.release(1_000)
+        assert [len(await collect(s)) for s in waiting] == [40] * len(waiting)
+    finally:
+        await gen.close()
+
+
 async def test_a_prompt_the_context_cannot_hold_is_refused_naming_it(
     tiny_genai_built: tuple[Path, Path],
 ) -> None:
