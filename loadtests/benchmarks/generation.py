@@ -1,39 +1,127 @@
-"""The generation benchmark, in process, pinned to one core: generated tokens per second of
-sluice's generation scheduler (continuous batching over the ONNX decoder `sluice convert`
-exported) with 16 concurrent streams of different prompt lengths, against transformers
-`generate` run one request at a time and static batched `generate` (all 16 prompts left-padded
-into one call), on the same core in the same run. A small random GPT-2 (4 layers, width 128)
-built locally; every stream generates exactly `--tokens` tokens (no end-of-text stop), so every
-system does the same work; with `--varied` each stream asks for its own 8 to 120 tokens. TTFT
-and inter-token latency p50/p99 for each.
+"""The generation benchmark over the OpenAI API (issue 37): streamed /v1/completions against
+servers on the same machine, the same random-weight Llama models (generated here), the same
+prompts:
 
-    python -m loadtests.benchmarks.generation --out loadtests/benchmarks/results [--varied]
+- `sluice-genai`: sluice on onnxruntime-genai's Engine (the model builder's fp32 output);
+- `sluice-genai-int4`: the same, int4 (the builder's `-p int4`);
+- `sluice-loop`: sluice's own scheduler on the same weights exported by `sluice convert`'s
+  decoder export (converters/causal_lm.py);
+- `transformers-serve`: `transformers serve --continuous-batching` (Hugging Face's OpenAI server,
+  paged attention) on the Hugging Face folder itself.
 
-Each system runs `--rounds` times, interleaved; the round with the median tokens/s is reported.
-Writes generation.json (every round) and generation.md (the table).
+Models: `tiny` (2 layers, width 64, 4 heads over 2 key/value heads) and `100m` (12 layers, width
+768, 12 heads over 4, MLP 3072: about 100M parameters), both with a 2,048-token context and the
+tests' BOS-adding tokenizer; the end-of-text row of the output projection is zeroed, so no
+system stops early and every stream generates exactly `--tokens` tokens (greedy). Prompts of
+exactly 128 and 1,024 tokens (BOS included; every stream's own, so no prefix cache helps), 1,
+16 and 64 concurrent streams, each case after one warm-up request. Per case: tokens/s
+(generated tokens over the wall time of the case), TTFT and inter-token gaps p50/p99 (from the
+client's SSE chunks), server CPU seconds per generated token (/proc of the server process).
+
+    python -m loadtests.benchmarks.generation --out loadtests/benchmarks/results
+    python -m loadtests.benchmarks.generation --short --out /tmp/gen   # seconds: a smoke run
+
+`--systems`, `--models`, `--prompts`, `--streams` and `--tokens` select cases. The server runs
+on `--server-cores` (default 0), the client on the next core. Writes generation_openai.json,
+.csv and .md (the table).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
-import platform
+import shutil
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
-STREAMS = 16
+from loadtests.benchmarks.generation_models import CONTEXT, MODELS, build_llama, prompts, publish
+from loadtests.benchmarks.harness import (
+    cpu_s,
+    free_port,
+    http_ready,
+    markdown_table,
+    pinned,
+    running,
+    sluice_command,
+)
+
+SYSTEMS = (
+    "sluice-genai",
+    "sluice-genai-int4",
+    "sluice-loop",
+    "transformers-serve",
+    "transformers-cb",
+)
 
 
-def prompts(vocab: int, seed: int = 0) -> list[list[int]]:
-    """16 prompts of 8 to 64 tokens."""
-    rng = np.random.default_rng(seed)
-    return [list(rng.integers(1, vocab, int(n))) for n in np.linspace(8, 64, STREAMS)]
+@contextmanager
+def server(system: str, hf: Path, repository: Path, core: str) -> Iterator[tuple[str, int]]:
+    """The server of `system`, pinned to `core`, once it answers: its URL and process id."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    if system == "transformers-serve":
+        command = [
+            str(Path(sys.executable).parent / "transformers"),
+            "serve",
+            str(hf),
+            "--continuous-batching",
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        ]
+        ready = http_ready(url + "/health")
+    else:
+        command = sluice_command(repository, port, free_port())
+        ready = http_ready(url + "/v2/health/ready")
+    with running(pinned(core, *command), ready, system, timeout_s=300) as process:
+        yield url, process.pid
+
+
+async def stream(
+    client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int
+) -> dict[str, Any]:
+    """One streamed completion: arrival times of its content chunks and its usage."""
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    begin, times, usage = time.perf_counter(), [], None
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as reply:
+        assert reply.status_code == 200, await reply.aread()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if any(choice.get("text") for choice in event.get("choices") or []):
+                times.append(time.perf_counter())
+            usage = event.get("usage") or usage
+    assert usage is not None, "no usage in the stream"
+    return {"begin": begin, "end": time.perf_counter(), "times": times, "usage": usage}
+
+
+async def case(url: str, model: str, texts: list[str], tokens: int) -> list[dict[str, Any]]:
+    limits = httpx.Limits(max_connections=len(texts) + 1)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        return await asyncio.gather(*(stream(client, url, model, t, tokens) for t in texts))
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -43,221 +131,218 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": float(p50), "p99": float(p99)}
 
 
-def one_at_a_time(model: Any, cases: list[list[int]], tokens: list[int]) -> dict[str, Any]:
-    """transformers generate, one request after another; per-token times from a streamer."""
-    import torch
-
-    ttft, gaps = [], []
-    started = time.perf_counter()
-    for ids, count in zip(cases, tokens, strict=True):
-        times: list[float] = []
-        begin = time.perf_counter()
-        with torch.no_grad():
-            model.generate(
-                torch.tensor([ids]),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                max_new_tokens=count,
-                min_new_tokens=count,
-                do_sample=False,
-                pad_token_id=0,
-                streamer=_Clock(times),
-            )
-        # The streamer's first put is the prompt itself; then one per generated token.
-        ttft.append(times[1] - begin)
-        gaps += list(np.diff(times[1:]))
-    seconds = time.perf_counter() - started
+def measure(
+    url: str, pid: int, model: str, warm: str, texts: list[str], tokens: int
+) -> dict[str, Any]:
+    """One case: every stream at once, after a warm-up request of its own prompt (so no
+    stream finds its prompt cached); tokens/s, latencies, server CPU per token."""
+    asyncio.run(case(url, model, [warm], 2))
+    cpu = cpu_s(pid)
+    results = asyncio.run(case(url, model, texts, tokens))
+    cpu = cpu_s(pid) - cpu
+    # From the first request sent to the last stream closed (not the client's set-up).
+    seconds = max(r["end"] for r in results) - min(r["begin"] for r in results)
+    generated = sum(r["usage"]["completion_tokens"] for r in results)
+    ttft = [r["times"][0] - r["begin"] for r in results if r["times"]]
+    gaps = [float(g) for r in results for g in np.diff(r["times"])]
     return {
-        "tokens_per_s": sum(tokens) / seconds,
+        "tokens_per_s": generated / seconds,
         "seconds": seconds,
+        "generated_tokens": generated,
+        "prompt_tokens": sorted({r["usage"]["prompt_tokens"] for r in results}),
         "ttft_s": percentiles(ttft),
         "inter_token_s": percentiles(gaps),
+        "cpu_s_per_token": cpu / max(generated, 1),
     }
 
 
-def static_batch(model: Any, cases: list[list[int]], tokens: list[int]) -> dict[str, Any]:
-    """transformers generate on all prompts at once, left-padded (every stream waits for the
-    whole batch to be formed and for the longest prompt's prefill, and the batch runs until its
-    longest completion: only each stream's own tokens count)."""
-    import torch
+def run_system(
+    system: str, hf: Path, scratch: Path, args: argparse.Namespace, model: str
+) -> list[dict[str, Any]]:
+    repository = scratch / f"repo-{system}"
+    rows = []
+    cases = [
+        (length, streams, *prompts(hf, length, streams + 1, seed=length * 1000 + streams))
+        for length in args.prompts
+        for streams in args.streams
+    ]  # every system gets the same prompts (a warm-up's first); no two cases share one
+    if system == "transformers-cb":
+        return in_process(hf, scratch, cases, args, model)
+    publish(system, hf, repository, max(args.streams))
+    served_model = str(hf) if system == "transformers-serve" else "bench"
+    with server(system, hf, repository, args.server_cores) as (url, pid):
+        for length, streams, warm, *texts in cases:
+            row = measure(url, pid, served_model, warm, texts, args.tokens)
+            row.update(system=system, model=model, prompt=length, streams=streams)
+            rows.append(row)
+            print(
+                f"{system} {model} prompt {length} x{streams}: {row['tokens_per_s']:,.0f} tokens/s",
+                flush=True,
+            )
+    return rows
 
-    longest = max(len(ids) for ids in cases)
-    ids = torch.zeros(len(cases), longest, dtype=torch.long)
-    mask = torch.zeros(len(cases), longest, dtype=torch.long)
-    for row, prompt in enumerate(cases):
-        ids[row, longest - len(prompt) :] = torch.tensor(prompt)
-        mask[row, longest - len(prompt) :] = 1
-    times: list[float] = []
-    started = time.perf_counter()
-    with torch.no_grad():
-        model.generation_config.pad_token_id = 0
-        out = model.generate(
-            ids,
-            attention_mask=mask,
-            max_new_tokens=max(tokens),
-            min_new_tokens=max(tokens),
-            do_sample=False,
-            streamer=_Clock(times),
+
+def in_process(
+    hf: Path, scratch: Path, cases: list[Any], args: argparse.Namespace, model: str
+) -> list[dict[str, Any]]:
+    """transformers-cb: loadtests/benchmarks/generation_cb.py in a child pinned as a server."""
+    spec = scratch / "cb-cases.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(
+        json.dumps(
+            [
+                {
+                    "prompt": length,
+                    "streams": streams,
+                    "tokens": args.tokens,
+                    "warm": warm,
+                    "texts": texts,
+                }
+                for length, streams, warm, *texts in cases
+            ]
         )
-    seconds = time.perf_counter() - started
-    assert out.shape[1] == longest + max(tokens)
-    return {
-        "tokens_per_s": sum(tokens) / seconds,
-        "seconds": seconds,
-        "ttft_s": percentiles([times[1] - started] * len(cases)),
-        "inter_token_s": percentiles(list(np.diff(times[1:])) * len(cases)),
-    }
-
-
-class _Clock:
-    """A generate streamer that only records when each step's tokens (all rows) came out."""
-
-    def __init__(self, times: list[float]) -> None:
-        self.times = times
-
-    def put(self, value: Any) -> None:
-        self.times.append(time.perf_counter())
-
-    def end(self) -> None:
-        pass
-
-
-async def served(version: Path, cases: list[list[int]], tokens: list[int]) -> dict[str, Any]:
-    """sluice's scheduler: 16 concurrent sequences submitted at once."""
-    from engine.generation.sampling import sampling_params
-    from engine.model import load_model
-    from engine.model_config import load_model_config
-    from engine.settings import BatchingDefaults
-
-    config = load_model_config(version.parent)
-    assert config.generative is not None
-    config.generative.eos_token_ids = []  # exactly `tokens` per stream, as the others
-    model = await load_model("bench", 1, version / "model.onnx", config, BatchingDefaults())
-    generator = model.generator
-    assert generator is not None
-    try:
-        warm = generator.start(cases[0], sampling_params(2, temperature=0))
-        [c async for c in warm.stream()]
-        stats = generator.scheduler.stats
-        stats.time_to_first_token_s.clear()
-        stats.inter_token_s.clear()
-        started = time.perf_counter()
-        sequences = [
-            generator.start(ids, sampling_params(count, temperature=0))
-            for ids, count in zip(cases, tokens, strict=True)
-        ]
-
-        async def drain(sequence: Any) -> int:
-            return sum([len(chunk.tokens) async for chunk in sequence.stream()])
-
-        counts = await asyncio.gather(*(drain(s) for s in sequences))
-        seconds = time.perf_counter() - started
-        assert counts == tokens, counts
-        return {
-            "tokens_per_s": sum(counts) / seconds,
-            "seconds": seconds,
-            "ttft_s": percentiles(list(stats.time_to_first_token_s)),
-            "inter_token_s": percentiles(list(stats.inter_token_s)),
-            "steps": stats.steps,
-        }
-    finally:
-        await model.close()
-
-
-SYSTEMS = ("sluice_continuous_16", "transformers_one_at_a_time", "transformers_static_batch_16")
-
-
-def median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The round with the median tokens/s (its latencies come with it)."""
-    return sorted(runs, key=lambda run: run["tokens_per_s"])[len(runs) // 2]
+    )
+    command = [sys.executable, "-m", "loadtests.benchmarks.generation_cb", str(hf), str(spec)]
+    done = subprocess.run(
+        pinned(args.server_cores, *command), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr else "failed")
+    rows: list[dict[str, Any]] = json.loads(done.stdout.strip().splitlines()[-1])
+    for row in rows:
+        row.update(system="transformers-cb", model=model)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("loadtests/benchmarks/results"))
-    parser.add_argument("--tokens", type=int, default=64, help="tokens generated per stream")
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--prompts", nargs="+", type=int, default=[128, 1024])
+    parser.add_argument("--streams", nargs="+", type=int, default=[1, 16, 64])
+    parser.add_argument("--tokens", type=int, default=128, help="tokens generated per stream")
+    parser.add_argument("--server-cores", default="0", help="taskset CPU list of the servers")
     parser.add_argument(
-        "--varied",
+        "--short",
         action="store_true",
-        help="streams ask for 8 to 120 tokens each (results in generation_varied.*)",
-    )
-    parser.add_argument(
-        "--rounds", type=int, default=3, help="rounds of all three, interleaved; medians reported"
+        help="smoke run: the tiny model, 16-token prompts, 8 tokens, 1 and 4 streams",
     )
     args = parser.parse_args()
+    if args.short:
+        args.models, args.prompts, args.streams, args.tokens = ["tiny"], [16], [1, 4], 8
+    if max(args.prompts) + args.tokens > CONTEXT:
+        parser.error(f"prompt + tokens must fit the {CONTEXT}-token context")
+    if shutil.which("taskset") is None:
+        sys.exit("taskset is needed (apt-get install util-linux)")
+    client_core = (int(args.server_cores.split(",")[0].split("-")[-1]) + 1) % (os.cpu_count() or 1)
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {0})  # one core for everything: the ratios compare like with like
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from tests.generative import publish_tiny, tiny_gpt2
-
-    torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as scratch:
-        root = Path(scratch)
-        tiny_gpt2(root / "hf", n_layer=4, n_embd=128, n_head=4, n_positions=256)
-        version = publish_tiny(root / "hf", root / "models", name="bench")
-        model = AutoModelForCausalLM.from_pretrained(root / "hf", local_files_only=True).eval()
-        cases = prompts(model.config.vocab_size)
-        tokens = [args.tokens] * STREAMS
-        if args.varied:
-            tokens = [
-                int(n) for n in np.random.default_rng(1).permutation(np.linspace(8, 120, STREAMS))
-            ]
-        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in SYSTEMS}
-        for _ in range(args.rounds):  # interleaved, so a noisy neighbour hits all three alike
-            rounds["sluice_continuous_16"].append(asyncio.run(served(version, cases, tokens)))
-            rounds["transformers_one_at_a_time"].append(one_at_a_time(model, cases, tokens))
-            rounds["transformers_static_batch_16"].append(static_batch(model, cases, tokens))
-        results = {name: median_round(runs) for name, runs in rounds.items()}
-    base = results["transformers_one_at_a_time"]["tokens_per_s"]
-    static = results["transformers_static_batch_16"]["tokens_per_s"]
+        os.sched_setaffinity(0, {client_core})
+    rows: list[dict[str, Any]] = []
+    failures: list[dict[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="sluice-generation-") as scratch:
+        for model in args.models:
+            hf = build_llama(Path(scratch) / f"hf-{model}", MODELS[model])
+            for system in args.systems:
+                try:
+                    rows += run_system(system, hf, Path(scratch) / model, args, model)
+                except (
+                    RuntimeError,
+                    AssertionError,
+                    httpx.HTTPError,
+                    subprocess.SubprocessError,
+                ) as exc:
+                    failures.append({"system": system, "model": model, "error": repr(exc)})
+                    print(f"{system} on {model} failed: {exc!r}", file=sys.stderr, flush=True)
     report = {
         "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cores": 1,
-            "torch": torch.__version__,
+            "cpus": os.cpu_count(),
+            "python": sys.version.split()[0],
+            "date": time.strftime("%Y-%m-%d"),
+            "server_cores": args.server_cores,
         },
-        "streams": STREAMS,
-        "tokens_per_stream": tokens,
-        "prompt_tokens": [len(c) for c in cases],
-        "rounds": args.rounds,
-        "results": results,
-        "every_round": rounds,
-        "ratio_vs_one_at_a_time": results["sluice_continuous_16"]["tokens_per_s"] / base,
-        "ratio_vs_static_batch": results["sluice_continuous_16"]["tokens_per_s"] / static,
+        "command": " ".join(["python -m loadtests.benchmarks.generation", *sys.argv[1:]]),
+        "tokens_per_stream": args.tokens,
+        "rows": rows,
+        "failures": failures,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    stem = "generation_varied" if args.varied else "generation"
-    (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text(table(report))
-    print(table(report))
+    write(args.out, report)
 
 
-def _span(values: list[int]) -> str:
-    low, high = min(values), max(values)
-    return str(low) if low == high else f"{low}-{high}"
+def write(out: Path, report: dict[str, Any]) -> None:
+    """generation_openai.json (everything), .csv (a row per case) and .md (the table)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "generation_openai.json").write_text(json.dumps(report, indent=1))
+    columns = [
+        "system",
+        "model",
+        "prompt",
+        "streams",
+        "tokens_per_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "itl_p50_s",
+        "itl_p99_s",
+        "cpu_s_per_token",
+        "generated_tokens",
+    ]
+    with (out / "generation_openai.csv").open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(columns)
+        for row in report["rows"]:
+            writer.writerow(
+                [
+                    row["system"],
+                    row["model"],
+                    row["prompt"],
+                    row["streams"],
+                    f"{row['tokens_per_s']:.1f}",
+                    row["ttft_s"]["p50"],
+                    row["ttft_s"]["p99"],
+                    row["inter_token_s"]["p50"],
+                    row["inter_token_s"]["p99"],
+                    row["cpu_s_per_token"],
+                    row["generated_tokens"],
+                ]
+            )
+    text = table(report)
+    (out / "generation_openai.md").write_text(text)
+    print(text)
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [
-        f"Generation, {report['streams']} streams of {_span(report['tokens_per_stream'])} tokens, "
-        "prompts "
-        f"{min(report['prompt_tokens'])}-{max(report['prompt_tokens'])} tokens, one core, "
-        f"median of {report['rounds']} interleaved rounds",
-        "",
-        "| system | tokens/s | vs one at a time | TTFT p50 / p99 (ms) "
-        "| inter-token p50 / p99 (ms) |",
-        "|---|---:|---:|---:|---:|",
+    head = (
+        f"Generation over the OpenAI API, {report['tokens_per_stream']} tokens per stream, "
+        f"streamed, greedy; server on cores {report['machine']['server_cores']}; "
+        f"`{report['command']}`"
+    )
+    columns = [
+        "model",
+        "prompt",
+        "streams",
+        "system",
+        "tokens/s",
+        "TTFT p50 / p99 (ms)",
+        "inter-token p50 / p99 (ms)",
+        "server CPU ms / token",
     ]
-    base = report["results"]["transformers_one_at_a_time"]["tokens_per_s"]
-    for name, row in report["results"].items():
-        ttft, itl = row["ttft_s"], row["inter_token_s"]
-        lines.append(
-            f"| {name} | {row['tokens_per_s']:.0f} | {row['tokens_per_s'] / base:.2f}x | "
-            f"{ttft['p50'] * 1e3:.1f} / {ttft['p99'] * 1e3:.1f} | "
-            f"{itl['p50'] * 1e3:.2f} / {itl['p99'] * 1e3:.2f} |"
+    ordered = sorted(report["rows"], key=lambda r: (r["model"], r["prompt"], r["streams"]))
+    rows = [
+        (
+            r["model"],
+            r["prompt"],
+            r["streams"],
+            r["system"],
+            f"{r['tokens_per_s']:,.0f}",
+            f"{r['ttft_s']['p50'] * 1e3:.1f} / {r['ttft_s']['p99'] * 1e3:.1f}",
+            f"{r['inter_token_s']['p50'] * 1e3:.2f} / {r['inter_token_s']['p99'] * 1e3:.2f}",
+            f"{r['cpu_s_per_token'] * 1e3:.2f}",
         )
+        for r in ordered
+    ]
+    lines = [head, "", *markdown_table(columns, rows)]
+    for failure in report["failures"]:
+        lines.append(f"\n{failure['system']} on {failure['model']} failed: {failure['error']}")
     return "\n".join(lines) + "\n"
 
 
