@@ -115,3 +115,28 @@ def test_sluices_gpt2_export_is_right_alone_and_wrong_batched_on_the_engine(
         False,
         False,
     ]
+
+
+def test_the_engine_decodes_four_at_a_time_whatever_max_batch_size_says(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    # engine.static_batching.max_batch_size (sluice's max_running_sequences) is accepted and
+    # echoed by get_capabilities(), but the CPU Engine's steps still take 4 requests at most.
+    tokens_per_step = {}
+    for batch in (2, 8):
+        config = og.Config(str(tiny_genai_built[1]))
+        config.overlay(json.dumps({"engine": {"static_batching": {"max_batch_size": batch}}}))
+        engine = og.Engine(og.Model(config))
+        assert engine.get_capabilities().configured_max_batch_size == batch
+        buffer = engine.create_event_buffer(64)
+        requests = [engine.create_request() for _ in range(10)]  # a dropped one is closed
+        for request in requests:
+            turn = og.TurnOptions(request)
+            turn.set_max_generated_tokens(3)
+            turn.set_do_sample(False)
+            request.begin_turn(np.asarray([2, 5, 7, 9], dtype=np.int32), turn)
+        steps = []
+        while engine.has_pending_requests():
+            steps.append(len(list(engine.run(buffer))))
+        tokens_per_step[batch] = steps
+    assert tokens_per_step == {2: [4] * 6 + [2] * 3, 8: [4] * 6 + [2] * 3}
