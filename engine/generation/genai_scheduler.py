@@ -12,8 +12,10 @@ the text, stop strings and finish reasons are worked out as for the hand-written
 
 What the Engine offers depends on the model: a model built with paged attention (CUDA, fp16 or
 bf16) runs `engine.dynamic_batching` (paged cache, prefix caching, chunked prefill); every other
-build runs `engine.static_batching`: a fixed decode batch of `max_batch_size` sequences with a
-cache of the whole context each, the rest queued inside the Engine in arrival order."""
+build runs `engine.static_batching`: in 0.18, batches of at most 4 requests in arrival order
+(whatever `max_batch_size` says), each with a cache of the whole context, each batch run until
+its longest request ends before the next starts; a closed request's place comes free only then
+(tests/unit/engine/generation/test_genai.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """engine/generation/genai.py's premises about the installed onnxruntime-genai that the guide
-states (docs/guides/generative.md: LoRA adapters, GPT-2): when a release changes them, this
-fails and the guide (and the serving code) must follow."""
+states (docs/guides/generative.md: static batching on CPU, LoRA adapters, GPT-2): when a release
+changes them, this fails and the guide (and the serving code) must follow."""
 
 from __future__ import annotations
 
@@ -117,26 +117,47 @@ def test_sluices_gpt2_export_is_right_alone_and_wrong_batched_on_the_engine(
     ]
 
 
-def test_the_engine_decodes_four_at_a_time_whatever_max_batch_size_says(
+def test_on_cpu_the_engine_runs_batches_of_four_to_their_end(
     tiny_genai_built: tuple[Path, Path],
 ) -> None:
-    # engine.static_batching.max_batch_size (sluice's max_running_sequences) is accepted and
-    # echoed by get_capabilities(), but the CPU Engine's steps still take 4 requests at most.
-    tokens_per_step = {}
+    # Static batching (every CPU build): at most 4 requests a step whatever
+    # engine.static_batching.max_batch_size (sluice's max_running_sequences) says, though
+    # get_capabilities() echoes it; and a batch runs until its longest request ends: the fifth
+    # request waits 8 steps after three places came free (no continuous batching).
     for batch in (2, 8):
         config = og.Config(str(tiny_genai_built[1]))
         config.overlay(json.dumps({"engine": {"static_batching": {"max_batch_size": batch}}}))
         engine = og.Engine(og.Model(config))
         assert engine.get_capabilities().configured_max_batch_size == batch
         buffer = engine.create_event_buffer(64)
-        requests = [engine.create_request() for _ in range(10)]  # a dropped one is closed
-        for request in requests:
+        requests = [engine.create_request() for _ in range(5)]  # a dropped one is closed
+        for request, tokens in zip(requests, [10, 2, 2, 2, 2], strict=True):
             turn = og.TurnOptions(request)
-            turn.set_max_generated_tokens(3)
+            turn.set_max_generated_tokens(tokens)
             turn.set_do_sample(False)
-            request.begin_turn(np.asarray([2, 5, 7, 9], dtype=np.int32), turn)
+            request.begin_turn(np.asarray([0, 5, 7, 9], dtype=np.int32), turn)
         steps = []
         while engine.has_pending_requests():
-            steps.append(len(list(engine.run(buffer))))
-        tokens_per_step[batch] = steps
-    assert tokens_per_step == {2: [4] * 6 + [2] * 3, 8: [4] * 6 + [2] * 3}
+            steps.append(sorted(requests.index(event.request) for event in engine.run(buffer)))
+        assert steps == [[0, 1, 2, 3]] * 2 + [[0]] * 8 + [[4]] * 2, batch
+
+
+def test_on_cpu_a_closed_request_gives_no_place_until_its_batch_ends(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    # Closing a request (a cancel, a client gone) stops its tokens at once, but a waiting
+    # request starts only when the rest of the batch has ended.
+    engine = og.Engine(og.Model(str(tiny_genai_built[1])))
+    buffer = engine.create_event_buffer(64)
+    requests = [engine.create_request() for _ in range(5)]
+    for request, tokens in zip(requests, [10, 10, 10, 10, 2], strict=True):
+        turn = og.TurnOptions(request)
+        turn.set_max_generated_tokens(tokens)
+        turn.set_do_sample(False)
+        request.begin_turn(np.asarray([0, 5, 7, 9], dtype=np.int32), turn)
+    steps = []
+    while engine.has_pending_requests():
+        steps.append(sorted(requests.index(event.request) for event in engine.run(buffer)))
+        if len(steps) == 2:
+            requests[0].close()
+    assert steps == [[0, 1, 2, 3]] * 2 + [[1, 2, 3]] * 8 + [[4]] * 2
