@@ -61,6 +61,8 @@ class GenaiBackend:
 class GenaiGenerator(TextGenerator):
     """Generation on onnxruntime-genai's Engine (engine/generation/genai_scheduler.py)."""
 
+    guided = True  # the Engine's guided decoding (llguidance) per turn
+
     def __init__(self, folder: Path, section: GenerativeOptions | None, label: str) -> None:
         import onnxruntime_genai as og
 

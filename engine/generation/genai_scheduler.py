@@ -67,6 +67,7 @@ class _Event:
     sequence: GenSequence
     token: int | None
     finish: str | None = None  # the Engine's FinishReason name
+    error: EngineError | None = None  # why a FAILED request failed, when the loop can say
 
 
 class GenaiScheduler:
@@ -248,10 +249,17 @@ class GenaiScheduler:
                 turn.set_top_p(params.top_p)
                 if params.seed is not None:
                     turn.set_seed(params.seed)
+            if params.guidance is not None:
+                turn.set_guidance(*params.guidance)
             request.begin_turn(np.asarray(sequence.prompt, dtype=np.int32), turn)
-        except Exception:
-            log.exception("%s: onnxruntime-genai refused a request", self.label)
+        except Exception as exc:
             request.close()
+            # llguidance compiles the grammar in begin_turn: one it cannot is the client's.
+            if params.guidance is not None and "grammar" in str(exc):
+                refused = InvalidInput(f"the guided decoding cannot compile it: {exc}", "guidance")
+                failed.append(_Event(sequence, None, "FAILED", refused))
+                return None
+            log.exception("%s: onnxruntime-genai refused a request", self.label)
             failed.append(_Event(sequence, None, "FAILED"))
             return None
         return request
@@ -310,7 +318,9 @@ class GenaiScheduler:
                 self._emit(sequence, event.token, now)
             if event.finish is not None and sequence.finish_reason is None:
                 if event.finish == "FAILED":
-                    failure = BackendError(f"{self.label}: onnxruntime-genai failed the request")
+                    failure = event.error or BackendError(
+                        f"{self.label}: onnxruntime-genai failed the request"
+                    )
                     self._finish(sequence, "error", failure)
                 else:
                     self._finish(sequence, _REASONS.get(event.finish, "stop"))

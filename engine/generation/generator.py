@@ -61,18 +61,22 @@ class TextGenerator:
     options: GenerativeOptions
     text: ModelText
     scheduler: SequenceScheduler
+    guided = False
+    """Whether its scheduler takes SamplingParams.guidance (guided decoding)."""
 
     async def prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if not isinstance(prompt, str):
             return list(prompt)
         return await self._tokens(prompt, chat=False)
 
-    async def chat_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+    async def chat_ids(self, messages: list[dict[str, Any]], tools: object = None) -> list[int]:
+        """The tokens of the chat `messages` rendered by the model's template, with `tools`
+        (OpenAI's list) given to it as transformers' apply_chat_template gives them."""
         # Its contents bound the rendered prompt's work (the template adds a few tokens each).
         contents = sum(len(m["content"]) for m in messages if isinstance(m.get("content"), str))
         most = self.text.most_chars(self.options.context_length)
         check_prompt_chars(contents, most, self.options.context_length, chat=True)
-        return await self._tokens(self.text.chat_prompt(messages), chat=True)
+        return await self._tokens(self.text.chat_prompt(messages, tools), chat=True)
 
     async def _tokens(self, text: str, chat: bool) -> list[int]:
         """The tokens of `text`, refused untokenized when more than the context could ever

@@ -1,4 +1,5 @@
-"""Per-request sampling: greedy, temperature, top-k, top-p, a seed, stop strings, max_tokens.
+"""Per-request sampling: greedy, temperature, top-k, top-p, a seed, stop strings, max_tokens,
+and guided decoding (a grammar the output must match; onnxruntime-genai models only).
 Parameters are checked once when the request arrives (a value out of range is a 400 naming the
 parameter, what was received and what is allowed); each sequence then samples with its own
 numpy Generator, so a seeded request gives the same tokens whatever else runs beside it."""
@@ -18,6 +19,8 @@ MAX_STOP_CHARS = 1000
 so a stop string of megabytes (a body may hold one) cost every token as much, on the event
 loop."""
 MAX_SEED = 2**63 - 1
+GUIDANCE_KINDS = ("json_schema", "regex", "lark_grammar")
+"""The grammars onnxruntime-genai's guided decoding (llguidance) takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    guidance: tuple[str, str] | None = None  # (one of GUIDANCE_KINDS, the grammar)
 
     @property
     def greedy(self) -> bool:
@@ -63,6 +67,7 @@ def sampling_params(
     top_p: object = 1.0,
     seed: object = None,
     stop: object = None,
+    guidance: object = None,
 ) -> SamplingParams:
     """Checked parameters (InvalidInput names the first one out of range). `max_tokens` is
     checked for sign only: the scheduler clamps it to the context."""
@@ -91,6 +96,17 @@ def sampling_params(
             f"got {received(list(stops))}",
             "stop",
         )
+    if guidance is not None and not (
+        isinstance(guidance, list | tuple)
+        and len(guidance) == 2
+        and guidance[0] in GUIDANCE_KINDS
+        and isinstance(guidance[1], str)
+    ):
+        raise InvalidInput(
+            f"guidance must be [kind, grammar] with kind one of {', '.join(GUIDANCE_KINDS)}; "
+            f"got {received(guidance)}",
+            "guidance",
+        )
     return SamplingParams(
         max_tokens=int(max_tokens),  # type: ignore[call-overload]
         temperature=float(temperature),  # type: ignore[arg-type]
@@ -98,6 +114,7 @@ def sampling_params(
         top_p=float(top_p),  # type: ignore[arg-type]
         seed=None if seed is None else int(seed),  # type: ignore[call-overload]
         stop=stops,
+        guidance=None if guidance is None else (str(guidance[0]), str(guidance[1])),
     )
 
 

@@ -29,6 +29,10 @@ from engine.registry import ModelRegistry
 
 ANONYMOUS = "anonymous"
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+GUIDANCE = "guidance"
+"""An option key beside SAMPLING_KEYS: [kind, grammar] for guided decoding (sampling.py)."""
+TOOLS = "tools"
+"""An option key of a chat: the tools its template renders (OpenAI's `tools` list)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,9 +40,9 @@ class GenerateRequest:
     """One generation as a front-end parsed it. Exactly one of `prompt` (text or token ids)
     and `messages` (a chat, rendered with the model's template) is set; `options` holds the
     sampling keys given (SAMPLING_KEYS; max_tokens absent takes the model's default, clamped to
-    what the context leaves). `refuse_past_context`: a max_tokens given that the context cannot
-    hold after the prompt is refused (OpenAI's API), not clamped (Triton's generate extension);
-    see engine/generation/context.py."""
+    what the context leaves), and GUIDANCE and TOOLS when asked for. `refuse_past_context`: a
+    max_tokens given that the context cannot hold after the prompt is refused (OpenAI's API),
+    not clamped (Triton's generate extension); see engine/generation/context.py."""
 
     model: str
     tenant: str | None
@@ -136,13 +140,20 @@ class GenerationService:
         if generator is None:
             raise ModelNotFound(request.model, available=self.generative_models())
         # A key given as null is a key not given: it takes the default.
-        options = {k: v for k, v in request.options.items() if k in SAMPLING_KEYS and v is not None}
+        keys = (*SAMPLING_KEYS, GUIDANCE)
+        options = {k: v for k, v in request.options.items() if k in keys and v is not None}
+        if GUIDANCE in options and not generator.guided:
+            raise InvalidInput(
+                f"{request.model} cannot guide its output (structured output and tools need an "
+                "onnxruntime-genai model); ask without response_format and tools",
+                GUIDANCE,
+            )
         requested = "max_tokens" in options
         options.setdefault("max_tokens", generator.options.default_max_tokens)
         params = sampling_params(**options)
         chat = request.messages is not None
         if request.messages is not None:
-            prompt = await generator.chat_ids(request.messages)
+            prompt = await generator.chat_ids(request.messages, request.options.get(TOOLS))
         else:
             prompt = await prompt_ids(generator, request.prompt)
         # Refused here, before admission: a refusal charges no tokens.

@@ -69,8 +69,9 @@ class ModelText:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> str:
-        """The prompt the model's chat template makes of `messages` (sandboxed Jinja)."""
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: object = None) -> str:
+        """The prompt the model's chat template makes of `messages` (sandboxed Jinja), with
+        `tools` when given (templates test `tools is not none`, as transformers passes it)."""
         if self.chat_template is None:
             raise InvalidInput(
                 "this model has no chat template (tokenizer_config.json chat_template or "
@@ -87,6 +88,7 @@ class ModelText:
             return template.render(
                 messages=messages,
                 add_generation_prompt=True,
+                tools=tools,
                 **{k: v for k, v in self.special.items() if v is not None},
             )
         except TemplateError as exc:

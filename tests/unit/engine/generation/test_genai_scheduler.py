@@ -220,3 +220,26 @@ async def test_no_max_tokens_means_the_rest_of_the_context(
         await sized.close()
     finally:
         await gen.close()
+
+
+async def test_guided_tokens_match_the_grammar_and_a_bad_grammar_is_invalid_input(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    gen = generator(tiny_genai_built)
+    try:
+        ids = await gen.prompt_ids("the quick")
+        guided = sampling_params(max_tokens=20, temperature=0, guidance=["regex", "(yes|no)!"])
+        chunks = [c async for c in gen.start(ids, guided).stream()]
+        bad = sampling_params(max_tokens=5, guidance=["regex", "(unclosed"])
+        refused = [c async for c in gen.start(ids, bad).stream()]
+        # The Engine goes on: an unguided sequence after it is served.
+        after = await collect(gen.start(ids, sampling_params(max_tokens=3, temperature=0)))
+    finally:
+        await gen.close()
+    assert "".join(c.text for c in chunks) in ("yes!", "no!")
+    assert chunks[-1].finish_reason == "stop"
+    assert isinstance(refused[-1].error, InvalidInput)
+    assert refused[-1].error.param == "guidance"
+    assert refused[-1].error.message.startswith("the guided decoding cannot compile it: ")
+    assert "unclosed group" in refused[-1].error.message
+    assert len(after) == 3

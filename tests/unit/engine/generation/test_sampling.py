@@ -139,4 +139,17 @@ def test_sampling_parameters_out_of_range_are_invalid(
 ) -> None:
     params: dict[str, object] = {"max_tokens": 4, field: value}
     with pytest.raises(InvalidInput, match=message):
-        sampling_params(**params)  # type: ignore[arg-type]
+        sampling_params(**params)
+
+
+def test_guidance_is_a_kind_and_a_grammar() -> None:
+    params = sampling_params(max_tokens=1, guidance=["json_schema", '{"type": "object"}'])
+    assert params.guidance == ("json_schema", '{"type": "object"}')
+    assert sampling_params(max_tokens=1).guidance is None
+    for wrong in (["xml", "<a/>"], ["regex"], "regex", ["regex", 5]):
+        with pytest.raises(InvalidInput) as caught:
+            sampling_params(max_tokens=1, guidance=wrong)
+        assert caught.value.param == "guidance"
+        assert caught.value.message.startswith(
+            "guidance must be [kind, grammar] with kind one of json_schema, regex, lark_grammar"
+        )

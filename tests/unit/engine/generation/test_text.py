@@ -88,6 +88,20 @@ def test_a_template_that_refuses_the_messages_is_invalid_input(tmp_path: Path) -
     assert refused.value.param == "messages"  # OpenAI's error param
 
 
+def test_the_template_gets_the_tools_as_transformers_gives_them(tmp_path: Path) -> None:
+    train_tokenizer(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if tools is not none %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}"
+        "{% else %}no tools{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    text = ModelText(tmp_path)
+    tools = [{"type": "function", "function": {"name": n}} for n in ("a", "b")]
+    assert text.chat_prompt([{"role": "user", "content": "x"}], tools) == "[a][b]x"
+    assert text.chat_prompt([{"role": "user", "content": "x"}]) == "no tools" + "x"
+
+
 def test_no_chat_template_points_to_completions(tmp_path: Path) -> None:
     train_tokenizer(tmp_path)
     (tmp_path / "tokenizer_config.json").write_text("{}")
