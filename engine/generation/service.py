@@ -144,8 +144,8 @@ class GenerationService:
         options = {k: v for k, v in request.options.items() if k in keys and v is not None}
         if GUIDANCE in options and not generator.guided:
             raise InvalidInput(
-                f"{request.model} cannot guide its output (structured output and tools need an "
-                "onnxruntime-genai model); ask without response_format and tools",
+                f"{request.model}: guided decoding (response_format, tools) is not supported by "
+                "this model; it needs an onnxruntime-genai model",
                 GUIDANCE,
             )
         requested = "max_tokens" in options

@@ -3,7 +3,10 @@
 `stream: true` as server-sent events (server/http/sse.py) and the usage in a last chunk of its
 own when `stream_options.include_usage` asks for it. Errors are OpenAI's error object
 (server/http/openai_errors.py). The model list is server/http/openai_models.py's, embeddings
-server/http/embeddings.py's.
+server/http/embeddings.py's. Structured output and tools are guided decoding
+(server/http/openai_tools.py); `n` and a list of prompts are several sequences
+(server/http/openai_choices.py); the answer's objects and events are
+server/http/openai_answer.py's.
 
 Authentication is engine.auth's, as on every route (the OpenAI client's `Authorization: Bearer`
 key is read like `x-api-key`), in the process that serves the HTTP request; the rest (model,
@@ -14,9 +17,6 @@ same code either way."""
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -29,14 +29,24 @@ from engine.errors import EngineError, InvalidInput
 from engine.generation.sampling import check_max_tokens
 from engine.generation.sequence import Chunk
 from engine.generation.service import (
+    GUIDANCE,
     SAMPLING_KEYS,
+    TOOLS,
     GenerateRequest,
     Generation,
     TokenStream,
 )
 from server.generation import ABSENT, FrontEnd, caller, generation_of, refused
-from server.http import sse
-from server.http.openai_errors import error_object, openai_error
+from server.http.openai_answer import Completion, refused_grammar, stream_events
+from server.http.openai_choices import collect, seeded, start_all
+from server.http.openai_errors import openai_error
+from server.http.openai_tools import (
+    ToolPlan,
+    history_message,
+    response_guidance,
+    template_tools,
+    tool_plan,
+)
 
 __all__ = ["mount_openai"]
 
@@ -75,17 +85,16 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "web_search_options": (None,),
 }
 """OpenAI parameters this server does not implement, with the values that ask for nothing: any
-other value is refused, never silently ignored."""
+other value is refused, never silently ignored (docs/protocol/openai.md says why for each)."""
+MAX_CHOICES = 16
+"""The most choices one request may ask for (n times the prompts of a list)."""
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -95,8 +104,6 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
         value = body.get(key)
         if not any(type(value) is type(u) and value == u for u in unused):
             raise InvalidInput(f"{key} is not supported by this server; got {received(value)}", key)
-    if body.get("n") not in (None, 1):
-        raise refused("n", "1 (one choice per request)", body["n"])
     if body.get("best_of") not in (None, 1):
         raise refused("best_of", "1", body["best_of"])
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}
@@ -107,17 +114,32 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def _prompt(body: dict[str, Any]) -> Any:
-    prompt = body.get("prompt", ABSENT)
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str) or (
+def _choices(body: dict[str, Any]) -> int:
+    """OpenAI's `n`: how many choices each prompt gets."""
+    n = body.get("n")
+    if n is None:
+        return 1
+    if type(n) is not int or not 1 <= n <= MAX_CHOICES:
+        raise refused("n", f"an integer from 1 to {MAX_CHOICES}", n)
+    return n
+
+
+def _one_prompt(prompt: object) -> bool:
+    # The ids are checked against the model's vocabulary by the service, one past 64 bits
+    # (a double, as JSON hands it over) too: it is an id out of range, not a wrong kind.
+    return isinstance(prompt, str) or (
         isinstance(prompt, list) and all(type(t) is int or past_64_bits(t) for t in prompt)
-    ):
-        # The ids are checked against the model's vocabulary by the service, one past 64 bits
-        # (a double, as JSON hands it over) too: it is an id out of range, not a wrong kind.
+    )
+
+
+def _prompts(body: dict[str, Any]) -> list[Any]:
+    """The prompts of a completion: one (text or token ids) or a list of them, in order."""
+    prompt = body.get("prompt", ABSENT)
+    if _one_prompt(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(_one_prompt(p) for p in prompt):
         return prompt
-    raise refused("prompt", "a string or a list of token ids (one prompt per request)", prompt)
+    raise refused("prompt", "a string, a list of token ids, or a non-empty list of either", prompt)
 
 
 def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -128,6 +150,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise refused(f"messages[{index}]", "an object with role and content", message)
+        message = history_message(index, message) or message  # an assistant's tool calls
         role = message.get("role", ABSENT)
         if role not in ROLES:
             raise refused(f"messages[{index}].role", f"one of {', '.join(ROLES)}", role)
@@ -174,51 +197,33 @@ def _include_usage(body: dict[str, Any], stream: bool) -> bool:
     return bool(include)
 
 
-class Completion:
-    """One request's answer, as OpenAI objects (completion or chat completion)."""
+def _guided(body: dict[str, Any], chat: bool) -> tuple[dict[str, Any], ToolPlan | None, str]:
+    """The options structured output and tools add (GUIDANCE, TOOLS), the tool plan, and the
+    field a grammar the engine refuses is named by."""
+    plan = tool_plan(body) if chat else None
+    form = response_guidance(body)
+    if plan is not None and plan.mode == "auto" and form is not None:
+        raise InvalidInput(
+            "response_format with tools under tool_choice auto is not supported: the answer "
+            "is guided either to a tool call or to the format; use tool_choice required or "
+            "leave tools out",
+            "response_format",
+        )
+    added: dict[str, Any] = {}
+    tools = template_tools(body) if chat else None
+    if tools is not None:
+        added[TOOLS] = tools
+    guidance = plan.guidance if plan is not None else form
+    if guidance is not None:
+        added[GUIDANCE] = guidance
+    return added, plan, "tools" if plan is not None else "response_format"
 
-    def __init__(self, chat: bool, model: str, prompt_tokens: int) -> None:
-        self.chat = chat
-        self.model = model
-        self.prompt_tokens = prompt_tokens
-        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": self.prompt_tokens + completion_tokens,
-        }
-
-    def whole(self, text: str, finish: str | None, tokens: int) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice |= {"text": text, "logprobs": None}
-        return self._object("chat.completion" if self.chat else "text_completion", choice) | {
-            "usage": self.usage(tokens)
-        }
-
-    def chunk(self, text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
-        if self.chat:
-            choice["delta"] = ({"role": "assistant"} if first else {}) | (
-                {"content": text} if text or first else {}
-            )
-        else:
-            choice |= {"text": text, "logprobs": None}
-        return self._object("chat.completion.chunk" if self.chat else "text_completion", choice)
-
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
-        """The last chunk of a stream that asked for usage: no choices, the usage."""
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return self._object(kind, None) | {"usage": self.usage(completion_tokens)}
-
-    def _object(self, kind: str, choice: dict[str, Any] | None) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": [] if choice is None else [choice]}  # fmt: skip
+def _named(exc: EngineError, source: str) -> EngineError:
+    """A refusal of the guidance, named by the field it came from."""
+    if isinstance(exc, InvalidInput) and exc.param == GUIDANCE:
+        return InvalidInput(f"{source}: {exc.message}", source)
+    return exc
 
 
 async def until_disconnected(request: Request, stream: TokenStream) -> list[Chunk]:
@@ -244,31 +249,58 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
 
     async def complete(request: Request, chat: bool) -> Response:
         named: str | None = None  # the model the request names, for an unknown model's 404
+        source = "response_format"
         try:
             principal = authenticate_headers(engine.authenticator, request.headers)
             body = await _body(request)
             named = body["model"] if isinstance(body.get("model"), str) else None
             tenant = caller(engine, principal, body.get("model", ABSENT))
             options = _options(body)
-            prompt, messages = (None, _messages(body)) if chat else (_prompt(body), None)
+            n = _choices(body)
+            prompts, messages = ([None], _messages(body)) if chat else (_prompts(body), None)
+            if len(prompts) * n > MAX_CHOICES:
+                raise InvalidInput(
+                    f"{len(prompts)} prompts with n {n} ask for {len(prompts) * n} choices; "
+                    f"the most is {MAX_CHOICES}",
+                    "n",
+                )
             stream = _streamed(body)
             include_usage = _include_usage(body, stream)
-            generate = GenerateRequest(
-                body["model"], tenant, prompt, messages, options, refuse_past_context=True
-            )
-            tokens = await generation.generate(generate)
+            added, plan, source = _guided(body, chat)
+            requests = [
+                GenerateRequest(
+                    body["model"],
+                    tenant,
+                    prompt,
+                    messages,
+                    seeded(options, k) | added,
+                    refuse_past_context=True,
+                )
+                for prompt in prompts
+                for k in range(n)
+            ]
+            streams = await start_all(generation, requests)
+            if stream and GUIDANCE in added:
+                await refused_grammar(streams)
         except EngineError as exc:
-            return openai_error(exc, chat, named)
-        answer = Completion(chat, str(body["model"]), tokens.prompt_tokens)
+            return openai_error(_named(exc, source), chat, named)
+        prompt_tokens = sum(s.stream.prompt_tokens for s in streams[::n])
+        answer = Completion(chat, str(body["model"]), prompt_tokens)
         if stream:
-            events = _stream(tokens, answer, include_usage)
-            return StreamingResponse(events, media_type="text/event-stream", headers=tokens.headers)
-        chunks = await until_disconnected(request, tokens)
-        last = chunks[-1]
-        if last.error is not None:
-            return openai_error(last.error, chat)
-        text = "".join(chunk.text for chunk in chunks)
-        return _json(answer.whole(text, last.finish_reason, tokens.completion_tokens))
+            events = stream_events(streams, answer, include_usage, plan)
+            headers = streams[0].stream.headers
+            return StreamingResponse(events, media_type="text/event-stream", headers=headers)
+        results = await collect(request, streams)
+        choices = []
+        for index, chunks in enumerate(results):
+            last = chunks[-1]
+            if last.error is not None:
+                return openai_error(_named(last.error, source), chat)
+            text = "".join(chunk.text for chunk in chunks)
+            calls = plan.calls(text) if plan is not None else None
+            choices.append(answer.choice(index, text, last.finish_reason, calls))
+        tokens = sum(s.stream.completion_tokens for s in streams)
+        return _json(answer.whole(choices, tokens))
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -279,29 +311,3 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
         return await complete(request, chat=True)
 
     return router
-
-
-async def _stream(
-    tokens: TokenStream, answer: Completion, include_usage: bool
-) -> AsyncIterator[bytes]:
-    """Server-sent events; when the client goes away Starlette cancels this generator and the
-    sequence's slot is freed at the scheduler's next step. With `include_usage` (OpenAI's
-    stream_options) every chunk carries `usage: null` and a last chunk with no choices carries
-    the usage; without it the stream carries none."""
-    try:
-        first = True
-        async for chunk in tokens.chunks():
-            if chunk.error is not None:
-                yield sse.event(error_object(chunk.error, "server_error"))
-                break
-            if chunk.text or first or chunk.finish_reason is not None:
-                event = answer.chunk(chunk.text, chunk.finish_reason, first)
-                if include_usage:
-                    event["usage"] = None
-                yield sse.event(event)
-                first = False
-            if chunk.finish_reason is not None and include_usage:
-                yield sse.event(answer.usage_chunk(tokens.completion_tokens))
-        yield sse.DONE
-    finally:
-        tokens.cancel()

@@ -11,7 +11,14 @@ import pytest
 
 from engine.errors import InvalidInput
 from server.generation import caller
-from server.http.openai import _include_usage, _messages, _options, _prompt, _streamed
+from server.http.openai import (
+    _choices,
+    _include_usage,
+    _messages,
+    _options,
+    _prompts,
+    _streamed,
+)
 from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 
 PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
@@ -19,14 +26,17 @@ PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "be
 
 @pytest.mark.parametrize(("value", "shown"), PAST_64_BITS)
 @pytest.mark.parametrize(
-    ("key", "allowed"),
-    [("n", "n must be 1 (one choice per request)"), ("best_of", "best_of must be 1")],
+    ("key", "allowed", "check"),
+    [
+        ("n", "n must be an integer from 1 to 16", _choices),
+        ("best_of", "best_of must be 1", _options),
+    ],
 )
 def test_n_and_best_of_past_64_bits_are_named_by_their_side(
-    key: str, allowed: str, value: int, shown: str
+    key: str, allowed: str, check: Callable[[dict[str, Any]], object], value: int, shown: str
 ) -> None:
     with pytest.raises(InvalidInput) as caught:
-        _options(parsed(f'{{"{key}": {value}}}'))
+        check(parsed(f'{{"{key}": {value}}}'))
     # Not the double's digits: 1.8446744073709552e+19.
     assert caught.value.message == f"{allowed}; got {shown}"
 
@@ -39,8 +49,10 @@ def test_an_unsupported_parameter_past_64_bits_is_named_by_its_side(value: int, 
 
 
 def test_n_and_best_of_other_values_are_shown_as_sent() -> None:
-    with pytest.raises(InvalidInput, match=r"^n must be 1 \(one choice per request\); got '1'$"):
-        _options({"n": "1"})
+    with pytest.raises(InvalidInput, match=r"^n must be an integer from 1 to 16; got '1'$"):
+        _choices({"n": "1"})
+    with pytest.raises(InvalidInput, match=r"^n must be an integer from 1 to 16; got true$"):
+        _choices({"n": True})
     with pytest.raises(InvalidInput, match=r"^best_of must be 1; got 2$"):
         _options({"best_of": 2})
 
@@ -50,13 +62,29 @@ def test_a_token_id_past_64_bits_goes_on_to_the_vocabulary_check(value: int, sho
     # The service names it against the model's vocabulary, as any other id out of it; here it
     # was "prompt must be a string or a list of token ids".
     for body in (f'{{"prompt": [1, {value}]}}', f'{{"prompt": [[1, {value}]]}}'):
-        assert _prompt(parsed(body)) == [1, float(value)]
+        assert _prompts(parsed(body)) == [[1, float(value)]]
 
 
-@pytest.mark.parametrize("prompt", [[1, 2.5], [1, "2"], [1, True], {"x": 1}])
+@pytest.mark.parametrize("prompt", [[1, 2.5], [1, "2"], [1, True], {"x": 1}, [[1], [2.5]]])
 def test_other_prompts_are_refused(prompt: object) -> None:
-    with pytest.raises(InvalidInput, match=r"^prompt must be a string or a list of token ids"):
-        _prompt({"prompt": prompt})
+    with pytest.raises(InvalidInput, match=r"^prompt must be a string, a list of token ids"):
+        _prompts({"prompt": prompt})
+
+
+def test_a_list_of_prompts_keeps_its_order() -> None:
+    assert _prompts({"prompt": "a"}) == ["a"]
+    assert _prompts({"prompt": [5, 6]}) == [[5, 6]]
+    assert _prompts({"prompt": ["b", "a", [3]]}) == ["b", "a", [3]]
+    assert _prompts({"prompt": [[1], [2, 3]]}) == [[1], [2, 3]]
+
+
+def test_n_is_the_choices_of_each_prompt() -> None:
+    assert _choices({}) == 1
+    assert _choices({"n": None}) == 1
+    assert _choices({"n": 16}) == 16
+    for n in (0, 17, 2.0):
+        with pytest.raises(InvalidInput):
+            _choices({"n": n})
 
 
 @pytest.mark.parametrize(
@@ -120,9 +148,9 @@ def test_messages_of_the_wrong_kind_are_named_as_sent(body: str, message: str) -
 )
 def test_a_prompt_of_the_wrong_kind_is_named_as_sent(body: str, shown: str) -> None:
     with pytest.raises(InvalidInput) as caught:
-        _prompt(parsed(body))
+        _prompts(parsed(body))
     assert caught.value.message == (
-        f"prompt must be a string or a list of token ids (one prompt per request); got {shown}"
+        f"prompt must be a string, a list of token ids, or a non-empty list of either; got {shown}"
     )
 
 
@@ -147,11 +175,11 @@ def test_max_completion_tokens_stands_for_max_tokens() -> None:
 @pytest.mark.parametrize(
     ("check", "body", "param"),
     [
-        (_options, {"n": 2}, "n"),
+        (_choices, {"n": 0}, "n"),
         (_options, {"best_of": 3}, "best_of"),
         (_options, {"logit_bias": {"1": 5}}, "logit_bias"),
         (_options, {"max_completion_tokens": 0}, "max_completion_tokens"),
-        (_prompt, {"prompt": 5}, "prompt"),
+        (_prompts, {"prompt": 5}, "prompt"),
         (_messages, {"messages": []}, "messages"),
         (_messages, {"messages": ["hi"]}, "messages[0]"),
         (_messages, {"messages": [{"role": "user", "content": "a"}, {"role": "x"}]},
@@ -174,8 +202,8 @@ def test_a_refused_field_is_named_in_param(
 @pytest.mark.parametrize(
     ("check", "body", "message"),
     [
-        (_prompt, {}, "prompt is required: a string or a list of token ids (one prompt per "
-         "request)"),
+        (_prompts, {}, "prompt is required: a string, a list of token ids, or a non-empty list "
+         "of either"),
         (_messages, {}, "messages is required: a non-empty list of {role, content} objects"),
         (_messages, {"messages": [{"content": "hi"}]},
          "messages[0].role is required: one of system, developer, user, assistant, tool"),
