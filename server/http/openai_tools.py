@@ -16,6 +16,7 @@ otherwise spend its whole budget on blank space inside a valid object."""
 from __future__ import annotations
 
 import contextlib
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -72,13 +73,18 @@ class ToolPlan:
         whole call (cut short by max_tokens)."""
         if not text.startswith("{"):
             return None
-        try:
-            call = orjson.loads(text)
-        except orjson.JSONDecodeError:
+        try:  # the standard library's: JSON allows numbers past a double (1E999), orjson not
+            call = json.loads(text)
+        except ValueError:
             return None
         if not isinstance(call, dict) or call.get("name") not in self.names:
             return None
-        arguments = orjson.dumps(call.get("arguments", {})).decode()
+        # The arguments as generated: re-encoding would turn 1E999 into Infinity, not JSON.
+        head = f'{{"name":{json.dumps(call["name"])},"arguments":'
+        if text.startswith(head) and text.endswith("}"):
+            arguments = text[len(head) : -1]
+        else:
+            arguments = json.dumps(call.get("arguments", {}), separators=(",", ":"))
         return [
             {
                 "id": "call_" + uuid.uuid4().hex[:24],

@@ -272,8 +272,9 @@ def test_auto_answers_text_or_a_call_matching_a_tool(served: tuple[ServerProcess
         else:
             seen.add("text")
             assert not (choice.message.content or "").startswith("{")
-    print("SEEN", seen)
-    assert seen  # either way, every answer was one of the two
+    # The tiny model's first token is never `{` here: its call branch is run in
+    # tests/unit/server/http/test_openai_tools.py, its stream with fakes in test_openai_choices.
+    assert seen == {"text"}
 
 
 def test_a_tool_call_round_trips_through_a_history(served: tuple[ServerProcess, Path]) -> None:

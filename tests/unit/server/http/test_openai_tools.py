@@ -3,6 +3,8 @@ decoding itself runs in tests/integration/test_openai_guided_e2e.py)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -140,6 +142,13 @@ def test_an_answer_is_read_back_as_a_call_only_when_it_is_a_whole_call() -> None
     assert plan.calls("it is sunny") is None  # text, under auto
     assert plan.calls('{"name":"weather","argu') is None  # cut short by max_tokens
     assert plan.calls('{"name":"other","arguments":{}}') is None
+    # A number JSON allows past a double's range is kept as generated.
+    big = plan.calls('{"name":"clock","arguments":{"t":521E2982472}}')
+    assert big is not None
+    assert big[0]["function"]["arguments"] == '{"t":521E2982472}'
+    spaced = plan.calls('{ "name": "clock", "arguments": {"t": 1} }')
+    assert spaced is not None
+    assert spaced[0]["function"]["arguments"] == '{"t":1}'
 
 
 def test_an_assistant_tool_call_in_a_history_is_ready_for_the_template() -> None:
@@ -163,3 +172,31 @@ def test_an_assistant_tool_call_in_a_history_is_ready_for_the_template() -> None
     with pytest.raises(InvalidInput) as caught:
         history_message(3, {"role": "assistant", "tool_calls": [{"function": {}}]})
     assert caught.value.param == "messages[3].tool_calls[0]"
+
+
+async def test_the_auto_grammar_s_call_branch_decodes_to_a_call(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    """The tiny model never opens with `{` by itself: the auto grammar with its text branch
+    left out runs the same `%json` call on the Engine, and reads back as a call."""
+    from engine.generation.genai import GenaiGenerator
+    from engine.generation.sampling import sampling_params
+
+    plan = tool_plan({"tools": [WEATHER, CLOCK]})
+    assert plan is not None
+    kind, grammar = plan.guidance
+    call_only = grammar.replace("start: call | text\n", "start: call\n")
+    assert call_only != grammar
+    gen = GenaiGenerator(tiny_genai_built[1], None, "llama")
+    try:
+        ids = await gen.prompt_ids("the quick brown fox")
+        params = sampling_params(max_tokens=100, temperature=0, guidance=[kind, call_only])
+        chunks = [c async for c in gen.start(ids, params).stream()]
+    finally:
+        await gen.close()
+    assert chunks[-1].finish_reason == "stop"
+    text = "".join(c.text for c in chunks)
+    calls = plan.calls(text)
+    assert calls is not None
+    assert calls[0]["function"]["name"] in ("weather", "clock")
+    assert isinstance(json.loads(calls[0]["function"]["arguments"]), dict)
