@@ -123,13 +123,21 @@ class GenaiScheduler:
     def submit(
         self, prompt: Sequence[int], params: SamplingParams, detokenizer: Detokenizer | None = None
     ) -> GenSequence:
-        """Queue a sequence. InvalidInput for an empty prompt or one the context cannot hold
-        (max_tokens is clamped to the context); Overloaded past `max_running_sequences` +
-        `max_waiting_sequences` sequences in flight."""
+        """Queue a sequence. InvalidInput for an empty prompt, one the context cannot hold
+        (max_tokens is clamped to the context) or a seed with sampling; Overloaded past
+        `max_running_sequences` + `max_waiting_sequences` sequences in flight."""
         if self._closed:
             raise ShuttingDown()
         if not prompt:
             raise InvalidInput("the prompt is empty; it needs at least one token")
+        if params.seed is not None and not params.greedy:
+            # The Engine refuses it in begin_turn (a 500 then): sluice runs static batching.
+            raise InvalidInput(
+                f"seed is not supported by {self.label}: onnxruntime-genai's Engine takes a "
+                "per-request seed only with dynamic batching, and this model runs static "
+                "batching; leave seed out (or sample greedily, temperature 0)",
+                "seed",
+            )
         max_tokens = completion_budget(len(prompt), params.max_tokens, self.options.context_length)
         most = self.batch + self.options.max_waiting_sequences
         if len(self.live) >= most:

@@ -243,3 +243,20 @@ async def test_guided_tokens_match_the_grammar_and_a_bad_grammar_is_invalid_inpu
     assert refused[-1].error.message.startswith("the guided decoding cannot compile it: ")
     assert "unclosed group" in refused[-1].error.message
     assert len(after) == 3
+
+
+async def test_a_seed_with_sampling_is_refused_naming_it_and_greedy_takes_one(
+    tiny_genai_built: tuple[Path, Path],
+) -> None:
+    # The static-batching Engine refused it in begin_turn: a BackendError, a 500.
+    gen = generator(tiny_genai_built)
+    try:
+        ids = await gen.prompt_ids("the quick")
+        with pytest.raises(InvalidInput) as caught:
+            gen.start(ids, sampling_params(max_tokens=3, temperature=1.0, seed=1))
+        greedy = await collect(gen.start(ids, sampling_params(max_tokens=3, temperature=0, seed=1)))
+    finally:
+        await gen.close()
+    assert caught.value.param == "seed"
+    assert "per-request seed only with dynamic batching" in caught.value.message
+    assert len(greedy) == 3
