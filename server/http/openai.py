@@ -93,6 +93,14 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
 }
 """OpenAI parameters this server does not implement, with the values that ask for nothing: any
 other value is refused, never silently ignored (docs/protocol/openai.md says why for each)."""
+WHY = {
+    "logprobs": "the engines hand over tokens without their probabilities",
+    "top_logprobs": "the engines hand over tokens without their probabilities",
+    "presence_penalty": "onnxruntime-genai has only a multiplicative repetition penalty",
+    "frequency_penalty": "onnxruntime-genai has only a multiplicative repetition penalty",
+    "logit_bias": "the engines take no per-token bias",
+}
+"""Why a refused parameter cannot be honoured, where the reason is the engine's."""
 MAX_CHOICES = 16
 """The most choices one request may ask for (n times the prompts of a list)."""
 
@@ -103,7 +111,10 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
     for key, unused in UNSUPPORTED.items():
         value = body.get(key)
         if not any(type(value) is type(u) and value == u for u in unused):
-            raise InvalidInput(f"{key} is not supported by this server; got {received(value)}", key)
+            why = f" ({WHY[key]})" if key in WHY else ""
+            raise InvalidInput(
+                f"{key} is not supported by this server{why}; got {received(value)}", key
+            )
     if body.get("best_of") not in (None, 1):
         raise refused("best_of", "1", body["best_of"])
     options = {key: body[key] for key in SAMPLING_KEYS if body.get(key) is not None}

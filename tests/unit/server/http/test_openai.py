@@ -45,7 +45,10 @@ def test_n_and_best_of_past_64_bits_are_named_by_their_side(
 def test_an_unsupported_parameter_past_64_bits_is_named_by_its_side(value: int, shown: str) -> None:
     with pytest.raises(InvalidInput) as caught:
         _options(parsed(f'{{"logprobs": {value}}}'))  # an integer in the completions API
-    assert caught.value.message == f"logprobs is not supported by this server; got {shown}"
+    assert caught.value.message == (
+        "logprobs is not supported by this server (the engines hand over tokens without their "
+        f"probabilities); got {shown}"
+    )
 
 
 def test_n_and_best_of_other_values_are_shown_as_sent() -> None:
