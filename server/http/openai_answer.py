@@ -83,14 +83,18 @@ class Completion:
 
 
 async def refused_grammar(streams: list[Peeked]) -> None:
-    """Raise the error a stream begins with (a grammar the engine cannot compile), after
-    cancelling them all, so that it is answered as a 400 before a 200 stream starts."""
-    for stream in streams:
-        first = await stream.peek()
-        if first.error is not None:
-            for other in streams:
-                other.cancel()
-            raise first.error
+    """Raise the error a stream begins with (a grammar the engine cannot compile), so that it
+    is answered as a 400 before a 200 stream starts. Every stream is cancelled when it raises,
+    or when the client's request is cancelled while it waits."""
+    try:
+        for stream in streams:
+            first = await stream.peek()
+            if first.error is not None:
+                raise first.error
+    except BaseException:
+        for stream in streams:
+            stream.cancel()
+        raise
 
 
 async def stream_events(

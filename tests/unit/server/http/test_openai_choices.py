@@ -12,7 +12,7 @@ import pytest
 from engine.errors import InvalidInput
 from engine.generation.sequence import Chunk
 from engine.generation.service import GenerateRequest
-from server.http.openai_answer import Completion, stream_events
+from server.http.openai_answer import Completion, refused_grammar, stream_events
 from server.http.openai_choices import Peeked, merged, seeded, start_all
 from server.http.openai_tools import tool_plan
 
@@ -118,3 +118,31 @@ async def test_a_call_cut_short_is_sent_as_text() -> None:
     last = got[-1]["choices"][0]
     assert last["finish_reason"] == "length"
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in got) == '{"name":"cl'
+
+
+class SilentStream(FakeStream):
+    """A stream whose first chunk never comes (a sequence waiting for its turn)."""
+
+    async def chunks(self) -> Any:
+        await asyncio.Event().wait()
+        yield Chunk([], "")
+
+
+async def test_a_request_cancelled_while_its_grammar_waits_cancels_its_streams() -> None:
+    streams = [SilentStream(["a"]), SilentStream(["b"])]
+    waiting = asyncio.create_task(refused_grammar([Peeked(s) for s in streams]))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert [s.cancelled for s in streams] == [True, True]
+
+
+async def test_a_refused_grammar_cancels_every_choice() -> None:
+    refused = Chunk([], "", "error", InvalidInput("the guided decoding cannot compile it"))
+    bad = FakeStream(["x"])
+    bad._chunks = [refused]
+    streams = [FakeStream(["a", "b"]), bad]
+    with pytest.raises(InvalidInput):
+        await refused_grammar([Peeked(s) for s in streams])
+    assert [s.cancelled for s in streams] == [True, True]
