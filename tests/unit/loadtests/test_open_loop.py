@@ -12,6 +12,8 @@ import pytest
 from loadtests.benchmarks.open_loop import (
     MAX_BODY_BYTES,
     Answer,
+    ClosedBeforeAnswer,
+    Connections,
     OpenLoopResult,
     ResponseError,
     _read_response,
@@ -60,6 +62,65 @@ async def test_connection_close_is_honoured() -> None:
 async def test_what_is_not_a_readable_response_is_refused(data: bytes, message: str) -> None:
     with pytest.raises(ResponseError, match=message):
         await read(data)
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+
+
+class KeepAliveServer:
+    """A server that answers `answers_per_connection` requests on each connection, then closes
+    it without answering the next, as a keep-alive timeout closes an idle one. `answered`: the
+    requests each connection answered."""
+
+    def __init__(self, answers_per_connection: int) -> None:
+        self.answers = answers_per_connection
+        self.answered: list[int] = []
+        self.handlers: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.close()
+        await asyncio.gather(*self.handlers)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.handlers.append(task)
+        self.answered.append(0)
+        try:
+            for _ in range(self.answers):
+                await reader.readuntil(b"\r\n\r\n")
+                writer.write(OK)
+                await writer.drain()
+                self.answered[-1] += 1
+            await reader.readuntil(b"\r\n\r\n")  # the next request: closed unanswered
+        except asyncio.IncompleteReadError:
+            pass  # the client closed it first
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+
+async def test_a_kept_alive_connection_closed_while_idle_is_replaced_once() -> None:
+    server = KeepAliveServer(answers_per_connection=1)
+    async with server as url:
+        connections = Connections(url)
+        assert [await connections.post("/", b"", {}) for _ in range(3)] == [200, 200, 200]
+        await connections.close()
+    assert server.answered == [1, 1, 1]  # each reused connection was closed, the request resent
+
+
+async def test_a_new_connection_closed_before_any_answer_is_an_error() -> None:
+    server = KeepAliveServer(answers_per_connection=0)
+    async with server as url:
+        connections = Connections(url)
+        with pytest.raises(ClosedBeforeAnswer):
+            await connections.post("/", b"", {})
+        await connections.close()
+    assert server.answered == [0]  # not sent again: only a reused connection is
 
 
 def test_the_summary_counts_goodput_within_the_target_and_throughput_within_the_span() -> None:
