@@ -32,8 +32,9 @@ from typing import Any
 from engine.errors import BackendError, EngineError, InvalidInput, Overloaded, ShuttingDown
 from engine.generation.config import GenerativeOptions
 from engine.generation.context import completion_budget
+from engine.generation.emit import TokenSink
 from engine.generation.sampling import SamplingParams
-from engine.generation.sequence import Chunk, FinishReason, GenSequence
+from engine.generation.sequence import FinishReason, GenSequence
 from engine.generation.stats import GenerationStats
 from engine.generation.text import Detokenizer
 
@@ -70,7 +71,7 @@ class _Event:
     error: EngineError | None = None  # why a FAILED request failed, when the loop can say
 
 
-class GenaiScheduler:
+class GenaiScheduler(TokenSink):
     """Runs the sequences of one onnxruntime-genai model (see the module docstring)."""
 
     def __init__(
@@ -339,50 +340,12 @@ class GenaiScheduler:
         for sequence in list(self.live):
             self._finish(sequence, "error", failure)
 
-    def _emit(self, sequence: GenSequence, token: int, now: float) -> None:
-        if sequence.finish_reason is not None:
-            return
-        stats = self.stats
-        if sequence.last_token_at is None:
-            stats.first_token(now - sequence.arrived)
-        else:
-            stats.next_token(now - sequence.last_token_at)
-        sequence.last_token_at = now
-        stats.generated_tokens += 1
-        if token in self.options.eos_token_ids:
-            self._finish(sequence, "stop")
-            return
-        sequence.generated.append(token)
-        detok = sequence.detokenizer
-        text = detok.push(token) if detok is not None else ""
-        if detok is not None and detok.stopped:
-            self._finish(sequence, "stop", text=text, tokens=[token])
-        elif len(sequence.generated) >= sequence.max_tokens:
-            self._finish(sequence, "length", text=text, tokens=[token])
-        else:
-            sequence.events.put_nowait(Chunk([token], text))
-
-    def _finish(
-        self,
-        sequence: GenSequence,
-        reason: FinishReason,
-        error: EngineError | None = None,
-        text: str = "",
-        tokens: list[int] | None = None,
-    ) -> None:
-        if sequence.finish_reason is not None:
-            return
-        sequence.finish_reason = reason
-        self.stats.e2e.observe(time.monotonic() - sequence.arrived)
+    def _release(self, sequence: GenSequence) -> None:
         with contextlib.suppress(ValueError):
             self.live.remove(sequence)
         # The Engine may still hold it (a stop string, a cancel): closed before its next step.
         if self._thread is not None and self._thread.is_alive():
             self._commands.put((_CLOSE, sequence))
-        if reason in ("stop", "length") and sequence.detokenizer is not None:
-            text += sequence.detokenizer.flush()
-        sequence.events.put_nowait(Chunk(tokens or [], text, reason, error))
-        self._idle.set()
 
 
 _REASONS: dict[str, FinishReason] = {

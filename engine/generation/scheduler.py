@@ -33,17 +33,18 @@ from engine.errors import (
 from engine.generation.config import GenerativeOptions
 from engine.generation.context import completion_budget
 from engine.generation.decoder import RunDecoder, SlotDecoder
+from engine.generation.emit import TokenSink
 from engine.generation.kv_cache import CacheLayout, KVCacheManager
 from engine.generation.prefix_cache import PrefixCache
 from engine.generation.sampling import SamplingParams
-from engine.generation.sequence import Chunk, FinishReason, GenSequence
+from engine.generation.sequence import GenSequence
 from engine.generation.stats import GenerationStats
 from engine.generation.text import Detokenizer
 
 log = logging.getLogger("sluice.generation")
 
 
-class GenerationScheduler:
+class GenerationScheduler(TokenSink):
     """Runs the sequences of one generative model (see the module docstring)."""
 
     def __init__(
@@ -244,50 +245,12 @@ class GenerationScheduler:
 
     # -- results, on the loop ------------------------------------------------------------------
 
-    def _emit(self, sequence: GenSequence, token: int, now: float) -> None:
-        if sequence.finish_reason is not None:
-            return
-        stats = self.stats
-        if sequence.last_token_at is None:
-            stats.first_token(now - sequence.arrived)
-        else:
-            stats.next_token(now - sequence.last_token_at)
-        sequence.last_token_at = now
-        stats.generated_tokens += 1
-        if token in self.options.eos_token_ids:
-            self._finish(sequence, "stop")
-            return
-        sequence.generated.append(token)
-        detok = sequence.detokenizer
-        text = detok.push(token) if detok is not None else ""
-        if detok is not None and detok.stopped:
-            self._finish(sequence, "stop", text=text, tokens=[token])
-        elif len(sequence.generated) >= sequence.max_tokens:
-            self._finish(sequence, "length", text=text, tokens=[token])
-        else:
-            sequence.events.put_nowait(Chunk([token], text))
-
-    def _finish(
-        self,
-        sequence: GenSequence,
-        reason: FinishReason,
-        error: EngineError | None = None,
-        text: str = "",
-        tokens: list[int] | None = None,
-    ) -> None:
-        if sequence.finish_reason is not None:
-            return
-        sequence.finish_reason = reason
-        self.stats.e2e.observe(time.monotonic() - sequence.arrived)
+    def _release(self, sequence: GenSequence) -> None:
         if sequence.slot is not None:
             self.cache.release(sequence.slot)
         with contextlib.suppress(ValueError):
             self.running.remove(sequence)
-        if reason in ("stop", "length") and sequence.detokenizer is not None:
-            text += sequence.detokenizer.flush()
-        sequence.events.put_nowait(Chunk(tokens or [], text, reason, error))
         self._wake.set()
-        self._idle.set()
 
     def _fail(self, sequences: list[GenSequence], error: EngineError) -> None:
         for sequence in sequences:
