@@ -104,11 +104,7 @@ def convert_with_builder(options: ConvertOptions, steps: Steps) -> Report:
                 options.replace_config,
                 extra_files=extra,
             )
-            report.published = {
-                "model_path": str(published.model_path),
-                "version": published.version,
-                "config_written": published.config_written,
-            }
+            report.published = published.summary()
             step.detail = f"version {published.version}"
     return report
 

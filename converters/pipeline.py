@@ -123,11 +123,7 @@ def convert_model(options: ConvertOptions, steps: Steps) -> Report:
             report.to_json(),
             options.replace_config,
         )
-        report.published = {
-            "model_path": str(published.model_path),
-            "version": published.version,
-            "config_written": published.config_written,
-        }
+        report.published = published.summary()
         step.detail = f"version {published.version}"
     return report
 

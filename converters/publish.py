@@ -32,6 +32,14 @@ class Published:
     model_path: Path
     config_written: bool
 
+    def summary(self) -> dict[str, Any]:
+        """What the conversion report (`--json`) says of it."""
+        return {
+            "model_path": str(self.model_path),
+            "version": self.version,
+            "config_written": self.config_written,
+        }
+
 
 def check_name(name: str) -> str:
     """A model name usable as a folder and in URLs."""
