@@ -24,7 +24,7 @@ that read, so its number is never reused under the read (which would read anothe
 The one copy replaces the socket read and decode a tensor in the request body costs.
 
 With `--workers N` this registry lives in the engine process and every worker mirrors it
-(engine/remote_regions.py), reading and writing the files itself.
+(server/link/remote_regions.py), reading and writing the files itself.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ class SystemRegions:
 
     def table(self) -> list[list[Any]]:
         """Every region as `[tenant, key_name, name, key, offset, byte_size, device, inode]`:
-        what a worker process mirrors (engine/remote_regions.py)."""
+        what a worker process mirrors (server/link/remote_regions.py)."""
         with self._lock:
             return [
                 [r.tenant, r.key_name, r.name, r.key, r.offset, r.byte_size, *r.identity]

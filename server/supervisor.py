@@ -1,9 +1,9 @@
 """`sluice serve --workers N`: the supervisor process.
 
-It binds one HTTP listening socket per worker slot, all on the HTTP port with SO_REUSEPORT
-(each worker inherits its slot's), and reserves the gRPC port (every worker binds it again with
-SO_REUSEPORT), creates two shared-memory arenas per worker slot (engine/shm/arena.py), then forks
-the engine process, waits for it to be ready, and forks the workers (server/workers.py).
+It binds one HTTP listening socket per worker slot, all on the HTTP port with SO_REUSEPORT (each
+worker inherits its slot's), and reserves the gRPC port (every worker binds it again with
+SO_REUSEPORT), creates two shared-memory arenas per worker slot (server/link/shm/arena.py), then
+forks the engine process, waits for it to be ready, and forks the workers (server/workers.py).
 
 The kernel gives each new HTTP connection to one of the slots' sockets by a hash of its
 addresses, so connections opened together spread evenly whichever worker runs first. (One
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 from engine.auth import ensure_safe_bind
 from engine.settings import Settings, SettingsError
-from engine.shm.arena import Arena
+from server.link.shm.arena import Arena
 
 log = logging.getLogger("sluice.supervisor")
 

@@ -27,7 +27,7 @@ from typing import Any
 import uvicorn
 
 from engine.settings import Settings
-from engine.shm.arena import Arena
+from server.link.shm.arena import Arena
 
 log = logging.getLogger("sluice.workers")
 
@@ -101,7 +101,7 @@ async def _engine(
     orders_fd: int,
 ) -> int:
     from engine.engine import Engine
-    from engine.host import EngineHost
+    from server.link.host import EngineHost
     from server.server import tune_gc
 
     size = settings.worker_arena_bytes
@@ -190,7 +190,7 @@ async def _worker(
     http_socket: socket.socket,
     orders_fd: int,
 ) -> int:
-    from engine.remote import RemoteEngine
+    from server.link.remote import RemoteEngine
     from server.server import Server
 
     size = settings.worker_arena_bytes

@@ -5,8 +5,8 @@ checks the sampling parameters, tokenizes the prompt, admits the request (one re
 tokens charged but not generated (a stop string, the end-of-text token, a cancel).
 
 The in-process front-ends call the service directly. Under `--workers N` a worker sends the same
-`GenerateRequest` over its control socket (engine/remote.py) and the engine process serves it
-with this class (engine/host.py): one implementation, and the scheduler, the key/value cache
+`GenerateRequest` over its control socket (server/link/remote.py) and the engine process serves it
+with this class (server/link/host.py): one implementation, and the scheduler, the key/value cache
 and the limiter stay the engine's. Authentication is the front-end's (the request carries the
 tenant it authenticated)."""
 
@@ -58,8 +58,8 @@ class GenerateRequest:
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> GenerateRequest:
-        """The request a worker sent (engine/wire.py GENERATE); a field of the wrong type is a
-        TypeError (the connection's protocol error), never a crash further in."""
+        """The request a worker sent (server/link/frames.py GENERATE); a field of the wrong type is
+        a TypeError (the connection's protocol error), never a crash further in."""
         model, tenant = message["model"], message.get("tenant")
         prompt, messages = message.get("prompt"), message.get("messages")
         options = message.get("options") or {}
@@ -77,7 +77,7 @@ class GenerateRequest:
 
 class TokenStream(Protocol):
     """An admitted generation, as the routes answer it (in-process `LocalStream`, or a worker's
-    relay of one, engine/remote.py)."""
+    relay of one, server/link/remote.py)."""
 
     @property
     def headers(self) -> dict[str, str]:

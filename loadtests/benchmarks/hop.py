@@ -29,14 +29,14 @@ import numpy as np
 import uvloop
 
 from engine.engine import Engine
-from engine.host import EngineHost
-from engine.remote import RemoteEngine
 from engine.settings import load_settings
-from engine.shm.arena import Arena
 from engine.types import InferRequest, InferResponse
 from loadtests.benchmarks.batching import machine
 from loadtests.benchmarks.harness import markdown_table, spread, write_results
 from loadtests.benchmarks.models import MODELS, write_repository
+from server.link.host import EngineHost
+from server.link.remote import RemoteEngine
+from server.link.shm.arena import Arena
 from server.server import tune_gc
 
 CONCURRENCY = (1, 16, 64)

@@ -11,7 +11,7 @@ server/http/openai_answer.py's.
 Authentication is engine.auth's, as on every route (the OpenAI client's `Authorization: Bearer`
 key is read like `x-api-key`), in the process that serves the HTTP request; the rest (model,
 sampling, tokens, admission, the scheduler) is engine/generation/service.py's, called in process
-or, under `--workers N`, relayed to the engine process (engine/remote.py): these routes are the
+or, under `--workers N`, relayed to the engine process (server/link/remote.py): these routes are the
 same code either way."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`sluice serve --workers 2` end to end: two worker processes on the same HTTP and gRPC ports in
-front of one engine process (server/supervisor.py, server/workers.py, engine/host.py,
-engine/remote.py). Each client below opens its own connection, so requests spread over both
+front of one engine process (server/supervisor.py, server/workers.py, server/link/host.py,
+server/link/remote.py). Each client below opens its own connection, so requests spread over both
 workers; what must hold is what one process guarantees: answers match the model run in-process,
 admission is exact, batches mix the workers' requests, and every view is the whole server's."""
 
@@ -291,7 +291,7 @@ def test_a_killed_worker_is_restarted_and_the_other_keeps_serving(
 
 PROBE_TIMEOUT_S = 2.0
 """A request the worker answers on its own is answered within this, whatever the engine does (a
-call to the engine is given up only after engine.remote_control.CALL_TIMEOUT_S, 10 s)."""
+call to the engine is given up only after server.link.remote_control.CALL_TIMEOUT_S, 10 s)."""
 
 
 def connections_to_one_worker(server: ServerProcess, count: int) -> list[HTTPConnection]:

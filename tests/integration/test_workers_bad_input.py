@@ -19,10 +19,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.wire import MAX_FRAME_BYTES
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.http.binary import HEADER_LENGTH
+from server.link.frames import MAX_FRAME_BYTES
 from tests.integration import test_bad_input_corpus as corpus
 from tests.integration.test_workers import wait_for, worker_samples
 from tests.models import (

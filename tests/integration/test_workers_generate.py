@@ -1,6 +1,6 @@
 """Generation under `sluice serve --workers 2`: the /v1 routes, Triton's generate extension and
 gRPC ModelStreamInfer are served by the workers and relayed to the engine process, which owns the
-scheduler, the key/value cache and the limiter (engine/remote.py, engine/host.py,
+scheduler, the key/value cache and the limiter (server/link/remote.py, server/link/host.py,
 engine/generation/service.py). What must hold is what one process guarantees: greedy answers are
 token-identical to transformers (as the in-process tests assert), streams come chunk by chunk,
 a client that leaves, or a worker that dies, frees its slot, errors keep their bodies, the

@@ -6,9 +6,9 @@ from __future__ import annotations
 import orjson
 
 from engine.errors import ModelNotFound
-from engine.remote_generate import rebuild_error
-from engine.wire import error_payload
 from server.http.openai_errors import error_object, openai_error
+from server.link.frames import error_payload
+from server.link.remote_generate import rebuild_error
 
 NAMED = "unknown model 'nope'; GET /v1/models lists the models this key may use"
 

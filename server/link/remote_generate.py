@@ -1,7 +1,7 @@
-"""The worker's side of a relayed generation (engine/remote.py `RemoteEngine.generate`): a
+"""The worker's side of a relayed generation (remote.py `RemoteEngine.generate`): a
 `RemoteStream` is fed by the engine's STREAM, TOKENS and ERROR frames as they arrive, and an
 ERROR frame becomes the engine's own error class again (`rebuild_error`, which every call the
-worker relays uses). Split from engine/remote.py, whose inference path it shares nothing with."""
+worker relays uses). Split from remote.py, whose inference path it shares nothing with."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from engine import errors
 from engine.generation.sequence import Chunk
-from engine.wire import Kind
+from server.link.frames import Kind
 
 _ERRORS: dict[str, type[errors.EngineError]] = {
     name: value

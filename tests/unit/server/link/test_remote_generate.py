@@ -1,6 +1,6 @@
-"""A worker's relay of generation (engine/remote.py `generate`, engine/remote_generate.py
+"""A worker's relay of generation (server/link/remote.py `generate`, server/link/remote_generate.py
 `RemoteStream`) against a scripted engine at the transport seam: a unix socket that speaks
-engine/wire.py frames, so each test says exactly which frames the engine sends and when. The
+server/link/frames.py frames, so each test says exactly which frames the engine sends and when. The
 real host end is covered end to end by tests/integration/test_workers_generate.py."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from engine.errors import (
     ShuttingDown,
 )
 from engine.generation.service import GenerateRequest
-from engine.remote import RemoteEngine
 from engine.settings import load_settings
-from engine.shm.arena import Arena
-from engine.wire import FrameBuffer, Kind, error_payload, frame
-from tests.unit.engine.rig import until
+from server.link.frames import FrameBuffer, Kind, error_payload, frame
+from server.link.remote import RemoteEngine
+from server.link.shm.arena import Arena
+from tests.unit.server.link.rig import until
 
 STATE = {"draining": False, "models": ["tiny"], "generative": ["tiny"]}
 

@@ -1,4 +1,4 @@
-"""Fixtures of the worker/engine-process rig (tests/unit/engine/rig.py): a socket folder, a
+"""Fixtures of the worker/engine-process rig (tests/unit/server/link/rig.py): a socket folder, a
 factory of rigs over the demo repository, and one started rig."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import uvloop
 
 from engine.demo import write_demo_repository
 from engine.settings import load_settings
-from tests.unit.engine.rig import Rig
+from tests.unit.server.link.rig import Rig
 
 
 def pytest_asyncio_loop_factories(

@@ -1,13 +1,13 @@
-"""The worker's end of its connection to the engine process (engine/wire.py): `EngineChannel`
+"""The worker's end of its connection to the engine process (frames.py): `EngineChannel`
 holds what every exchange on that one unix socket shares, whatever it asks. Frames go out in
 one write per loop iteration, requests after two (those of both iterations in one INFER frame,
 INFER_FLUSH_TURNS; the answer slots the worker is done with riding on it); each call has its
 own id and future, so a late answer finds no caller and is dropped, and a caller that leaves
 sends CANCEL; when the connection ends, every pending call and open stream fails with ShuttingDown.
 
-Split from engine/remote.py, which builds on it: this module knows frames, ids and futures, not
-what they carry. The calls the worker makes of the engine (engine/remote_control.py) and its
-inference and generation (engine/remote.py `RemoteEngine`, which also reads the frames that
+Split from remote.py, which builds on it: this module knows frames, ids and futures, not
+what they carry. The calls the worker makes of the engine (remote_control.py) and its
+inference and generation (remote.py `RemoteEngine`, which also reads the frames that
 arrive: they reach every layer) are subclasses of `EngineChannel`, so the hot path reads the
 same attributes of one object as before the split."""
 
@@ -21,8 +21,16 @@ from typing import Any
 import orjson
 
 from engine import errors
-from engine.remote_generate import RemoteStream
-from engine.wire import HEADER, MAX_FRAME_BYTES, FrameBuffer, Kind, Outbox, ProtocolError, frame
+from server.link.frames import (
+    HEADER,
+    MAX_FRAME_BYTES,
+    FrameBuffer,
+    Kind,
+    Outbox,
+    ProtocolError,
+    frame,
+)
+from server.link.remote_generate import RemoteStream
 
 log = logging.getLogger("sluice.worker")
 
@@ -118,7 +126,7 @@ class EngineChannel:
     @staticmethod
     def _encoded(kind: Kind | None, payload: Any, what: str) -> bytes:
         """`payload` as a frame of `kind`, or as an item of a list frame with None (see
-        wire.list_frames); or the client's error when the channel cannot carry it: a value
+        frames.list_frames); or the client's error when the channel cannot carry it: a value
         JSON cannot hold (InvalidInput), or a frame past MAX_FRAME_BYTES (PayloadTooLarge), which
         the engine would take for a broken peer and end the connection every request of this
         worker shares. Tensors travel in the arena; what a frame carries is the rest of the

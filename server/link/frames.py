@@ -1,6 +1,6 @@
 """The control channel between a worker process and the engine process: a unix stream socket
 carrying frames of `<u32 length><u8 kind><JSON payload>`. Tensors never travel here, only their
-descriptors (engine/shm/layout.py); the payload is orjson, never pickle, and a frame larger than
+descriptors (shm/layout.py); the payload is orjson, never pickle, and a frame larger than
 MAX_FRAME_BYTES or a kind that is not known ends the connection.
 
 Generation (engine/generation/service.py) is a GENERATE request answered by STREAM once it is
@@ -49,7 +49,7 @@ each cost ~0.4 µs a request to frame, split and dispatch), each request itself 
 object (keys cost ~0.5 µs a request to write and to read): `[id, slot, size, [descriptor...],
 model_name, datatypes, model_version, the request's id, outputs, parameters, priority,
 timeout_s, arrived, tenant, request_id, trace]`, the in-slot and the descriptors its inputs
-(engine/shm/layout.py), then the InferRequest's fields, the worker's request_id (the engine's log
+(shm/layout.py), then the InferRequest's fields, the worker's request_id (the engine's log
 lines name it too) and traceparent (None when not traced)."""
 
 RESULT_ITEMS = 9

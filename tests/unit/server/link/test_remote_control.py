@@ -1,5 +1,5 @@
-"""A worker's calls of the engine besides inference (engine/remote_control.py), through the rig
-of tests/unit/engine/rig.py: call timeouts, calls that never block the worker, input checks
+"""A worker's calls of the engine besides inference (server/link/remote_control.py), through the rig
+of tests/unit/server/link/rig.py: call timeouts, calls that never block the worker, input checks
 fetched once and kept per model generation, readiness asked of the engine."""
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-import engine.remote_control
+import server.link.remote_control
 from engine.demo import mlp_model
 from engine.errors import (
     InvalidInput,
     ModelNotFound,
     Overloaded,
 )
-from engine.remote import RemoteEngine
+from server.link.remote import RemoteEngine
 from tests.models import write_model
-from tests.unit.engine.rig import Rig, request, until
+from tests.unit.server.link.rig import Rig, request, until
 
 
 async def test_a_call_that_timed_out_does_not_answer_the_next_one(
@@ -31,7 +31,7 @@ async def test_a_call_that_timed_out_does_not_answer_the_next_one(
 ) -> None:
     """The engine answers a call after the worker gave up on it: that late answer went to the
     worker's next call, and each call after it got the one before's answer, for good."""
-    monkeypatch.setattr(engine.remote_control, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(server.link.remote_control, "CALL_TIMEOUT_S", 0.2)
     rig = make_rig()
     await rig.start()
     try:

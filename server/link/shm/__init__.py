@@ -16,7 +16,7 @@ A slot holds its tensors back to back, each at a 64-byte aligned offset. A numer
 C-contiguous bytes; a BYTES tensor is Triton's layout (a 4-byte little-endian length before each
 element), decoded back into a numpy object array on the other side (the only copy: Python bytes
 objects cannot live in shared memory). The descriptors that say where each tensor lies travel in
-the control message (engine/wire.py), never the data.
+the control message (frames.py), never the data.
 
 Bounds: an arena is `workers_arena_bytes` (per worker, per direction). A request whose inputs do
 not fit in the free space is answered Overloaded (503 with Retry-After) at once; one that could

@@ -1,5 +1,5 @@
 """The arena's allocator: slots aligned, disjoint and bounded, frees coalesced, a double free
-refused (engine/shm/allocator.py)."""
+refused (server/link/shm/allocator.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.shm.allocator import Allocator
-from engine.shm.layout import ALIGN
+from server.link.shm.allocator import Allocator
+from server.link.shm.layout import ALIGN
 
 
 def test_allocations_are_aligned_disjoint_and_bounded() -> None:

@@ -1,5 +1,5 @@
-"""What the engine process answers its workers besides inference (engine/host_control.py),
-through the rig of tests/unit/engine/rig.py: the front-end counts of every worker in the
+"""What the engine process answers its workers besides inference (server/link/host_control.py),
+through the rig of tests/unit/server/link/rig.py: the front-end counts of every worker in the
 metrics."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from tests.unit.engine.rig import Rig
+from tests.unit.server.link.rig import Rig
 
 
 async def test_front_end_counts_of_every_worker_are_in_the_metrics(

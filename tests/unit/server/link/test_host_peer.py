@@ -1,6 +1,6 @@
-"""What one worker connection holds and sends on the engine's side (engine/host_peer.py), through
-the rig of tests/unit/engine/rig.py: answers past the frame limit, and cancelled calls that give
-their slots back."""
+"""What one worker connection holds and sends on the engine's side (server/link/host_peer.py),
+through the rig of tests/unit/server/link/rig.py: answers past the frame limit, and cancelled calls
+that give their slots back."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import engine.host_peer
-import engine.wire
+import server.link.frames
+import server.link.host_peer
 from engine.errors import (
     BackendError,
 )
 from engine.settings import load_settings
 from engine.types import InferRequest
 from tests.models import write_sleeping_model
-from tests.unit.engine.rig import Rig, request, until
+from tests.unit.server.link.rig import Rig, request, until
 
 
 async def test_a_call_cancelled_past_its_deadline_frees_its_slot_without_the_collector(
@@ -59,8 +59,8 @@ async def test_an_answer_past_the_frame_limit_fails_its_call_not_the_connection(
     # every request of the worker shares (a model's config can be that large: it came in a load).
     remote = await rig.remote()
     # A config is more than this, a result less; the worker's limit as the engine's.
-    monkeypatch.setattr(engine.wire, "MAX_FRAME_BYTES", 600)
-    monkeypatch.setattr(engine.host_peer, "MAX_FRAME_BYTES", 600, raising=False)
+    monkeypatch.setattr(server.link.frames, "MAX_FRAME_BYTES", 600)
+    monkeypatch.setattr(server.link.host_peer, "MAX_FRAME_BYTES", 600, raising=False)
     with pytest.raises(BackendError, match=r"answer takes \d+ bytes, more than the 600 bytes"):
         await remote.model_config("demo")
     x = np.ones((1, 16), np.float32)
@@ -76,7 +76,7 @@ async def test_an_answer_past_the_frame_limit_gives_its_slot_back(
     # an error instead: the out-slot its outputs were written to stayed taken, the worker never
     # told of it, until the worker's connection ended.
     remote = await rig.remote()
-    monkeypatch.setattr(engine.host_peer, "MAX_FRAME_BYTES", 60)  # an answer takes ~100 bytes
+    monkeypatch.setattr(server.link.host_peer, "MAX_FRAME_BYTES", 60)  # an answer takes ~100 bytes
     x = np.ones((1, 16), np.float32)
     with pytest.raises(BackendError, match=r"answer takes \d+ bytes, more than the 60 bytes"):
         await remote.infer(request(x))

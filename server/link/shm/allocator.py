@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from engine.shm.layout import ALIGN, aligned
+from server.link.shm.layout import ALIGN, aligned
 
 
 class Allocator:

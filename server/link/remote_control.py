@@ -1,6 +1,6 @@
 """What a worker asks of the engine process besides inference: `RemoteControl` answers the
 engine facade's control members (engine/facade.py) on the worker's connection
-(engine/remote_channel.py), and `RemoteMetrics` sends the front-ends' counts there.
+(remote_channel.py), and `RemoteMetrics` sends the front-ends' counts there.
 
 Draining and which models are loaded are a copy the engine pushes when they change (within
 STATE_INTERVAL_S); declared-shape checks are cached per model generation (the first request of a
@@ -12,8 +12,8 @@ blocking read: the worker's other requests, health probes and streams carry on w
 is slow), given up after CALL_TIMEOUT_S. Front-end request counts are sent to the engine in
 batches, so `/metrics` from any worker shows every worker's requests.
 
-Split from engine/remote.py: none of this touches the arenas, and each call is a round trip
-off the inference path; `RemoteEngine` (engine/remote.py) adds inference and generation."""
+Split from remote.py: none of this touches the arenas, and each call is a round trip
+off the inference path; `RemoteEngine` (remote.py) adds inference and generation."""
 
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ from typing import Any
 
 from engine import errors
 from engine.metrics import Metrics
-from engine.remote_channel import EngineChannel
 from engine.types import ModelMetadata, TensorSpec
 from engine.validate import InputCheck, check_inputs, check_load_parameters, unchecked
-from engine.wire import Kind
+from server.link.frames import Kind
+from server.link.remote_channel import EngineChannel
 
 EVENTS_INTERVAL_S = 0.05
 """Front-end counts reach the engine's metrics at most this long after the request."""
@@ -135,7 +135,7 @@ class RemoteControl(EngineChannel):
     # -- calls -----------------------------------------------------------------------------------
 
     async def call(self, method: str, *args: Any, events: dict[str, Any] | None = None) -> Any:
-        """The engine's answer to `method(*args)` (engine/host_control.py), awaited on this
+        """The engine's answer to `method(*args)` (host_control.py), awaited on this
         worker's connection. None within CALL_TIMEOUT_S is Overloaded (503 with Retry-After: the
         engine is slow or stopped, not broken) naming the call; the call is withdrawn, and a late
         answer finds no caller and is dropped, never taken for another call's. `events`

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 
 from engine import errors
-from engine.shm.allocator import Allocator
-from engine.shm.arena import Arena
-from engine.shm.layout import Descriptor, slot_bytes, write_tensors
+from server.link.shm.allocator import Allocator
+from server.link.shm.arena import Arena
+from server.link.shm.layout import Descriptor, slot_bytes, write_tensors
 
 WRITE_OFF_LOOP_BYTES = 1 << 20
 """Tensors larger than this are copied into an arena in a worker thread, not on the loop."""

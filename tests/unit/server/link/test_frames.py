@@ -1,5 +1,5 @@
-"""The control channel's framing (engine/wire.py): frames split anywhere by the socket come out
-whole and in order, and anything that is not a frame of the protocol is a ProtocolError."""
+"""The control channel's framing (server/link/frames.py): frames split anywhere by the socket come
+out whole and in order, and anything that is not a frame of the protocol is a ProtocolError."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import engine.wire
-from engine.wire import (
+import server.link.frames
+from server.link.frames import (
     HEADER,
     MAX_FRAME_BYTES,
     FrameBuffer,
@@ -69,7 +69,7 @@ def test_list_frames_carry_every_item_in_order_within_the_limit(lengths: list[in
     limit = 48
     items = [orjson.dumps("x" * n) for n in lengths]  # up to 46 bytes, the most one may take
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(engine.wire, "MAX_FRAME_BYTES", limit)
+        patch.setattr(server.link.frames, "MAX_FRAME_BYTES", limit)
         frames = list_frames(Kind.RESULT, items)
     assert all(len(f) - HEADER.size <= limit for f in frames)
     parsed = [message for data in frames for message in FrameBuffer().feed(data)]

@@ -1,6 +1,7 @@
-"""The engine process's side of the worker data plane (engine/host.py), through the rig of
-tests/unit/engine/rig.py or a raw socket speaking engine/wire.py frames: worker connections
-(HELLO, a successor, a worker gone), one engine shared by every worker, and frames refused."""
+"""The engine process's side of the worker data plane (server/link/host.py), through the rig of
+tests/unit/server/link/rig.py or a raw socket speaking server/link/frames.py frames: worker
+connections (HELLO, a successor, a worker gone), one engine shared by every worker, and frames
+refused."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from engine.errors import (
     RateLimited,
 )
 from engine.types import InferRequest, InferResponse
-from engine.wire import FrameBuffer, Kind, frame
-from tests.unit.engine.rig import Rig, infer_request, request, until
+from server.link.frames import FrameBuffer, Kind, frame
+from tests.unit.server.link.rig import Rig, infer_request, request, until
 
 
 async def test_a_dead_worker_s_requests_are_withdrawn_and_its_slots_freed(
@@ -110,7 +111,7 @@ ONE = infer_request(1, 0, 64, [["x", "<f4", [1, 16], 0, 64]], {"x": "FP32"})
 async def test_an_infer_frame_that_is_not_its_list_closes_the_connection_holding_nothing(
     rig: Rig, payload: object
 ) -> None:
-    # An INFER frame is a list of requests, each a list of INFER_ITEMS (engine/wire.py);
+    # An INFER frame is a list of requests, each a list of INFER_ITEMS (server/link/frames.py);
     # anything else from a worker is a broken peer, refused before its slot is taken (the
     # requests before it in the frame are withdrawn, as a lost worker's are).
     reader, writer = await asyncio.open_unix_connection(rig.path)

@@ -1,6 +1,6 @@
-"""The rig the tests of the worker/engine-process data plane share (engine/remote*.py,
-engine/host*.py; its fixtures are in conftest.py): a worker's RemoteEngine against an EngineHost
-in front of a real Engine, in one process; each side maps the arenas through its own file
+"""The rig the tests of the worker/engine-process data plane share (server/link/remote*.py,
+server/link/host*.py; its fixtures are in conftest.py): a worker's RemoteEngine against an
+EngineHost in front of a real Engine, in one process; each side maps the arenas through its own file
 descriptor, as the worker and engine processes do."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from engine.engine import Engine
-from engine.host import EngineHost
-from engine.remote import RemoteEngine
 from engine.settings import Settings
-from engine.shm.arena import Arena
 from engine.types import InferRequest
+from server.link.host import EngineHost
+from server.link.remote import RemoteEngine
+from server.link.shm.arena import Arena
 
 
 def request(x: np.ndarray, model: str = "demo") -> InferRequest:
@@ -28,8 +28,8 @@ def request(x: np.ndarray, model: str = "demo") -> InferRequest:
 def infer_request(
     call_id: int, slot: int, size: int, described: list[Any], datatypes: dict[str, str]
 ) -> list[Any]:
-    """A request for the demo model as an INFER frame carries it (engine/wire.py INFER_ITEMS),
-    as a worker sends it with nothing optional set."""
+    """A request for the demo model as an INFER frame carries it (server/link/frames.py
+    INFER_ITEMS), as a worker sends it with nothing optional set."""
     unset = [None, None, None, {}, None, None, None, None, None, None]  # model_version .. trace
     return [call_id, slot, size, described, "demo", datatypes, *unset]
 

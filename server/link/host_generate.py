@@ -1,7 +1,7 @@
-"""The engine process's side of a relayed generation (engine/host.py GENERATE frames): the
+"""The engine process's side of a relayed generation (host.py GENERATE frames): the
 request is admitted and run by the same GenerationService the in-process routes call, and its
 chunks go back as they come, STREAM once admitted, then one TOKENS frame per chunk; an ERROR
-with the same id refuses it or ends it. Split from engine/host.py, whose inference path it
+with the same id refuses it or ends it. Split from host.py, whose inference path it
 shares nothing with."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from engine import errors
 from engine.generation.service import GenerateRequest, GenerationService
 from engine.tracing import request_id
-from engine.wire import Kind, error_payload
+from server.link.frames import Kind, error_payload
 
 log = logging.getLogger("sluice.host")
 

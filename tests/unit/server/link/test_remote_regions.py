@@ -1,4 +1,4 @@
-"""A worker's mirror of the engine's client shared-memory regions (engine/remote_regions.py),
+"""A worker's mirror of the engine's client shared-memory regions (server/link/remote_regions.py),
 against a real registry standing in for the engine process, reached as HostControl reaches it."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ import pytest
 
 from engine.errors import InvalidInput, RegionNotFound
 from engine.regions import SystemRegions
-from engine.remote_regions import WorkerRegions
 from engine.settings import SharedMemorySettings
 from engine.types import SharedTensor
+from server.link.remote_regions import WorkerRegions
 
 ON = SharedMemorySettings(enabled=True)
 
 
 class EngineSide:
-    """The engine process: its registry, its calls (as engine/host_control.py answers them) and
+    """The engine process: its registry, its calls (as server/link/host_control.py answers them) and
     the state it pushes to every worker."""
 
     def __init__(self, folder: Path) -> None:

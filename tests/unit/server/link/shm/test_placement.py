@@ -1,5 +1,5 @@
 """Placing tensors in an arena slot: a copy made off the event loop keeps its slot until it
-ends (engine/shm/placement.py)."""
+ends (server/link/shm/placement.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import threading
 import numpy as np
 import pytest
 
-import engine.shm.placement
-from engine.shm.allocator import Allocator
-from engine.shm.arena import Arena
-from engine.shm.layout import write_tensors
-from engine.shm.placement import WRITE_OFF_LOOP_BYTES, place_tensors
+import server.link.shm.placement
+from server.link.shm.allocator import Allocator
+from server.link.shm.arena import Arena
+from server.link.shm.layout import write_tensors
+from server.link.shm.placement import WRITE_OFF_LOOP_BYTES, place_tensors
 
 
 async def test_a_slot_being_written_off_the_loop_is_not_freed_under_the_thread(
@@ -29,7 +29,7 @@ async def test_a_slot_being_written_off_the_loop_is_not_freed_under_the_thread(
         go.wait(10)
         return write_tensors(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(engine.shm.placement, "write_tensors", slow_write)
+    monkeypatch.setattr(server.link.shm.placement, "write_tensors", slow_write)
     arena = Arena(4 * WRITE_OFF_LOOP_BYTES)
     allocator = Allocator(arena.size_bytes)
     try:

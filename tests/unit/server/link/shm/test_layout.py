@@ -1,5 +1,5 @@
 """The tensor layout in a slot: written once, viewed in place from another mapping, and every
-descriptor a peer sends checked (engine/shm/layout.py)."""
+descriptor a peer sends checked (server/link/shm/layout.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import orjson
 import pytest
 
-from engine.shm.arena import Arena
-from engine.shm.layout import ALIGN, slot_bytes, view_tensors, write_tensors
+from server.link.shm.arena import Arena
+from server.link.shm.layout import ALIGN, slot_bytes, view_tensors, write_tensors
 from tests.bytecodes import bytecodes_run
 
 

@@ -1,19 +1,19 @@
 """The worker process's engine: `RemoteEngine` implements `engine.facade.EngineFacade` by talking
-to the engine process (engine/host.py), so the normal front-ends run unchanged in a worker.
+to the engine process (host.py), so the normal front-ends run unchanged in a worker.
 
-Inference writes the decoded inputs once into this worker's in-arena (engine/shm/), sends their
+Inference writes the decoded inputs once into this worker's in-arena (shm/), sends their
 descriptors, and answers with arrays viewing the out-arena in place; the out-slot is freed when the
 last of those arrays is gone (after the response is encoded). Authentication runs here (each worker
 holds the keys); admission, the cache and the batchers are the engine process's.
 
 Generation is relayed: `generate` sends the request the routes parsed (after authenticating
-here) and returns a `RemoteStream` (engine/remote_generate.py) fed by the engine's TOKENS frames
+here) and returns a `RemoteStream` (remote_generate.py) fed by the engine's TOKENS frames
 as they arrive; leaving it early sends CANCEL, and losing the engine ends every stream with
 ShuttingDown.
 
 The rest is in the layers `RemoteEngine` builds on: the connection itself, its frames and the
-bookkeeping of each call (engine/remote_channel.py), and the calls other than inference,
-readiness, metadata, statistics, the repository, metrics (engine/remote_control.py). This module
+bookkeeping of each call (remote_channel.py), and the calls other than inference,
+readiness, metadata, statistics, the repository, metrics (remote_control.py). This module
 holds the requests in flight, which the drain waits for, and reads every frame the engine sends."""
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from typing import Any
 from engine import errors
 from engine.auth import Authenticator
 from engine.generation.service import GenerateRequest
-from engine.remote_channel import INFER_FLUSH_TURNS
-from engine.remote_control import RemoteControl
-from engine.remote_generate import RemoteStream, rebuild_error
-from engine.remote_regions import WorkerRegions
 from engine.settings import Settings
-from engine.shm.allocator import Allocator
-from engine.shm.arena import Arena, SlotWatcher
-from engine.shm.layout import slot_bytes, view_tensors
-from engine.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse
-from engine.wire import RESULT_ITEMS, Kind, ProtocolError
+from server.link.frames import RESULT_ITEMS, Kind, ProtocolError
+from server.link.remote_channel import INFER_FLUSH_TURNS
+from server.link.remote_control import RemoteControl
+from server.link.remote_generate import RemoteStream, rebuild_error
+from server.link.remote_regions import WorkerRegions
+from server.link.shm.allocator import Allocator
+from server.link.shm.arena import Arena, SlotWatcher
+from server.link.shm.layout import slot_bytes, view_tensors
+from server.link.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
 
 IN_ARENA = "this worker's request arena"
 """How the in-arena is named where it is full or too small."""
@@ -117,7 +117,7 @@ class RemoteEngine(RemoteControl):
                 raise errors.ShuttingDown("the engine process is gone")
         try:
             call_id = next(self._ids)
-            message = [  # engine/wire.py INFER_ITEMS
+            message = [  # frames.py INFER_ITEMS
                 call_id,
                 offset,
                 size,
@@ -160,7 +160,7 @@ class RemoteEngine(RemoteControl):
             self._infers -= 1
             if not self._infers:
                 self._idle.set()
-        # The answer a RESULT frame (engine/wire.py RESULT_ITEMS) describes, here rather than
+        # The answer a RESULT frame (frames.py RESULT_ITEMS) describes, here rather than
         # in a call of its own.
         _, at, nbytes, described, model_name, model_version, datatypes, id_, parameters = result
         slot = self.outputs.slot(at, nbytes)
@@ -209,7 +209,7 @@ class RemoteEngine(RemoteControl):
     # -- frames from the engine ------------------------------------------------------------------
 
     def _dispatch(self, kind: Kind, message: Any) -> None:
-        if kind is Kind.RESULT:  # lists (engine/wire.py RESULT_ITEMS), checked before use
+        if kind is Kind.RESULT:  # lists (frames.py RESULT_ITEMS), checked before use
             if type(message) is not list:
                 raise ProtocolError("a RESULT frame is a list of answers")
             pending = self._pending

@@ -1,19 +1,19 @@
 """The engine process's side of the worker data plane: `EngineHost` serves the worker processes'
-control connections (engine/wire.py) in front of one `Engine`, so admission, the result cache and
+control connections (frames.py) in front of one `Engine`, so admission, the result cache and
 the batchers are the engine's own, shared by every worker.
 
-A worker's inputs are viewed in place in its in-arena (engine/shm/) and its answers written once
+A worker's inputs are viewed in place in its in-arena (shm/) and its answers written once
 into its out-arena. When a worker's connection ends (the worker died or stopped) every request it
 had in flight is cancelled (withdrawn from the batchers, its generations' cache slots freed at
 the next step) and the out-slots it held are freed; the in-slots stay reserved until no array
 views them, and a restarted worker is told which. Generation requests are served by the same
 GenerationService the in-process routes call, their chunks sent back as TOKENS frames
-(engine/host_generate.py).
+(host_generate.py).
 
 This module holds the connections (HELLO, a worker slot's successor, a worker gone), the frames
-read from them and inference; it builds on `HostControl` (engine/host_control.py: state pushes,
+read from them and inference; it builds on `HostControl` (host_control.py: state pushes,
 the calls other than inference, front-end counts), and each connection's outgoing frames and
-calls in flight are a `Peer`'s (engine/host_peer.py)."""
+calls in flight are a `Peer`'s (host_peer.py)."""
 
 from __future__ import annotations
 
@@ -26,17 +26,17 @@ from typing import Any, cast
 from engine import errors
 from engine.engine import Engine
 from engine.generation.service import GenerateRequest, GenerationService
-from engine.host_control import HostControl
-from engine.host_generate import relay_generation
-from engine.host_peer import Peer, WorkerSlots, call_finished, cancel_call
 from engine.metrics import WorkerArenas, WorkerCollector
-from engine.shm.allocator import Allocator
-from engine.shm.arena import Arena, SlotWatcher
-from engine.shm.layout import slot_bytes, view_tensors
-from engine.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
 from engine.tracing import request_id
 from engine.types import InferRequest
-from engine.wire import INFER_ITEMS, FrameBuffer, Kind, ProtocolError, error_payload
+from server.link.frames import INFER_ITEMS, FrameBuffer, Kind, ProtocolError, error_payload
+from server.link.host_control import HostControl
+from server.link.host_generate import relay_generation
+from server.link.host_peer import Peer, WorkerSlots, call_finished, cancel_call
+from server.link.shm.allocator import Allocator
+from server.link.shm.arena import Arena, SlotWatcher
+from server.link.shm.layout import slot_bytes, view_tensors
+from server.link.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
 
 log = logging.getLogger("sluice.host")
 

@@ -1,5 +1,5 @@
-"""A worker's RemoteEngine (engine/remote.py) against an EngineHost in front of a real Engine,
-in one process (the rig: tests/unit/engine/rig.py): inference end to end, its arenas and
+"""A worker's RemoteEngine (server/link/remote.py) against an EngineHost in front of a real Engine,
+in one process (the rig: tests/unit/server/link/rig.py): inference end to end, its arenas and
 errors, and the RESULT frames the worker reads."""
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from engine.errors import (
     PayloadTooLarge,
     ShuttingDown,
 )
-from engine.remote import RemoteEngine
 from engine.settings import load_settings
-from engine.shm.arena import Arena
-from engine.shm.placement import WRITE_OFF_LOOP_BYTES
 from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse
-from engine.wire import FrameBuffer, Kind, frame
+from server.link.frames import FrameBuffer, Kind, frame
+from server.link.remote import RemoteEngine
+from server.link.shm.arena import Arena
+from server.link.shm.placement import WRITE_OFF_LOOP_BYTES
 from tests.models import write_model
-from tests.unit.engine.rig import Rig, request, until
+from tests.unit.server.link.rig import Rig, request, until
 
 
 async def test_inputs_are_viewed_in_the_arena_and_outputs_come_back_in_place(rig: Rig) -> None:
@@ -66,8 +66,8 @@ async def test_inputs_are_viewed_in_the_arena_and_outputs_come_back_in_place(rig
 
 
 async def test_every_field_of_a_request_and_of_its_answer_crosses(rig: Rig) -> None:
-    # INFER and RESULT frames are lists read by position (engine/wire.py): each field must land
-    # where the other side reads it, and a value of the wrong type for a field is no time.
+    # INFER and RESULT frames are lists read by position (server/link/frames.py): each field must
+    # land where the other side reads it, and a value of the wrong type for a field is no time.
     seen: list[InferRequest] = []
 
     async def spy(req: InferRequest) -> InferResponse:

@@ -1,5 +1,5 @@
-"""The worker's connection to the engine process (engine/remote_channel.py), through the rig of
-tests/unit/engine/rig.py: freed answer slots riding on the next frame, and requests the channel
+"""The worker's connection to the engine process (server/link/remote_channel.py), through the rig of
+tests/unit/server/link/rig.py: freed answer slots riding on the next frame, and requests the channel
 cannot carry refused before anything is sent."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from engine.errors import (
     PayloadTooLarge,
 )
 from engine.generation.service import GenerateRequest
-from engine.remote import RemoteEngine
-from engine.remote_channel import FREE_DELAY_S
 from engine.types import InferRequest
-from engine.wire import MAX_FRAME_BYTES, FrameBuffer, Kind
-from tests.unit.engine.rig import Rig, request, until
+from server.link.frames import MAX_FRAME_BYTES, FrameBuffer, Kind
+from server.link.remote import RemoteEngine
+from server.link.remote_channel import FREE_DELAY_S
+from tests.unit.server.link.rig import Rig, request, until
 
 # On asyncio's loop and on uvloop, which a worker runs: the two order a loop iteration's timers
 # and callbacks differently, and a flush is timed in iterations (tests/unit/engine/conftest.py).

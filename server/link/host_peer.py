@@ -4,9 +4,9 @@ the engine no longer reads in FREE_IN), and holds the tasks of the calls in flig
 `cancel_call` and `call_finished` withdraw and forget; `WorkerSlots` are a worker index's arenas,
 which outlive its processes.
 
-Split from engine/host.py: this is what one connection holds and sends, apart from what
-`EngineHost` does with the frames it reads (engine/host.py) and the calls it answers
-(engine/host_control.py), which both hand their answers to a `Peer`."""
+Split from host.py: this is what one connection holds and sends, apart from what
+`EngineHost` does with the frames it reads (host.py) and the calls it answers
+(host_control.py), which both hand their answers to a `Peer`."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from typing import Any
 import orjson
 
 from engine import errors
-from engine.shm.allocator import Allocator
-from engine.shm.arena import Arena, SlotWatcher
 from engine.types import InferResponse
-from engine.wire import HEADER, MAX_FRAME_BYTES, Kind, Outbox, error_payload, frame
+from server.link.frames import HEADER, MAX_FRAME_BYTES, Kind, Outbox, error_payload, frame
+from server.link.shm.allocator import Allocator
+from server.link.shm.arena import Arena, SlotWatcher
 
 log = logging.getLogger("sluice.host")
 
@@ -80,7 +80,7 @@ class Peer:
         self, call_id: int, offset: int, size: int, described: list[Any], response: InferResponse
     ) -> None:
         """Send the answer whose outputs were written to the out-slot at `offset`, in the next
-        RESULT frame (engine/wire.py RESULT_ITEMS): the slot is the worker's until its FREE_OUT,
+        RESULT frame (frames.py RESULT_ITEMS): the slot is the worker's until its FREE_OUT,
         or free again here when the answer cannot go."""
         out = self.slots.out_allocator
         if self.closed:  # nobody will read it: the worker went away while it was written

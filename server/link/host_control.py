@@ -5,8 +5,8 @@ frames (metadata, input specs, readiness, configuration, statistics, the reposit
 loads, usage, the metrics exposition) and adds the front-end counts they send (EVENTS) to the
 engine's metrics, so every worker shows the whole server.
 
-Split from engine/host.py: none of this touches the arenas; `EngineHost` (engine/host.py)
-builds on it with the connections and inference. The worker's side is engine/remote_control.py."""
+Split from host.py: none of this touches the arenas; `EngineHost` (host.py) builds on it with the
+connections and inference. The worker's side is remote_control.py."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import orjson
 
 from engine import errors
 from engine.engine import Engine
-from engine.host_peer import Peer
 from engine.types import ModelMetadata
-from engine.wire import Kind, ProtocolError, error_payload
+from server.link.frames import Kind, ProtocolError, error_payload
+from server.link.host_peer import Peer
 
 log = logging.getLogger("sluice.host")
 
@@ -66,7 +66,7 @@ class HostControl:
             "generation": zlib.crc32(marks),
             "server": engine.server_metadata(),
         }
-        if engine.regions.enabled:  # the client shared-memory regions (engine/remote_regions.py)
+        if engine.regions.enabled:  # the client shared-memory regions (remote_regions.py)
             state["shm_regions"] = engine.regions.table()
         return state
 
