@@ -26,6 +26,7 @@ from engine.errors import (
     ShuttingDown,
     from_batching,
 )
+from engine.generation.service import GenerationService
 from engine.limits import Limiter, build_limiter
 from engine.limits.limiter import Admission
 from engine.metrics import Metrics
@@ -69,6 +70,7 @@ class Engine(ModelQueries):
         self.regions = SystemRegions(settings.shared_memory)
         self.authenticator.on_reload.append(self.regions.keep_keys)
         self.limiter: Limiter = build_limiter(settings.rate_limit)
+        self.generation = GenerationService(self)  # over the registry's generative models
         self._cached: CachedInference | None = None  # the result-cache path, from start()
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from engine.auth import Authenticator
+    from engine.generation.service import Generation
     from engine.metrics import Metrics
     from engine.regions import SystemRegions
     from engine.tracing import Tracing
@@ -42,6 +43,12 @@ class EngineFacade(Protocol):
     @property
     def tracing(self) -> Tracing | None:
         """The engine's OpenTelemetry spans, or None when tracing is off."""
+
+    @property
+    def generation(self) -> Generation | None:
+        """Who serves generation: this process's GenerationService, a worker's relay to the
+        engine process's, or None where the engine serves none (the generation routes are then
+        not mounted)."""
 
     @property
     def live(self) -> bool:

@@ -1,15 +1,19 @@
 """The data plane: the work every request shares, whichever transport carried it.
 
-HTTP (server/http/infer_route.py, server/http/app.py, server/http/triton.py) and gRPC
-(server/grpc/service.py) convert wire <-> engine types and nothing else; they call one
+HTTP (server/http/infer_route.py, server/http/app.py, server/http/triton.py, and for generation
+server/http/openai.py and server/http/triton_generate.py) and gRPC (server/grpc/service.py,
+server/grpc/generate.py) convert wire <-> engine types and nothing else; they call one
 `DataPlane`, which authenticates and authorizes the caller, calls the engine facade (this
 process's `Engine`, or a proxy to the engine process with `--workers`), and for inference times,
-traces, counts and logs the request once. Errors stay typed `EngineError`s here; each transport
-renders them through the one table in server/errors.py.
+traces, counts and logs the request once. Errors stay typed `EngineError`s here (a bug becomes
+BackendError(INTERNAL_ERROR), logged with its traceback); each transport renders them through
+the one table in server/errors.py.
 
     plane = DataPlane(engine, settings)
     meta = await plane.model_metadata(headers, "demo", None)  # 401 / 403 / 404 as EngineError
     answer = await plane.infer(call)                          # call: an InferCall of the wire
+    caller = plane.generation_caller(headers, "tiny")         # before the body is parsed
+    tokens = await plane.generate(GenerateRequest("tiny", caller.tenant, "Hello"))
 
 Everything the engine answers is awaited: with `--workers` it is asked of the engine process,
 and the worker's event loop serves its other requests meanwhile.
@@ -30,13 +34,15 @@ from engine.auth import (
     log_admin_action,
     metrics_need_key,
 )
-from engine.errors import BackendError, EngineError, RegionNotFound, ShuttingDown
+from engine.errors import BackendError, EngineError, ModelNotFound, RegionNotFound, ShuttingDown
 from engine.facade import EngineFacade
+from engine.generation.service import GenerateRequest, TokenStream
 from engine.settings import Settings
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server import shared_tensors
 from server.errors import http_status
+from server.fields import refused
 from server.raw_tensors import OFFLOAD_BYTES
 
 W = TypeVar("W")
@@ -60,6 +66,7 @@ INTERNAL_ERROR = "internal error"
 """What a caller is told about a bug (the traceback is in the server log)."""
 
 _LOGS = {"http": logging.getLogger("sluice.http"), "grpc": logging.getLogger("sluice.grpc")}
+_GENERATION_LOG = logging.getLogger("sluice.generation")
 
 
 class ClientGone(Exception):
@@ -113,7 +120,8 @@ class InferCall(Protocol[W_co]):
 
 
 class DataPlane:
-    """Authenticate, authorize and call the engine; inference also timed, traced, counted."""
+    """Authenticate, authorize and call the engine, for tensors and for generation; inference
+    also timed, traced, counted."""
 
     def __init__(self, engine: EngineFacade, settings: Settings) -> None:
         self.engine = engine
@@ -262,6 +270,50 @@ class DataPlane:
         self.authenticate(who)
         if name:
             raise RegionNotFound(name)
+
+    # -- generation ------------------------------------------------------------------------------
+
+    @property
+    def serves_generation(self) -> bool:
+        """Whether the engine serves generation (the generation routes are mounted)."""
+        return self.engine.generation is not None
+
+    def generative_models(self) -> list[str]:
+        """The engine's generative models (none where it serves no generation)."""
+        generation = self.engine.generation
+        return [] if generation is None else generation.generative_models()
+
+    def generation_caller(self, who: Caller, model: object) -> Principal:
+        """The caller, once it may generate with `model` (ABSENT when the request left it out):
+        `who` is the request's headers, or the principal they were authenticated as already
+        where the model's name is in the body (authentication comes before the body is read, so
+        a stranger's is never parsed); ShuttingDown while draining. Its tenant is the one the
+        GenerateRequest carries."""
+        caller = self.authenticate(who)
+        if not isinstance(model, str) or not model:
+            raise refused("model", "a model name (string)", model)
+        caller.check_model(model)
+        if self.engine.draining:
+            raise ShuttingDown()
+        return caller
+
+    async def generate(self, request: GenerateRequest) -> TokenStream:
+        """Admit and queue a generation `generation_caller` allowed, or raise the EngineError
+        saying why not: a bug is logged here with its traceback and becomes
+        BackendError(INTERNAL_ERROR). The plane is a `Generation` itself (with
+        `generative_models`), so a route starts several choices through it as through one."""
+        generation = self.engine.generation
+        if generation is None:
+            raise ModelNotFound(request.model)
+        try:
+            return await generation.generate(request)
+        except EngineError:
+            raise
+        except Exception as exc:  # a bug: the traceback goes to the log, the caller a 500
+            _GENERATION_LOG.error(
+                "unhandled error in generation", exc_info=exc, extra={"model": request.model}
+            )
+            raise BackendError(INTERNAL_ERROR) from exc
 
     # -- inference -------------------------------------------------------------------------------
 

@@ -5,12 +5,13 @@ each with the new text as `text_output` (BYTES [1]); the last has the parameters
 `triton_final_response: true`, `finish_reason` and the token counts; with the request parameter
 `triton_enable_empty_final_response` (tritonclient's `enable_empty_final_response=True`) those
 come on a last response of their own, without outputs, as Triton sends them. A failure is one
-`error_message` answer naming its request (`stream_error`), as for any stream request."""
+`error_message` answer naming its request (`stream_error`), as for any stream request. This
+module only converts: the data plane (server/dataplane.py) authenticates, authorizes and calls
+the engine's generation."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
-from typing import cast
 
 import numpy as np
 
@@ -18,20 +19,12 @@ from engine.errors import EngineError, InvalidInput
 from engine.generation.service import SAMPLING_KEYS, GenerateRequest
 from engine.types import InferResponse
 from engine.validate import scheduling
-from server.generation import FrontEnd, caller, generation_of
+from server.dataplane import DataPlane
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.tensors import decode_request, encode_response
 
 Metadata = Iterable[tuple[str, str | bytes]]
 EMPTY_FINAL = "triton_enable_empty_final_response"
-
-
-def is_generative(engine: object, name: str) -> bool:
-    """Whether `name` is a loaded generative model of the engine, in this process or the
-    engine process (anything else, unknown models included, takes the ordinary inference path
-    and its errors)."""
-    generation = generation_of(engine)
-    return generation is not None and name in generation.generative_models()
 
 
 def _text(request: pb.ModelInferRequest) -> str:
@@ -97,15 +90,13 @@ def stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamI
 
 
 async def stream_generation(
-    engine: object, request: pb.ModelInferRequest, metadata: Metadata
+    plane: DataPlane, request: pb.ModelInferRequest, metadata: Metadata
 ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-    """The answers to one generation request on a stream (never raises an EngineError);
-    `engine` serves generation (is_generative said so)."""
-    generation = generation_of(engine)
-    assert generation is not None
+    """The answers to one generation request on a stream (never raises an EngineError); its
+    model is one of `plane.generative_models()`."""
     headers = {str(k): v if isinstance(v, str) else v.decode("latin-1") for k, v in metadata}
     try:
-        tenant = caller(cast(FrontEnd, engine), headers, request.model_name)
+        tenant = plane.generation_caller(headers, request.model_name).tenant
         options = {k: v for k, v in decode_request(request).parameters.items() if v is not None}
         empty_final = _triton_options(options)
         unknown = sorted(set(options) - set(SAMPLING_KEYS))
@@ -114,7 +105,7 @@ async def stream_generation(
                 f"unknown generation parameter '{unknown[0]}'; allowed: {', '.join(SAMPLING_KEYS)}"
             )
         generate = GenerateRequest(request.model_name, tenant, _text(request), None, options)
-        tokens = await generation.generate(generate)
+        tokens = await plane.generate(generate)
     except EngineError as exc:
         yield stream_error(request, exc.message)
         return

@@ -40,7 +40,7 @@ from engine.auth import Principal
 from engine.errors import EngineError
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc.calls import Context, abort, bind_request_id, metadata
-from server.grpc.generate import is_generative, stream_error, stream_generation
+from server.grpc.generate import stream_error, stream_generation
 from server.grpc.handlers import Malformed
 from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
@@ -115,10 +115,12 @@ class InferStream:
         """Run one request and queue its answers: one for inference (`error_message` if it
         failed), one or more for generation (decoupled)."""
         plane, results = self._plane, self._results
-        if is_generative(plane.engine, request.model_name):
-            first, engine = True, plane.engine
+        # A loaded generative model, in this process or the engine process (anything else,
+        # unknown models included, takes the ordinary inference path and its errors).
+        if request.model_name in plane.generative_models():
+            first = True
             try:
-                async for answer in stream_generation(engine, request, metadata(self._context)):
+                async for answer in stream_generation(plane, request, metadata(self._context)):
                     if not first:  # the first answer has this request's slot; later ones take one
                         await self._slots.acquire()
                     first = False

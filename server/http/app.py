@@ -27,10 +27,11 @@ from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
 from server.http.embeddings import embeddings_router
 from server.http.infer_route import InferRoute
-from server.http.openai import mount_openai
+from server.http.openai import openai_router
 from server.http.openai_errors import UNKNOWN_ROUTE, V1, http_error, openai_error
 from server.http.openai_models import models_router
 from server.http.triton import triton_router
+from server.http.triton_generate import generate_router
 from server.logs import RequestIdMiddleware
 
 log = logging.getLogger("sluice.http")
@@ -155,7 +156,9 @@ def fastapi_app(settings: Settings, plane: DataPlane) -> FastAPI:
 
     # Before /v2/models/{name}: "/v2/models/stats" is the statistics endpoint, not a model.
     app.include_router(triton_router(plane))
-    mount_openai(app, plane.engine)  # /v1: OpenAI-compatible generation (server/http/openai.py)
+    if plane.serves_generation:
+        app.include_router(openai_router(plane))  # /v1 completions (server/http/openai.py)
+        app.include_router(generate_router(plane))  # Triton's generate extension
     app.include_router(embeddings_router(plane))  # /v1/embeddings (server/http/embeddings.py)
     app.include_router(models_router(plane))  # /v1/models (server/http/openai_models.py)
 

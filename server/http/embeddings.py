@@ -31,7 +31,7 @@ from engine.pipeline import TOKENS
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server.dataplane import CLIENT_GONE, DataPlane, Headers
-from server.generation import ABSENT, refused
+from server.fields import ABSENT, refused
 from server.http.openai_errors import openai_error
 
 T = TypeVar("T")

@@ -8,35 +8,27 @@ server/http/embeddings.py's. Structured output and tools are guided decoding
 (server/http/openai_choices.py); the answer's objects and events are
 server/http/openai_answer.py's.
 
-Authentication is engine.auth's, as on every route (the OpenAI client's `Authorization: Bearer`
-key is read like `x-api-key`), in the process that serves the HTTP request; the rest (model,
-sampling, tokens, admission, the scheduler) is engine/generation/service.py's, called in process
-or, under `--workers N`, relayed to the engine process (server/link/remote.py): these routes are the
-same code either way."""
+These routes only convert: authentication and authorization are the data plane's
+(server/dataplane.py), as on every route (the OpenAI client's `Authorization: Bearer` key is read
+like `x-api-key`), in the process that serves the HTTP request, and so is the call; the rest
+(model, sampling, tokens, admission, the scheduler) is engine/generation/service.py's, called in
+process or, under `--workers N`, relayed to the engine process (server/link/remote.py): these
+routes are the same code either way."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from engine.auth import authenticate_headers
 from engine.datatypes import past_64_bits, received
 from engine.errors import EngineError, InvalidInput
 from engine.generation.sampling import check_max_tokens
-from engine.generation.sequence import Chunk
-from engine.generation.service import (
-    GUIDANCE,
-    SAMPLING_KEYS,
-    TOOLS,
-    GenerateRequest,
-    Generation,
-    TokenStream,
-)
-from server.generation import ABSENT, FrontEnd, caller, generation_of, refused
+from engine.generation.service import GUIDANCE, SAMPLING_KEYS, TOOLS, GenerateRequest
+from server.dataplane import DataPlane
+from server.fields import ABSENT, refused
 from server.http.openai_answer import Completion, refused_grammar, stream_events
 from server.http.openai_choices import collect, seeded, start_all
 from server.http.openai_errors import openai_error
@@ -47,20 +39,6 @@ from server.http.openai_tools import (
     template_tools,
     tool_plan,
 )
-
-__all__ = ["mount_openai"]
-
-
-def mount_openai(app: FastAPI, engine: object) -> None:
-    """Add the /v1 routes and Triton's generate extension (server/http/triton_generate.py) when
-    `engine` serves generation (see generation_of)."""
-    from server.http.triton_generate import generate_router
-
-    generation = generation_of(engine)
-    if generation is not None:
-        front: FrontEnd = engine  # type: ignore[assignment]
-        app.include_router(openai_router(front, generation))
-        app.include_router(generate_router(front, generation))
 
 
 def _json(body: Any) -> Response:
@@ -237,35 +215,19 @@ def _named(exc: EngineError, source: str) -> EngineError:
     return exc
 
 
-async def until_disconnected(request: Request, stream: TokenStream) -> list[Chunk]:
-    """Every chunk of a stream answered in one response; a client that goes away first
-    cancels it (its slot is freed at the next step) instead of leaving it to run to the end."""
-
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        stream.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        return [chunk async for chunk in stream.chunks()]
-    finally:
-        watcher.cancel()
-        stream.cancel()  # a no-op once finished
-
-
-def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
-    """The /v1 routes over `generation`'s models."""
+def openai_router(plane: DataPlane) -> APIRouter:
+    """The /v1 completion routes over the data plane's generation (mounted when the engine
+    serves generation: server/http/app.py)."""
     router = APIRouter()
 
     async def complete(request: Request, chat: bool) -> Response:
         named: str | None = None  # the model the request names, for an unknown model's 404
         source = "response_format"
         try:
-            principal = authenticate_headers(engine.authenticator, request.headers)
+            principal = plane.authenticate(request.headers)  # before the body is read
             body = await _body(request)
             named = body["model"] if isinstance(body.get("model"), str) else None
-            tenant = caller(engine, principal, body.get("model", ABSENT))
+            tenant = plane.generation_caller(principal, body.get("model", ABSENT)).tenant
             options = _options(body)
             n = _choices(body)
             prompts, messages = ([None], _messages(body)) if chat else (_prompts(body), None)
@@ -290,7 +252,7 @@ def openai_router(engine: FrontEnd, generation: Generation) -> APIRouter:
                 for prompt in prompts
                 for k in range(n)
             ]
-            streams = await start_all(generation, requests)
+            streams = await start_all(plane, requests)
             if stream and GUIDANCE in added:
                 await refused_grammar(streams)
         except EngineError as exc:

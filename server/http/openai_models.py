@@ -12,7 +12,6 @@ from fastapi.responses import Response
 from engine.auth import Principal
 from engine.errors import EngineError, ModelNotFound
 from server.dataplane import DataPlane
-from server.generation import generation_of
 from server.http.embeddings import embedding_models
 from server.http.openai_errors import openai_error
 
@@ -24,8 +23,7 @@ def model_object(name: str) -> dict[str, Any]:
 
 async def served_models(plane: DataPlane, principal: Principal) -> list[str]:
     """What /v1 serves to `principal`: generative models, then embedding models, each sorted."""
-    generation = generation_of(plane.engine)
-    generative = generation.generative_models() if generation is not None else []
+    generative = plane.generative_models()
     names = [name for name in generative if principal.may_use(name)]
     index = await plane.engine.repository_index(ready_only=True)
     loaded = {entry["name"] for entry in index}

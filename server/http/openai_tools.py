@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from engine.errors import InvalidInput
-from server.generation import refused
+from server.fields import refused
 
 MAX_TOOLS = 128
 _COMPACT = {"whitespace_flexible": False}

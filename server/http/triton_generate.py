@@ -8,10 +8,12 @@ names and fields too (server/http/generate_inputs.py).
 A max_tokens past what the context leaves after the prompt is clamped (finish reason
 `length`), as Triton's TensorRT-LLM backend clamps it, where the OpenAI routes refuse it;
 a prompt that leaves no room is refused on both. Errors are the v2 `{"error": "..."}` body
-with the status engine errors map to."""
+with the status engine errors map to. The routes only convert: the data plane
+(server/dataplane.py) authenticates, authorizes and calls the engine's generation."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,12 +22,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from engine.errors import EngineError, InvalidInput
-from engine.generation.service import GenerateRequest, Generation, TokenStream
+from engine.generation.sequence import Chunk
+from engine.generation.service import GenerateRequest, TokenStream
+from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
-from server.generation import FrontEnd, caller
 from server.http import sse
 from server.http.generate_inputs import generate_request
-from server.http.openai import until_disconnected
 
 
 def v2_error(exc: EngineError) -> Response:
@@ -38,18 +40,36 @@ def _request(body: Any) -> tuple[str, dict[str, Any]]:
     return generate_request(body)
 
 
-def generate_router(engine: FrontEnd, generation: Generation) -> APIRouter:
-    """The /v2/models/{name}/generate[_stream] routes over `generation`'s models."""
+async def until_disconnected(request: Request, stream: TokenStream) -> list[Chunk]:
+    """Every chunk of a stream answered in one response; a client that goes away first
+    cancels it (its slot is freed at the next step) instead of leaving it to run to the end."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        return [chunk async for chunk in stream.chunks()]
+    finally:
+        watcher.cancel()
+        stream.cancel()  # a no-op once finished
+
+
+def generate_router(plane: DataPlane) -> APIRouter:
+    """The /v2/models/{name}/generate[_stream] routes over the data plane's generation
+    (mounted when the engine serves generation: server/http/app.py)."""
     router = APIRouter()
 
     async def begin(request: Request, name: str) -> TokenStream:
-        tenant = caller(engine, request.headers, name)  # before the body is read
+        tenant = plane.generation_caller(request.headers, name).tenant  # before the body is read
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError as exc:
             raise InvalidInput(f"the request body is not JSON: {exc}") from exc
         text, options = _request(body)
-        return await generation.generate(GenerateRequest(name, tenant, text, None, options))
+        return await plane.generate(GenerateRequest(name, tenant, text, None, options))
 
     def answer(name: str, text: str, tokens: TokenStream, final: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model_name": name, "model_version": "", "text_output": text}

@@ -25,7 +25,7 @@ from typing import Any, cast
 
 from engine import errors
 from engine.engine import Engine
-from engine.generation.service import GenerateRequest, GenerationService
+from engine.generation.service import GenerateRequest
 from engine.metrics import WorkerArenas, WorkerCollector
 from engine.tracing import request_id
 from engine.types import InferRequest
@@ -49,7 +49,7 @@ class EngineHost(HostControl):
 
     def __init__(self, engine: Engine, arenas: Sequence[tuple[Arena, Arena]]) -> None:
         super().__init__(engine)
-        self.generation = GenerationService(engine)
+        self.generation = engine.generation
         self.workers = [WorkerSlots(i, o, Allocator(o.size_bytes)) for i, o in arenas]
         engine.metrics.registry.register(WorkerCollector(self.arenas))
         self._server: asyncio.Server | None = None

@@ -6,7 +6,7 @@ descriptors, and answers with arrays viewing the out-arena in place; the out-slo
 last of those arrays is gone (after the response is encoded). Authentication runs here (each worker
 holds the keys); admission, the cache and the batchers are the engine process's.
 
-Generation is relayed: `generate` sends the request the routes parsed (after authenticating
+Generation is relayed: `generate` sends the request the data plane passes on (authenticated
 here) and returns a `RemoteStream` (remote_generate.py) fed by the engine's TOKENS frames
 as they arrive; leaving it early sends CANCEL, and losing the engine ends every stream with
 ShuttingDown.
@@ -173,6 +173,12 @@ class RemoteEngine(RemoteControl):
         return InferResponse(model_name, model_version, outputs, datatypes, id_, parameters or {})
 
     # -- generation ------------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> RemoteEngine:
+        """A worker relays generation to the engine process (`generate`, and
+        `generative_models` from the state the engine pushes): it is the Generation itself."""
+        return self
 
     async def generate(self, request: GenerateRequest) -> RemoteStream:
         """Have the engine process admit and queue `request`; its chunks arrive on the stream."""

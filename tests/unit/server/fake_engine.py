@@ -99,6 +99,12 @@ class FakeEngine:
         self.tracing = None
         self.metrics = Metrics(lambda: {"models": [], "index": [], "in_flight": 0})
 
+    @property
+    def generation(self) -> Any:
+        """None: no generation, unless a test gives this engine `generate` and
+        `generative_models` (a Generation then)."""
+        return self if hasattr(self, "generate") else None
+
     async def ready_now(self) -> bool:
         return self.ready
 

@@ -1,12 +1,13 @@
 """The data plane over FakeEngine: authentication and authorization, inference counted, logged
-and mapped once, whichever transport calls."""
+and mapped once, whichever transport calls, and the door of generation (the routes that call it
+are tested in http/test_openai.py, http/test_triton_generate.py and grpc/test_stream.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pytest
@@ -17,13 +18,16 @@ from engine.errors import (
     Forbidden,
     InvalidInput,
     ModelNotFound,
+    RateLimited,
     ShuttingDown,
     Unauthenticated,
 )
+from engine.generation.service import GenerateRequest
 from engine.settings import ApiKey, AuthSettings, MetricsSettings, Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server.dataplane import ClientGone, DataPlane, Headers
+from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 from tests.unit.server.fake_engine import FakeEngine
 
 KEYS = [
@@ -218,3 +222,57 @@ async def test_metrics_need_an_admin_key_by_default_off_loopback(engine: FakeEng
         engine, Settings(host="0.0.0.0", metrics=MetricsSettings(require_key=False))
     )  # type: ignore[arg-type]
     assert b"sluice_requests" in await opted_out.metrics(USER)
+
+
+# -- generation ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("value", "shown"), WRONG_KINDS)
+def test_a_model_of_the_wrong_kind_is_named_as_sent(
+    plane: DataPlane, value: str, shown: str
+) -> None:
+    with pytest.raises(InvalidInput) as caught:
+        plane.generation_caller(ANYONE, parsed(f'{{"model": {value}}}')["model"])
+    assert caught.value.message == f"model must be a model name (string); got {shown}"
+
+
+def test_a_generation_caller_is_authenticated_authorized_and_refused_while_draining(
+    plane: DataPlane, engine: FakeEngine
+) -> None:
+    assert plane.generation_caller(USER, "double").tenant == "acme"
+    with pytest.raises(Unauthenticated):
+        plane.generation_caller({"x-api-key": "nope"}, "double")
+    with pytest.raises(Forbidden, match="tenant 'acme' may use models \\[double\\]; got 'echo'"):
+        plane.generation_caller(USER, "echo")
+    engine.draining = True
+    with pytest.raises(ShuttingDown):
+        plane.generation_caller(USER, "double")
+
+
+async def test_an_engine_without_generation_serves_no_generative_model(plane: DataPlane) -> None:
+    assert (plane.serves_generation, plane.generative_models()) == (False, [])
+    with pytest.raises(ModelNotFound, match="unknown model 'double'"):
+        await plane.generate(GenerateRequest("double", "acme", "hello"))
+
+
+async def test_a_refused_generation_keeps_its_error_and_a_bug_is_an_internal_error(
+    plane: DataPlane, engine: FakeEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refuse(request: GenerateRequest) -> NoReturn:
+        raise RateLimited("tenant 'acme' is over its rate limit", 1.0)
+
+    engine.generate = refuse  # type: ignore[attr-defined]  # a Generation now
+    engine.generative_models = lambda: ["gen"]  # type: ignore[attr-defined]
+    assert (plane.serves_generation, plane.generative_models()) == (True, ["gen"])
+    with pytest.raises(RateLimited, match="over its rate limit"):
+        await plane.generate(GenerateRequest("gen", "acme", "hello"))
+
+    async def bug(request: GenerateRequest) -> NoReturn:
+        raise ZeroDivisionError("secret detail")
+
+    engine.generate = bug  # type: ignore[attr-defined]
+    with caplog.at_level(logging.ERROR, "sluice.generation"), pytest.raises(BackendError) as caught:
+        await plane.generate(GenerateRequest("gen", "acme", "hello"))
+    assert caught.value.message == "internal error"
+    assert [r.getMessage() for r in caplog.records] == ["unhandled error in generation"]
+    assert caplog.records[0].exc_info is not None

@@ -15,7 +15,8 @@ from fastapi import FastAPI
 from engine.auth import Authenticator
 from engine.generation.sequence import Chunk
 from engine.generation.service import GenerateRequest
-from engine.settings import AuthSettings
+from engine.settings import AuthSettings, Settings
+from server.dataplane import DataPlane
 from server.http import sse
 from server.http.openai import openai_router
 from server.http.triton_generate import generate_router
@@ -76,13 +77,14 @@ class FakeGeneration:
 class FakeFrontEnd:
     authenticator = Authenticator(AuthSettings())
     draining = False
+    generation = FakeGeneration()
 
 
 def app() -> FastAPI:
     app = FastAPI()
-    front, generation = FakeFrontEnd(), FakeGeneration()
-    app.include_router(openai_router(front, generation))  # type: ignore[arg-type]
-    app.include_router(generate_router(front, generation))  # type: ignore[arg-type]
+    plane = DataPlane(FakeFrontEnd(), Settings())  # type: ignore[arg-type]
+    app.include_router(openai_router(plane))
+    app.include_router(generate_router(plane))
     return app
 
 
