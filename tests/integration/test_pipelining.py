@@ -34,7 +34,7 @@ def request(index: int) -> bytes:
 
 REQUEST_BYTES = len(request(0))
 MAX_PIPELINED = 4
-WRITE_TIMEOUT_S = 3.0
+WRITE_TIMEOUT_S = 1.5
 STALLED_S = 0.5  # no byte taken for this long: the server has stopped reading
 SLACK_S = 3.0
 READ_BYTES = 256 * 1024  # the most one socket read takes (asyncio and uvloop alike)
