@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.auth import Authenticator, digest_key, ensure_safe_bind
+from engine.auth import Authenticator, digest_key
 from engine.errors import Unauthenticated
 from engine.keys_file import KeyFileWatcher, parse_keys, read_keys, write_keys
 from engine.settings import ApiKey, AuthSettings, SettingsError
+from server.bind import ensure_safe_bind
 
 
 def entry(name: str, key: str, tenant: str = "acme", **extra: object) -> dict[str, object]:
