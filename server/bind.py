@@ -13,7 +13,8 @@ import ipaddress
 import logging
 import socket
 
-from engine.settings import AuthSettings, SettingsError, TlsSettings
+from engine.settings import AuthSettings, SettingsError
+from server.settings import TlsSettings
 
 log = logging.getLogger("sluice.auth")
 

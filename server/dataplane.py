@@ -31,7 +31,6 @@ from engine.auth import Principal, admin_action, log_admin_action
 from engine.errors import BackendError, EngineError, ModelNotFound, RegionNotFound, ShuttingDown
 from engine.facade import EngineFacade
 from engine.generation.service import GenerateRequest, TokenStream
-from engine.settings import Settings
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server import shared_tensors
@@ -40,6 +39,7 @@ from server.bind import metrics_need_key
 from server.errors import http_status
 from server.fields import refused
 from server.raw_tensors import OFFLOAD_BYTES
+from server.settings import Settings
 
 W = TypeVar("W")
 W_co = TypeVar("W_co", covariant=True)

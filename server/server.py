@@ -33,12 +33,12 @@ import uvicorn
 from engine.engine import Engine
 from engine.facade import EngineFacade
 from engine.keys_file import KeyFileWatcher
-from engine.settings import Settings
 from server.bind import ensure_safe_bind, listen_socket, note_metrics_key, warn_plaintext_bind
 from server.http.app import create_app
 from server.http.connection import ConnectionPolicy, HttpProtocol
 from server.http.uvicorn_server import MetricsServer, UvicornServer
 from server.logs import effective_settings, start_summary
+from server.settings import Settings
 from server.tls import ServerTls
 
 log = logging.getLogger("sluice.server")

@@ -38,9 +38,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.settings import Settings, SettingsError
+from engine.settings import SettingsError
 from server.bind import ensure_safe_bind, listen_socket
 from server.link.shm.arena import Arena
+from server.settings import Settings
 
 log = logging.getLogger("sluice.supervisor")
 

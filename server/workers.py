@@ -22,8 +22,8 @@ import signal
 import socket
 from collections.abc import Callable, Sequence
 
-from engine.settings import Settings
 from server.link.shm.arena import Arena
+from server.settings import Settings
 
 log = logging.getLogger("sluice.workers")
 

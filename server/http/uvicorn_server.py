@@ -15,9 +15,9 @@ from typing import Any
 
 import uvicorn
 
-from engine.settings import Settings
 from server.bind import listen_socket
 from server.http.connection import ConnectionPolicy, HttpProtocol, accept_pending
+from server.settings import Settings
 
 
 class UvicornServer(uvicorn.Server):

@@ -188,7 +188,7 @@ async def test_drain_finishes_accepted_sequences_and_refuses_new_ones(
 
 async def test_engine_drain_waits_for_running_generations(tiny: tuple[Path, Path]) -> None:
     from engine.engine import Engine
-    from engine.settings import load_settings
+    from server.settings import load_settings
 
     engine = Engine(load_settings(model_repository=tiny[1].parent.parent, log_level="error"))
     await engine.start()

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from engine.settings import Settings, SettingsError
+from engine.settings import SettingsError
 from server.bind import listen_socket
 from server.http.uvicorn_server import MetricsServer
+from server.settings import Settings
 from tests.redis_process import free_port
 
 

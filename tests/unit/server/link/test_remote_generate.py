@@ -21,10 +21,10 @@ from engine.errors import (
     ShuttingDown,
 )
 from engine.generation.service import GenerateRequest
-from engine.settings import load_settings
 from server.link.frames import FrameBuffer, Kind, error_payload, frame
 from server.link.remote import RemoteEngine
 from server.link.shm.arena import Arena
+from server.settings import load_settings
 from tests.unit.server.link.rig import until
 
 STATE = {"draining": False, "models": ["tiny"], "generative": ["tiny"]}
