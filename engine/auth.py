@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from engine.errors import INVALID_API_KEY, Forbidden, ModelNotFound, Unauthenticated
+from engine.errors import Forbidden, InvalidApiKey, ModelForbidden, Unauthenticated
 from engine.keys_file import read_keys
 from engine.settings import ApiKey, AuthSettings, SettingsError
 
@@ -74,13 +74,9 @@ class Principal:
         return self.models is None or model in self.models
 
     def check_model(self, model: str) -> None:
-        """Raise Forbidden unless this caller may use `model`."""
+        """Raise ModelForbidden unless this caller may use `model`."""
         if not self.may_use(model):
-            allowed = ", ".join(self.models or ())
-            raise Forbidden(
-                f"tenant '{self.tenant}' may use models [{allowed}]; got '{model}'",
-                code=ModelNotFound.code,  # OpenAI's 403 for a model a key may not use
-            )
+            raise ModelForbidden(self.tenant, self.models or (), model)
 
     def require_admin(self, group: AdminGroup) -> None:
         """Raise Forbidden if `group` is admin-only here and this caller is not an admin."""
@@ -231,7 +227,8 @@ class Authenticator:
         return frozenset(entry.principal.tenant for entry in self._entries)
 
     def authenticate(self, api_key: str | None) -> Principal:
-        """The principal for `api_key`; Unauthenticated if it is missing or unknown.
+        """The principal for `api_key`; Unauthenticated if it is missing, InvalidApiKey (an
+        Unauthenticated) if it is unknown or expired.
 
         The presented key is hashed and compared with `hmac.compare_digest` against every
         configured digest, without stopping at a match: the time taken depends only on the
@@ -253,16 +250,14 @@ class Authenticator:
             if hmac.compare_digest(presented, entry.digest):
                 found = entry
         if found is None:
-            raise Unauthenticated(
+            raise InvalidApiKey(
                 f"unknown API key (digest {_DIGEST_PREFIX}{presented.hex()[:12]}...): it is not "
-                "configured on this server",
-                code=INVALID_API_KEY,
+                "configured on this server"
             )
         if found.expires_at is not None and time.time() >= found.expires_at:
             expired = datetime.fromtimestamp(found.expires_at, UTC).isoformat()
-            raise Unauthenticated(
+            raise InvalidApiKey(
                 f"API key '{found.principal.key_name}' (tenant '{found.principal.tenant}') "
-                f"expired at {expired}",
-                code=INVALID_API_KEY,
+                f"expired at {expired}"
             )
         return found.principal
