@@ -202,7 +202,7 @@ def schema_page(
 
 
 def settings_page() -> str:
-    from engine.settings import Settings
+    from server.settings import Settings
 
     intro = (
         "One YAML file (`sluice serve --config server.yaml`), overridden by `SLUICE_*` "
@@ -213,7 +213,7 @@ def settings_page() -> str:
         "with every field. A `[]` in a key is a list of entries, `<name>` a mapping key."
     )
     return schema_page(
-        "Server settings", "engine/settings.py (Settings)", intro, Settings, "SLUICE_"
+        "Server settings", "server/settings.py (Settings)", intro, Settings, "SLUICE_"
     )
 
 

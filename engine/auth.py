@@ -1,9 +1,10 @@
 """API-key authentication: who is calling (`Principal`) and what they may do.
 
-Keys are configured as SHA-256 digests (`auth.keys[].digest`), never in plain text. Both
-front-ends read the key with `api_key_from_headers` (HTTP headers or gRPC metadata) and turn it
-into a `Principal` with `Authenticator.authenticate`; the principal then answers "may this tenant
-use this model" (`check_model`) and "may it call this admin endpoint group" (`require_admin`).
+Keys are configured as SHA-256 digests (`auth.keys[].digest`), never in plain text. The
+front-ends extract the key a request carries (from HTTP headers or gRPC metadata) and this
+module turns it into a `Principal` with `Authenticator.authenticate`; the principal then answers
+"may this tenant use this model" (`check_model`) and "may it call this admin endpoint group"
+(`require_admin`).
 
 Keys come from `auth.keys` and from `auth.keys_file` (engine/keys_file.py), which
 `reload_file` swaps in without a restart: the key table is one tuple, replaced whole, so a request
@@ -11,8 +12,7 @@ sees the old table or the new one. A key past its `expires_at` is refused with a
 
 With no keys configured the server is open: every caller is the `anonymous` tenant with the
 `admin` role, because there is nobody to tell apart and a local developer must be able to
-load and unload models. `ensure_safe_bind` keeps such a server on loopback unless told otherwise,
-and `warn_plaintext_bind` warns when a server reachable from elsewhere speaks plain text.
+load and unload models; which addresses such a server may bind is the front-ends' to decide.
 
 Admin actions (load, unload, key changes) are logged by `log_admin_action` on the `sluice.audit`
 logger with the key's name and tenant.
@@ -23,17 +23,16 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import ipaddress
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from engine.errors import INVALID_API_KEY, Forbidden, InvalidInput, ModelNotFound, Unauthenticated
+from engine.errors import Forbidden, InvalidApiKey, ModelForbidden, Unauthenticated
 from engine.keys_file import read_keys
-from engine.settings import ApiKey, AuthSettings, SettingsError, TlsSettings
+from engine.settings import ApiKey, AuthSettings, SettingsError
 
 log = logging.getLogger("sluice.auth")
 audit = logging.getLogger("sluice.audit")
@@ -75,13 +74,9 @@ class Principal:
         return self.models is None or model in self.models
 
     def check_model(self, model: str) -> None:
-        """Raise Forbidden unless this caller may use `model`."""
+        """Raise ModelForbidden unless this caller may use `model`."""
         if not self.may_use(model):
-            allowed = ", ".join(self.models or ())
-            raise Forbidden(
-                f"tenant '{self.tenant}' may use models [{allowed}]; got '{model}'",
-                code=ModelNotFound.code,  # OpenAI's 403 for a model a key may not use
-            )
+            raise ModelForbidden(self.tenant, self.models or (), model)
 
     def require_admin(self, group: AdminGroup) -> None:
         """Raise Forbidden if `group` is admin-only here and this caller is not an admin."""
@@ -232,7 +227,8 @@ class Authenticator:
         return frozenset(entry.principal.tenant for entry in self._entries)
 
     def authenticate(self, api_key: str | None) -> Principal:
-        """The principal for `api_key`; Unauthenticated if it is missing or unknown.
+        """The principal for `api_key`; Unauthenticated if it is missing, InvalidApiKey (an
+        Unauthenticated) if it is unknown or expired.
 
         The presented key is hashed and compared with `hmac.compare_digest` against every
         configured digest, without stopping at a match: the time taken depends only on the
@@ -254,148 +250,14 @@ class Authenticator:
             if hmac.compare_digest(presented, entry.digest):
                 found = entry
         if found is None:
-            raise Unauthenticated(
+            raise InvalidApiKey(
                 f"unknown API key (digest {_DIGEST_PREFIX}{presented.hex()[:12]}...): it is not "
-                "configured on this server",
-                code=INVALID_API_KEY,
+                "configured on this server"
             )
         if found.expires_at is not None and time.time() >= found.expires_at:
             expired = datetime.fromtimestamp(found.expires_at, UTC).isoformat()
-            raise Unauthenticated(
+            raise InvalidApiKey(
                 f"API key '{found.principal.key_name}' (tenant '{found.principal.tenant}') "
-                f"expired at {expired}",
-                code=INVALID_API_KEY,
+                f"expired at {expired}"
             )
         return found.principal
-
-
-def authenticate_headers(
-    authenticator: Authenticator,
-    headers: Mapping[str, str] | Iterable[tuple[str, str | bytes]],
-    model: str | None = None,
-) -> Principal:
-    """The principal behind HTTP headers or gRPC metadata; Forbidden when it may not use `model`.
-    Every front-end authenticates through this one function."""
-    principal = authenticator.authenticate(api_key_from_headers(headers))
-    if model is not None:
-        principal.check_model(model)
-    return principal
-
-
-class UniqueHeaders(dict[str, str]):
-    """HTTP headers whose names are lower-case and each sent once (an ASGI request's, when none
-    repeats): `api_key_from_headers` looks up its two headers instead of reading every one."""
-
-
-CREDENTIAL_HEADERS = ("x-api-key", "authorization")
-
-
-def api_key_from_headers(
-    headers: Mapping[str, str] | Iterable[tuple[str, str | bytes]],
-) -> str | None:
-    """The API key in HTTP headers or gRPC metadata, or None when neither header is present.
-
-    Accepts `Authorization: Bearer <key>` and `x-api-key: <key>` with any header-name case.
-    `headers` may be a mapping (HTTP) or the (key, value) pairs of gRPC invocation metadata.
-    Raises Unauthenticated for an Authorization header of another scheme (when no x-api-key is
-    sent) and for two different keys in the two headers, and InvalidInput for either header sent
-    twice, rather than guessing which one counts.
-    """
-    if type(headers) is UniqueHeaders:
-        pairs: Iterable[tuple[str, str | bytes]] = [
-            (name, headers[name]) for name in CREDENTIAL_HEADERS if name in headers
-        ]
-        if not pairs:
-            return None
-    else:
-        pairs = headers.items() if isinstance(headers, Mapping) else headers
-    bearer: str | None = None
-    scheme: str | None = None
-    x_api_key: str | None = None
-    sent = dict.fromkeys(CREDENTIAL_HEADERS, 0)
-    for name, raw in pairs:
-        value = (raw.decode("latin-1") if isinstance(raw, bytes) else raw).strip()
-        lowered = name.lower()
-        if lowered in sent:
-            sent[lowered] += 1
-        if lowered == "x-api-key":
-            x_api_key = value or None
-        elif lowered == "authorization":
-            found_scheme, _, credentials = value.partition(" ")
-            if found_scheme.lower() == "bearer":
-                bearer = credentials.strip() or None
-            else:
-                scheme = found_scheme
-    for header, times in sent.items():
-        if times > 1:  # which one counts would depend on the proxy and the client
-            raise InvalidInput(f"header '{header}' is sent {times} times; send it once")
-    if bearer is not None and x_api_key is not None and bearer != x_api_key:
-        raise Unauthenticated(
-            "two different API keys sent (Authorization: Bearer and x-api-key); send one"
-        )
-    if bearer is None and x_api_key is None and scheme:
-        raise Unauthenticated(
-            f"Authorization header uses scheme '{scheme}'; expected 'Bearer <key>' "
-            "(or send the key as 'x-api-key: <key>')"
-        )
-    return bearer or x_api_key
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the server reachable from this machine only."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # any other host name may resolve to a public address
-
-
-def metrics_need_key(host: str, require_key: bool | None) -> bool:
-    """Whether /metrics on the HTTP port asks for an admin key: as `metrics.require_key` says,
-    or when it is unset, whenever `host` is reachable from other machines (the metrics name
-    tenants and models). Without keys configured every caller is the anonymous admin, so this
-    changes nothing there."""
-    return require_key if require_key is not None else not is_loopback(host)
-
-
-def note_metrics_key(host: str, settings: AuthSettings, require_key: bool | None) -> bool:
-    """Log (and return True) when /metrics on the HTTP port asks for an admin key only because
-    the server binds beyond loopback with keys: a scraper without one gets 401 from now on."""
-    if require_key is not None or not (settings.keys or settings.keys_file):
-        return False
-    if not metrics_need_key(host, require_key):
-        return False
-    log.info(
-        "/metrics on the HTTP port needs an admin key (bound to %s with API keys; "
-        "metrics.require_key unset). Scrape with one, serve them on metrics.port, or set "
-        "metrics.require_key: false",
-        host,
-        extra={"host": host},
-    )
-    return True
-
-
-def ensure_safe_bind(host: str, settings: AuthSettings, allow_unauthenticated: bool) -> None:
-    """Raise SettingsError when `host` is not loopback, no keys are set and nobody said it's OK."""
-    if settings.keys or settings.keys_file or allow_unauthenticated or is_loopback(host):
-        return
-    raise SettingsError(
-        f"refusing to bind {host} with no API keys configured: anyone who can reach it could "
-        "run every model and load or unload models. Add auth.keys (create one with "
-        "`sluice keys create --tenant NAME`), bind 127.0.0.1, or pass --allow-unauthenticated"
-    )
-
-
-def warn_plaintext_bind(host: str, tls: TlsSettings) -> bool:
-    """Log a warning (and return True) when `host` is reachable from other machines and TLS is
-    off: API keys and tensors would cross the network in plain text."""
-    if tls.enabled or is_loopback(host):
-        return False
-    log.warning(
-        "binding %s without TLS: API keys and request data travel in plain text. Set "
-        "tls.cert_file and tls.key_file, or terminate TLS in front of sluice on a trusted network",
-        host,
-        extra={"host": host},
-    )
-    return True

@@ -61,7 +61,7 @@ class CachedInference:
         if not self.settings.shared_across_tenants:  # one tenant's entries are its own
             parameters = {**parameters, "sluice.tenant": request.tenant or ANONYMOUS_TENANT}
         key = await cache_key_async(
-            self.settings.namespace, model.name, model.version, model.generation,
+            self.settings.namespace, model.name, model.version, model.content_fingerprint,
             request.inputs, request.datatypes, request.outputs, parameters,
         )  # fmt: skip
         # Redis is untrusted: an entry is served only if it is what this model computes here.

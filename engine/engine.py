@@ -36,7 +36,7 @@ from engine.queries import ModelQueries
 from engine.regions import SystemRegions
 from engine.registry import ModelRegistry
 from engine.repository import Repository
-from engine.settings import Settings
+from engine.settings import EngineSettings
 from engine.tracing import build_tracing
 from engine.types import InferRequest, InferResponse
 from engine.validate import (
@@ -54,7 +54,7 @@ NEVER_RAN = (QueueFull, DeadlinePassed)
 class Engine(ModelQueries):
     """Loads models from the repository and answers inference requests."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self._tempdir: Path | None = None
         self._registry: ModelRegistry | None = None

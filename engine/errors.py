@@ -3,10 +3,13 @@ status and a gRPC code.
 
     EngineError                      base; never raised itself
     ├── InvalidInput                 400 / INVALID_ARGUMENT
+    │   └── ContextLengthExceeded    400 / INVALID_ARGUMENT (prompt past the model's context)
     ├── ModelNotFound                404 / NOT_FOUND
     ├── RegionNotFound               404 / NOT_FOUND
     ├── Unauthenticated              401 / UNAUTHENTICATED
+    │   └── InvalidApiKey            401 / UNAUTHENTICATED (a key sent, not valid)
     ├── Forbidden                    403 / PERMISSION_DENIED
+    │   └── ModelForbidden           403 / PERMISSION_DENIED (a model the key may not use)
     ├── RateLimited                  429 / RESOURCE_EXHAUSTED (+ Retry-After)
     │   └── QuotaExceeded            429 / RESOURCE_EXHAUSTED (distinct message)
     ├── Overloaded                   503 / UNAVAILABLE (+ Retry-After)
@@ -15,6 +18,10 @@ status and a gRPC code.
     ├── ModelNotReady                503 / UNAVAILABLE
     ├── PayloadTooLarge              413 / RESOURCE_EXHAUSTED
     └── BackendError                 500 / INTERNAL (message is generic; cause is logged)
+
+An error carries what the core knows: its class (why), its message, the request field at fault
+(`param`) where there is one, and for a 429 what the limit counts (`tokens`). What a protocol
+makes of them (statuses, OpenAI's error `type` and `code`) is the front-ends' to say.
 
 The batcher raises its own errors (batching/errors.py); `from_batching` translates them where
 the engine calls it, keeping their messages.
@@ -31,32 +38,18 @@ from batching import errors as batching
 log = logging.getLogger("sluice.engine")
 
 
-CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-"""The code of InvalidInput for a prompt, or a prompt and the max_tokens asked for, that does
-not fit the model's context (engine/generation/context.py)."""
-INVALID_API_KEY = "invalid_api_key"
-"""The code of Unauthenticated for a key that was sent but is not valid (unknown, expired)."""
-
-
 class EngineError(Exception):
     """Base of every error the engine reports to a client."""
 
     retry_after_s: float | None = None
     headers: Mapping[str, str] = {}
     param: str | None = None
-    """The request field the error is about, when it is about one (OpenAI's error `param`)."""
-    code: str | None = None
-    """OpenAI's error `code` for this error where OpenAI's API sends one (`model_not_found`,
-    `context_length_exceeded`); None where it sends null."""
-    type: str | None = None
-    """OpenAI's error `type` where it is not the one of the error's HTTP status (a 429 is typed
-    by what ran out: `requests`, `tokens`, `insufficient_quota`); None where it is."""
+    """The request field the error is about, when it is about one ("temperature",
+    "messages[0].role")."""
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        if code is not None:
-            self.code = code
 
     @property
     def retry_after_header(self) -> str | None:
@@ -69,18 +62,20 @@ class EngineError(Exception):
 class InvalidInput(EngineError):
     """The request is malformed or does not fit the model.
 
-    `param` names the one request field at fault, where there is one, as OpenAI's API does
-    ("temperature", "messages[0].role"); `code` is OpenAI's for the error, where it has one."""
+    `param` names the one request field at fault, where there is one."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message, code=code)
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
         self.param = param
+
+
+class ContextLengthExceeded(InvalidInput):
+    """A prompt, or a prompt and the completion asked for, that does not fit the model's context
+    (engine/generation/context.py)."""
 
 
 class ModelNotFound(EngineError):
     """No such model, or no such version of it."""
-
-    code = "model_not_found"
 
     def __init__(
         self, name: str, version: str | None = None, available: Sequence[str] = ()
@@ -109,25 +104,30 @@ class ModelNotReady(EngineError):
 
 
 class Unauthenticated(EngineError):
-    """No credentials, or unknown credentials.
+    """No credentials, or unknown credentials."""
 
-    `code` is INVALID_API_KEY for a key that was sent and is not valid, None when none was."""
+
+class InvalidApiKey(Unauthenticated):
+    """An API key was sent and is not valid here (unknown, or expired)."""
 
 
 class Forbidden(EngineError):
-    """Valid credentials that are not allowed to do this.
+    """Valid credentials that are not allowed to do this."""
 
-    `code` is `model_not_found` for a model the key may not use, as OpenAI answers it."""
+
+class ModelForbidden(Forbidden):
+    """The caller's key may not use this model (its `models` allow-list leaves it out)."""
+
+    def __init__(self, tenant: str, allowed: Sequence[str], model: str) -> None:
+        super().__init__(f"tenant '{tenant}' may use models [{', '.join(allowed)}]; got '{model}'")
+        self.model = model
 
 
 class RateLimited(EngineError):
-    """The tenant sent more than its rate allows; retry after `retry_after_s`.
+    """The tenant sent more than its rate allows; retry after `retry_after_s`."""
 
-    `type` is what the limit counts, as OpenAI types its 429s: `tokens` for a limit in text
-    tokens, else `requests`."""
-
-    code = "rate_limit_exceeded"
-    type = "requests"
+    tokens: bool = False
+    """Whether the limit counts text tokens (else requests or rows)."""
 
     def __init__(
         self,
@@ -140,15 +140,11 @@ class RateLimited(EngineError):
         super().__init__(message)
         self.retry_after_s = retry_after_s
         self.headers = dict(headers or {})
-        if tokens:
-            self.type = "tokens"
+        self.tokens = tokens
 
 
 class QuotaExceeded(RateLimited):
     """The tenant used its daily or monthly quota."""
-
-    code = "insufficient_quota"
-    type = "insufficient_quota"
 
 
 class Overloaded(EngineError):

@@ -216,7 +216,9 @@ class LoadedModel:
     config: ModelConfig
     backend: Backend
     max_batch_size: int
-    generation: str
+    content_fingerprint: str
+    """A hash of the version folder's files and the config (`fingerprint`): the cache keys'
+    scope, new whenever either changes."""
     stats: ModelStats
     batcher: Batcher
     executor: ThreadPoolExecutor
@@ -275,7 +277,7 @@ async def load_model(
     else:
         backend = await asyncio.to_thread(open_backend, config, path, label)
     try:
-        generation = await asyncio.to_thread(fingerprint, path, config)
+        content_fingerprint = await asyncio.to_thread(fingerprint, path, config)
         max_batch = batch_size_limit(config, backend.inputs, defaults.max_batch_size)
         padding = padding_plan(config.dynamic_batching.pad, backend.inputs, backend.outputs)
         for padded, pad in padding.items():  # which outputs are cut is not visible elsewhere
@@ -332,6 +334,6 @@ async def load_model(
             backend.close()
             raise
     return LoadedModel(
-        name, str(version), config, backend, max_batch, generation, stats, batcher, executor,
-        runner, generator,
+        name, str(version), config, backend, max_batch, content_fingerprint, stats, batcher,
+        executor, runner, generator,
     )  # fmt: skip

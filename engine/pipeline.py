@@ -260,7 +260,7 @@ async def load_pipeline(
     assert options is not None  # backend pipeline comes with its section
     label = f"model '{name}' version {version}"
     description, max_batch = describe(name, options, resolve)
-    generation = await asyncio.to_thread(fingerprint, path, config)
+    content_fingerprint = await asyncio.to_thread(fingerprint, path, config)
     _, queue_rows = effective_batching(config, defaults)
     policy = BatchPolicy(
         max_batch_size=0,  # every step batches; the pipeline runs each request on its own
@@ -277,5 +277,6 @@ async def load_pipeline(
         extra={"model": name, "version": str(version), "steps": len(options.steps)},
     )  # fmt: skip
     return LoadedModel(
-        name, str(version), config, description, max_batch, generation, stats, batcher, executor,
+        name, str(version), config, description, max_batch, content_fingerprint, stats, batcher,
+        executor,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from engine.model_config import ModelConfig, load_model_config
 from engine.on_demand import NOT_LOADED, OnDemandLoader
 from engine.pipeline import load_pipeline
 from engine.repository import ModelEntry, Repository, check_name
-from engine.settings import Settings, SettingsError
+from engine.settings import EngineSettings, SettingsError
 from engine.stats import ModelStats
 
 log = logging.getLogger("sluice.registry")
@@ -31,7 +31,7 @@ class ModelRegistry:
     """Model versions by name, kept in line with the repository folder."""
 
     def __init__(
-        self, settings: Settings, repository: Repository, tenant_share: Callable[[str], float]
+        self, settings: EngineSettings, repository: Repository, tenant_share: Callable[[str], float]
     ) -> None:
         self.settings = settings
         self.repository = repository

@@ -1,10 +1,10 @@
-"""The sections of the server settings, one per concern (result cache, API keys, rate limits,
-batching defaults, metrics, TLS, tracing), and `Section`, the base that forbids unknown keys and
-reads each field's docstring.
+"""The sections of the engine's settings, one per concern (result cache, API keys, rate limits,
+batching defaults, tracing, shared memory, the model memory budget), and `Section`, the base that
+forbids unknown keys and reads each field's docstring.
 
-Apart from the root (`engine.settings`: `Settings`, its sources, `load_settings` and the error
-messages) so that each concern's schema reads on its own; the root composes these sections and
-is where importers find them.
+Apart from `engine.settings` (`EngineSettings`, and the error messages) so that each concern's
+schema reads on its own; `EngineSettings` composes these sections and is where importers find
+them. The front-ends' sections (metrics, TLS) are in server/settings.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 MiB = 1024 * 1024
 
@@ -167,51 +167,6 @@ class BatchingDefaults(Section):
     """How long a batch waits for more requests after its first one."""
     max_queue_size: int = Field(4096, gt=0)
     """Rows a model version's queue holds before new requests get 503."""
-
-
-class MetricsSettings(Section):
-    enabled: bool = True
-    """Serve Prometheus metrics at /metrics on the HTTP port."""
-    port: int | None = Field(None, gt=0, lt=65536)
-    """Also serve them on this port of their own."""
-    require_key: bool | None = None
-    """Whether /metrics on the HTTP port needs an admin key once keys are configured (its
-    labels name tenants and models). Unset: it does when `host` is not loopback, and answers
-    anyone on a loopback bind. Scrape with an admin key (Prometheus `authorization`), or
-    serve the metrics on `port` instead, whose listener never asks for one: keep that port
-    private. `false` answers anyone on the HTTP port."""
-
-
-class TlsSettings(Section):
-    cert_file: Path | None = None
-    """PEM certificate chain of this server; with `key_file`, turns on HTTPS and gRPC TLS."""
-    key_file: Path | None = None
-    """PEM private key of `cert_file`."""
-    client_ca_file: Path | None = None
-    """PEM CA bundle that client certificates are verified against (mTLS)."""
-    require_client_cert: bool = False
-    """Refuse clients without a certificate signed by `client_ca_file`. Without it, a client
-    certificate is verified only when one is sent."""
-
-    @model_validator(mode="after")
-    def _complete(self) -> TlsSettings:
-        if (self.cert_file is None) != (self.key_file is None):
-            given, missing = ("cert_file", "key_file")[:: 1 if self.key_file is None else -1]
-            raise ValueError(f"tls.{given} is set but tls.{missing} is not; TLS needs both")
-        if self.cert_file is None and (self.client_ca_file or self.require_client_cert):
-            raise ValueError(
-                "tls.client_ca_file and tls.require_client_cert need tls.cert_file and key_file"
-            )
-        if self.require_client_cert and self.client_ca_file is None:
-            raise ValueError(
-                "tls.require_client_cert needs tls.client_ca_file (the CA that signs client "
-                "certificates)"
-            )
-        return self
-
-    @property
-    def enabled(self) -> bool:
-        return self.cert_file is not None
 
 
 class SharedMemorySettings(Section):

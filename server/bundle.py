@@ -29,7 +29,8 @@ from pathlib import Path
 import click
 
 from engine.repository import Repository
-from engine.settings import SettingsError, load_settings, read_yaml
+from engine.settings import SettingsError, read_yaml
+from server.settings import load_settings
 
 EXTRAS = ("gpu", "convert", "loadtest")
 

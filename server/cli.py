@@ -13,7 +13,8 @@ from typing import Any
 
 import click
 
-from engine.settings import SettingsError, load_settings
+from engine.settings import SettingsError
+from server.settings import load_settings
 
 # Subcommands imported only when used, so `sluice serve` never imports torch or locust.
 LAZY_COMMANDS = {

@@ -27,23 +27,19 @@ import time
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from engine.auth import (
-    Principal,
-    admin_action,
-    authenticate_headers,
-    log_admin_action,
-    metrics_need_key,
-)
+from engine.auth import Principal, admin_action, log_admin_action
 from engine.errors import BackendError, EngineError, ModelNotFound, RegionNotFound, ShuttingDown
 from engine.facade import EngineFacade
 from engine.generation.service import GenerateRequest, TokenStream
-from engine.settings import Settings
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server import shared_tensors
+from server.auth_headers import authenticate_headers
+from server.bind import metrics_need_key
 from server.errors import http_status
 from server.fields import refused
 from server.raw_tensors import OFFLOAD_BYTES
+from server.settings import Settings
 
 W = TypeVar("W")
 W_co = TypeVar("W_co", covariant=True)
@@ -197,7 +193,7 @@ class DataPlane:
 
     async def metrics(self, who: Caller) -> bytes:
         """The Prometheus exposition; for admin keys only when `metrics.require_key` says so,
-        or, unset, when the server binds beyond loopback (engine.auth.metrics_need_key)."""
+        or, unset, when the server binds beyond loopback (server.bind.metrics_need_key)."""
         if self._metrics_need_key:
             self.authenticate(who).require_admin_role(self._metrics_what)
         return await self.engine.metrics.exposition()

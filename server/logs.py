@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.settings import Settings
 from engine.tracing import request_id
+from server.settings import Settings
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "message",

@@ -25,20 +25,20 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Generator
 from functools import partial
 from typing import Any
 
 import uvicorn
 
-from engine.auth import ensure_safe_bind, note_metrics_key, warn_plaintext_bind
 from engine.engine import Engine
 from engine.facade import EngineFacade
 from engine.keys_file import KeyFileWatcher
-from engine.settings import Settings, SettingsError
+from server.bind import ensure_safe_bind, listen_socket, note_metrics_key, warn_plaintext_bind
 from server.http.app import create_app
-from server.http.connection import ConnectionPolicy, HttpProtocol, accept_pending
+from server.http.connection import ConnectionPolicy, HttpProtocol
+from server.http.uvicorn_server import MetricsServer, UvicornServer
 from server.logs import effective_settings, start_summary
+from server.settings import Settings
 from server.tls import ServerTls
 
 log = logging.getLogger("sluice.server")
@@ -57,40 +57,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(100_000, 50, 1000)
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: sluice's Server decides the shutdown order."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self._adopting: set[asyncio.Task[Any]] = set()  # queued connections being taken over
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    def stop_listening(self, spare: socket.socket) -> None:
-        """Close the listener without resetting the connections queued on it: a client may have
-        written its request on one. `spare` (a duplicate of the listening socket) keeps it open
-        while the queue is taken; the connections taken are served like the others."""
-        for server in getattr(self, "servers", []):
-            server.close()
-        queued = accept_pending(spare)
-        spare.close()
-        loop = asyncio.get_running_loop()
-        config = self.config
-        protocol_class: Any = config.http_protocol_class  # uvicorn types it as a bare Protocol
-        protocol = partial(
-            protocol_class,
-            config=config,
-            server_state=self.server_state,
-            app_state=self.lifespan.state,
-        )
-        for sock in queued:
-            task = loop.create_task(loop.connect_accepted_socket(protocol, sock, ssl=config.ssl))
-            self._adopting.add(task)
-            task.add_done_callback(self._adopting.discard)
 
 
 class Server:
@@ -113,11 +79,11 @@ class Server:
         self._own_signals = own_signals
         self._stop = asyncio.Event()
         self._signals = 0
-        self.http: _Uvicorn | None = None
+        self.http: UvicornServer | None = None
         self.grpc: Any = None
         self.http_port: int | None = None
         self.grpc_port: int | None = None
-        self.metrics_http: _Uvicorn | None = None
+        self.metrics_server: MetricsServer | None = None
         self.grpc_clock: Any = None
         # Certificates and keys files are read here, so a bad one fails the start at once.
         self.tls = ServerTls(settings.tls) if settings.tls.enabled else None
@@ -215,9 +181,10 @@ class Server:
 
     async def _serve(self) -> None:
         settings = self.settings
-        http_socket = self._http_socket or _bind(settings.host, settings.http_port)
+        http_socket = self._http_socket or listen_socket(settings.host, settings.http_port)
         self.http_port = http_socket.getsockname()[1]
-        metrics_task = self._start_metrics() if settings.metrics.port is not None else None
+        if settings.metrics.port is not None:  # bound here: a taken port fails the start
+            self.metrics_server = MetricsServer.start(settings, self.engine.metrics.asgi)
         policy = ConnectionPolicy.from_settings(settings)
         config = uvicorn.Config(
             create_app(settings, self.engine),
@@ -233,7 +200,7 @@ class Server:
         if self.tls is not None:
             config.load()  # uvicorn keeps a loaded config's `ssl`: the reloadable context
             config.ssl = self.tls.ssl_context
-        self.http = _Uvicorn(config)
+        self.http = UvicornServer(config)
         spare = http_socket.dup()  # uvicorn closes its socket at shutdown; see stop_listening
         http_task = asyncio.create_task(self.http.serve(sockets=[http_socket]), name="http")
         if settings.grpc_enabled:
@@ -242,16 +209,15 @@ class Server:
             "sluice serving HTTP on %s:%s%s%s",
             settings.host, self.http_port,
             f", gRPC on {settings.host}:{self.grpc_port}" if self.grpc else "",
-            f", metrics on {settings.host}:{settings.metrics.port}" if metrics_task else "",
+            f", metrics on {settings.host}:{settings.metrics.port}" if self.metrics_server else "",
         )  # fmt: skip
         stop_task = asyncio.create_task(self._stop.wait())
         await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         log.info("shutting down: draining requests (at most %.1f s)", settings.drain_timeout_s)
         await self._drain(policy, spare)
         await http_task
-        if self.metrics_http is not None and metrics_task is not None:
-            self.metrics_http.should_exit = True  # last: scrapers can watch the drain
-            await metrics_task
+        if self.metrics_server is not None:
+            await self.metrics_server.stop()  # last: scrapers can watch the drain
         stop_task.cancel()
 
     async def _drain(self, policy: ConnectionPolicy, spare: socket.socket) -> None:
@@ -273,26 +239,6 @@ class Server:
                 await asyncio.sleep(wake - time.monotonic())
             await self.grpc.stop(grace=1.0)
 
-    def _start_metrics(self) -> asyncio.Task[None]:
-        """Serve /metrics on `metrics.port` too (bound before this returns: a taken port fails
-        the start)."""
-        port = self.settings.metrics.port
-        assert port is not None
-        sock = _bind(self.settings.host, port)
-        settings = self.settings
-        # Read timeouts and a cap here too; it never drains: scrapers watch the drain.
-        policy = ConnectionPolicy.from_settings(settings)
-        config = uvicorn.Config(
-            self.engine.metrics.asgi,
-            http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]
-            interface="asgi3",  # a bound method: uvicorn's auto-detection would guess ASGI2
-            lifespan="off",
-            log_config=None,
-            access_log=False,
-        )
-        self.metrics_http = _Uvicorn(config)
-        return asyncio.create_task(self.metrics_http.serve(sockets=[sock]), name="metrics")
-
     async def _start_grpc(self) -> None:
         try:
             from server.grpc.service import CallClock, build_grpc_server
@@ -305,20 +251,3 @@ class Server:
             self.settings, self.engine, credentials, clock=self.grpc_clock
         )
         await self.grpc.start()
-
-
-def _bind(host: str, port: int, *, reuse_port: bool = False) -> socket.socket:
-    """A TCP socket bound to (host, port); `reuse_port`: others may bind the port too
-    (SO_REUSEPORT: the kernel spreads connections over their listening sockets)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise SettingsError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.set_inheritable(True)
-    return sock

@@ -38,9 +38,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.auth import ensure_safe_bind
-from engine.settings import Settings, SettingsError
+from engine.settings import SettingsError
+from server.bind import ensure_safe_bind, listen_socket
 from server.link.shm.arena import Arena
+from server.settings import Settings
 
 log = logging.getLogger("sluice.supervisor")
 
@@ -180,16 +181,14 @@ class Supervisor:
         """One socket per worker slot bound to the HTTP port (port 0: the one the probe got).
         The port is first bound without SO_REUSEPORT, so that a port another program (or another
         sluice) listens on fails the start here rather than being shared with it."""
-        from server.server import _bind
-
         host = self.settings.host
-        probe = _bind(host, self.settings.http_port)
+        probe = listen_socket(host, self.settings.http_port)
         port = probe.getsockname()[1]
         probe.close()
         sockets: list[socket.socket] = []
         try:
             for _ in range(self.count):  # listening once the engine serves (run)
-                sockets.append(_bind(host, port, reuse_port=True))
+                sockets.append(listen_socket(host, port, reuse_port=True))
         except BaseException:
             for sock in sockets:
                 sock.close()

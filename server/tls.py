@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.settings import SettingsError, TlsSettings
+from engine.settings import SettingsError
+from server.settings import TlsSettings
 
 log = logging.getLogger("sluice.tls")
 

@@ -21,13 +21,9 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Sequence
-from functools import partial
-from typing import Any
 
-import uvicorn
-
-from engine.settings import Settings
 from server.link.shm.arena import Arena
+from server.settings import Settings
 
 log = logging.getLogger("sluice.workers")
 
@@ -101,6 +97,7 @@ async def _engine(
     orders_fd: int,
 ) -> int:
     from engine.engine import Engine
+    from server.http.uvicorn_server import MetricsServer
     from server.link.host import EngineHost
     from server.server import tune_gc
 
@@ -108,12 +105,12 @@ async def _engine(
     engine = Engine(settings)
     host = EngineHost(engine, [(Arena(size, i), Arena(size, o)) for i, o in arena_fds])
     stop = asyncio.Event()
-    metrics: tuple[uvicorn.Server, asyncio.Task[None]] | None = None
+    metrics: MetricsServer | None = None
     try:
         await engine.start()
         await host.serve(path)
         if settings.metrics.enabled and settings.metrics.port is not None:
-            metrics = _serve_metrics(settings, engine.metrics.asgi)
+            metrics = MetricsServer.start(settings, engine.metrics.asgi)
         tune_gc()
         os.write(ready_fd, b"R")
         os.close(ready_fd)
@@ -136,33 +133,12 @@ async def _engine(
     finally:
         await host.close()
         if metrics is not None:
-            metrics[0].should_exit = True
             with contextlib.suppress(Exception):
-                await metrics[1]
+                await metrics.stop()
         await engine.close()
         with contextlib.suppress(OSError):
             os.unlink(path)
     return 0
-
-
-def _serve_metrics(settings: Settings, app: Any) -> tuple[uvicorn.Server, asyncio.Task[None]]:
-    from server.http.connection import ConnectionPolicy, HttpProtocol
-    from server.server import _bind, _Uvicorn
-
-    port = settings.metrics.port
-    assert port is not None
-    sock = _bind(settings.host, port)
-    policy = ConnectionPolicy.from_settings(settings)
-    config = uvicorn.Config(
-        app,
-        http=partial(HttpProtocol, policy=policy),  # type: ignore[arg-type]
-        interface="asgi3",
-        lifespan="off",
-        log_config=None,
-        access_log=False,
-    )
-    server = _Uvicorn(config)  # leaves signals alone
-    return server, asyncio.create_task(server.serve(sockets=[sock]), name="metrics")
 
 
 # -- a worker process ------------------------------------------------------------------------------

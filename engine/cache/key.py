@@ -1,7 +1,7 @@
 """Cache keys: a blake2b digest over everything that can change a result, and the namespace that
-scopes it to one model version and repository generation.
+scopes it to one model version and its content fingerprint.
 
-Two requests share an entry only when the model, version, generation, every input (name,
+Two requests share an entry only when the model, version, fingerprint, every input (name,
 datatype, numpy dtype, shape, bytes), the requested outputs and every result-changing parameter
 are equal. Every field is framed (tagged and length-prefixed) so that no two different requests
 can produce the same byte stream before hashing.
@@ -44,7 +44,7 @@ _U64 = struct.Struct("<Q")
 def request_key(
     model: str,
     version: str,
-    generation: int | str,
+    fingerprint: int | str,
     inputs: Mapping[str, np.ndarray],
     datatypes: Mapping[str, str],
     outputs: Sequence[str] | None,
@@ -59,7 +59,7 @@ def request_key(
     h = hashlib.blake2b(KEY_FORMAT, digest_size=32)
     _text(h, model)
     _text(h, version)
-    _text(h, str(generation))
+    _text(h, str(fingerprint))
     h.update(_U64.pack(len(inputs)))
     for name in sorted(inputs):
         _text(h, name)
@@ -76,15 +76,15 @@ def request_key(
     return h.digest()
 
 
-def namespace(prefix: str, model: str, version: str, generation: int | str) -> bytes:
-    """`prefix:model:version:generation:` with each part escaped so ':' cannot be ambiguous.
+def namespace(prefix: str, model: str, version: str, fingerprint: int | str) -> bytes:
+    """`prefix:model:version:fingerprint:` with each part escaped so ':' cannot be ambiguous.
 
-    A new version or generation gives new keys, so entries of a replaced model are never read
-    again (they expire by TTL). The generation must be the same on every replica serving the same
+    A new version or fingerprint gives new keys, so entries of a replaced model are never read
+    again (they expire by TTL). The fingerprint must be the same on every replica serving the same
     files (derive it from the model's content, not from a local load counter), or replicas will
     not share entries.
     """
-    parts = (prefix, model, version, str(generation))
+    parts = (prefix, model, version, str(fingerprint))
     return (":".join(quote(part, safe="") for part in parts) + ":").encode()
 
 
@@ -92,22 +92,22 @@ def cache_key(
     prefix: str,
     model: str,
     version: str,
-    generation: int | str,
+    fingerprint: int | str,
     inputs: Mapping[str, np.ndarray],
     datatypes: Mapping[str, str],
     outputs: Sequence[str] | None,
     parameters: Mapping[str, Any],
 ) -> bytes:
     """The key every backend stores under: namespace plus the hex request digest."""
-    digest = request_key(model, version, generation, inputs, datatypes, outputs, parameters)
-    return namespace(prefix, model, version, generation) + digest.hex().encode()
+    digest = request_key(model, version, fingerprint, inputs, datatypes, outputs, parameters)
+    return namespace(prefix, model, version, fingerprint) + digest.hex().encode()
 
 
 async def cache_key_async(
     prefix: str,
     model: str,
     version: str,
-    generation: int | str,
+    fingerprint: int | str,
     inputs: Mapping[str, np.ndarray],
     datatypes: Mapping[str, str],
     outputs: Sequence[str] | None,
@@ -118,7 +118,7 @@ async def cache_key_async(
     blake2b runs at roughly 0.5-1 GB/s, so a 600 kB image costs about a millisecond: too long
     for the event loop. hashlib releases the GIL on large updates, so the thread really helps.
     """
-    args = (prefix, model, version, generation, inputs, datatypes, outputs, parameters)
+    args = (prefix, model, version, fingerprint, inputs, datatypes, outputs, parameters)
     if sum(array.nbytes for array in inputs.values()) > OFFLOAD_INPUT_BYTES:
         return await asyncio.to_thread(cache_key, *args)
     return cache_key(*args)

@@ -7,13 +7,13 @@ the request asks for that (`refuse_past_context`), as OpenAI's API and vLLM's Op
 refuse it ("This model's maximum context length is N tokens. However, you requested M tokens
 (P in the messages, C in the completion)..."); otherwise, and whenever max_tokens is the
 model's default, the completion is clamped to what the context leaves (it then ends with finish
-reason `length`), as Triton's LLM backends clamp it. Both refusals are InvalidInput with code
-`context_length_exceeded` and OpenAI's wording: "in the messages" for a chat, "in your prompt"
+reason `length`), as Triton's LLM backends clamp it. Both refusals are ContextLengthExceeded
+with OpenAI's wording: "in the messages" for a chat, "in your prompt"
 for a prompt."""
 
 from __future__ import annotations
 
-from engine.errors import CONTEXT_LENGTH_EXCEEDED, InvalidInput
+from engine.errors import ContextLengthExceeded
 
 
 def completion_budget(
@@ -25,19 +25,14 @@ def completion_budget(
     chat: bool = False,
 ) -> int:
     """The completion tokens a sequence of `prompt_tokens` may generate: `max_tokens` clamped to
-    what the context leaves. InvalidInput (context_length_exceeded) for a prompt that leaves no
+    what the context leaves. ContextLengthExceeded for a prompt that leaves no
     room, and for `max_tokens` past the room when it is `requested` (the client asked for it and
     the API refuses what does not fit); `chat` words the message for messages, not a prompt."""
     room = context - prompt_tokens
     if room < 1:
-        raise InvalidInput(
-            _prompt_too_long(prompt_tokens, context, chat), code=CONTEXT_LENGTH_EXCEEDED
-        )
+        raise ContextLengthExceeded(_prompt_too_long(prompt_tokens, context, chat))
     if requested and max_tokens > room:
-        raise InvalidInput(
-            _completion_too_long(prompt_tokens, max_tokens, context, chat),
-            code=CONTEXT_LENGTH_EXCEEDED,
-        )
+        raise ContextLengthExceeded(_completion_too_long(prompt_tokens, max_tokens, context, chat))
     return min(max_tokens, room)
 
 
@@ -68,16 +63,15 @@ def _completion_too_long(prompt_tokens: int, max_tokens: int, context: int, chat
 
 
 def check_prompt_chars(chars: int, most: int, context: int, chat: bool) -> None:
-    """InvalidInput (context_length_exceeded) for a prompt text of `chars` characters, more than
+    """ContextLengthExceeded for a prompt text of `chars` characters, more than
     `most` (ModelText.most_chars: more than any text of `context` tokens has), refused without
     tokenizing it: a tokenizer takes about 0.5 s a MiB."""
     if chars > most:
         what, reduce = _prompt_words(chat)
-        raise InvalidInput(
+        raise ContextLengthExceeded(
             f"This model's maximum context length is {context} tokens. However, your {what} "
             f"has {chars} characters, more than {context} tokens of this model ever hold (at "
-            f"most {most}). Please reduce {reduce}",
-            code=CONTEXT_LENGTH_EXCEEDED,
+            f"most {most}). Please reduce {reduce}"
         )
 
 

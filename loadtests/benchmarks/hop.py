@@ -29,7 +29,6 @@ import numpy as np
 import uvloop
 
 from engine.engine import Engine
-from engine.settings import load_settings
 from engine.types import InferRequest, InferResponse
 from loadtests.benchmarks.batching import machine
 from loadtests.benchmarks.harness import markdown_table, spread, write_results
@@ -38,6 +37,7 @@ from server.link.host import EngineHost
 from server.link.remote import RemoteEngine
 from server.link.shm.arena import Arena
 from server.server import tune_gc
+from server.settings import load_settings
 
 CONCURRENCY = (1, 16, 64)
 ARENA_BYTES = 8 << 20

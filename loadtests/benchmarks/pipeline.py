@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from engine.engine import Engine
-from engine.settings import load_settings
 from engine.types import InferRequest
 from loadtests.benchmarks.harness import write_results
+from server.settings import load_settings
 
 BATCHES = (1, 8, 32, 64)
 CONCURRENCY = (1, 16, 64)

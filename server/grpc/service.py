@@ -36,7 +36,7 @@ from google.protobuf.message import Message
 
 from engine.errors import BackendError, EngineError
 from engine.facade import EngineFacade
-from engine.settings import Settings, SettingsError
+from engine.settings import SettingsError
 from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
 from server.grpc import tensors
 from server.grpc.calls import Context, abort, bind_request_id, fail, metadata
@@ -47,6 +47,7 @@ from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.proto import model_config_pb2
 from server.grpc.stream import InferStream
 from server.logs import request_id
+from server.settings import Settings
 
 log = logging.getLogger("sluice.grpc")
 

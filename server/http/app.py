@@ -21,7 +21,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.errors import EngineError, PayloadTooLarge
 from engine.facade import EngineFacade
-from engine.settings import Settings
 from engine.types import ModelMetadata
 from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
@@ -33,6 +32,7 @@ from server.http.openai_models import models_router
 from server.http.triton import triton_router
 from server.http.triton_generate import generate_router
 from server.logs import RequestIdMiddleware
+from server.settings import Settings
 
 log = logging.getLogger("sluice.http")
 READ = ["GET", "HEAD"]

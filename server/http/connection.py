@@ -54,7 +54,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from server.http.cycle import RESPOND, WHEN_GONE, CycleTransport
 
 if TYPE_CHECKING:
-    from engine.settings import Settings
+    from server.settings import Settings
 
 log = logging.getLogger("sluice.http")
 

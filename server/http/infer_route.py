@@ -16,17 +16,17 @@ from typing import Any, TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.auth import UniqueHeaders
 from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
-from engine.settings import Settings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import raw_tensors
+from server.auth_headers import UniqueHeaders
 from server.dataplane import ClientGone, DataPlane, Headers
 from server.errors import error_headers, http_status
 from server.http import binary, codec, json_header
 from server.http.cycle import RESPOND, WHEN_GONE
 from server.logs import choose_request_id, request_id
+from server.settings import Settings
 
 log = logging.getLogger("sluice.http")
 T = TypeVar("T")

@@ -1,6 +1,8 @@
 """OpenAI's error object on every /v1 route: `{"error": {"message", "type", "param", "code"}}`
 with the status engine errors map to everywhere else (server/errors.py), for engine errors and
-for what the HTTP layer refuses itself (an unknown /v1 route, a wrong method, a bug).
+for what the HTTP layer refuses itself (an unknown /v1 route, a wrong method, a bug). OpenAI's
+`code` and `type` are read off the engine error's class (`CODES`, `openai_type`); `param` is
+the request field the error names.
 
 An unknown model is named, and only named: the repository's other models (pipeline steps
 included) are not listed to whoever asks; `GET /v1/models` lists those the caller may use."""
@@ -12,7 +14,15 @@ from typing import Any
 import orjson
 from fastapi.responses import Response
 
-from engine.errors import CONTEXT_LENGTH_EXCEEDED, EngineError, ModelNotFound
+from engine.errors import (
+    ContextLengthExceeded,
+    EngineError,
+    InvalidApiKey,
+    ModelForbidden,
+    ModelNotFound,
+    QuotaExceeded,
+    RateLimited,
+)
 from server.errors import error_headers, http_status
 
 V1 = "/v1"
@@ -33,9 +43,37 @@ ERROR_TYPES = {
 UNKNOWN_ROUTE = "unknown_url"
 """OpenAI's `code` for a path it does not serve."""
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+# Most specific first: subclasses before their bases. Every other error's code is null.
+CODES: tuple[tuple[type[EngineError], str], ...] = (
+    (ModelNotFound, "model_not_found"),
+    (ModelForbidden, "model_not_found"),  # OpenAI's 403 for a model a key may not use
+    (ContextLengthExceeded, CONTEXT_LENGTH_EXCEEDED),
+    (InvalidApiKey, "invalid_api_key"),  # a key sent and not valid; a missing one is null
+    (QuotaExceeded, "insufficient_quota"),
+    (RateLimited, "rate_limit_exceeded"),
+)
+"""OpenAI's error `code` by engine error class."""
+
 
 def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "server_error" if status >= 500 else "api_error")
+
+
+def openai_code(exc: EngineError) -> str | None:
+    """OpenAI's error `code` for `exc` (CODES), None where OpenAI's API sends null."""
+    return next((code for cls, code in CODES if isinstance(exc, cls)), None)
+
+
+def openai_type(exc: EngineError, status: int) -> str:
+    """OpenAI's error `type`: a 429 is typed by what ran out (`insufficient_quota`, `tokens`,
+    `requests`), every other error by its HTTP status (`error_type`)."""
+    if isinstance(exc, QuotaExceeded):
+        return "insufficient_quota"
+    if isinstance(exc, RateLimited):
+        return "tokens" if exc.tokens else "requests"
+    return error_type(status)
 
 
 def error_body(
@@ -59,7 +97,7 @@ def error_object(
     it; its completions send neither a param nor a code for it. An unknown model names the
     model and lists nothing else (param null, as OpenAI's): `model` is the name the request
     gave, for an error relayed from the engine process (which carries its message only)."""
-    message, param, code = exc.message, exc.param, exc.code
+    message, param, code = exc.message, exc.param, openai_code(exc)
     if code == CONTEXT_LENGTH_EXCEEDED:
         param, code = ("messages", code) if chat else (None, None)
     name = getattr(exc, "name", None) or model
@@ -72,7 +110,7 @@ def openai_error(exc: EngineError, chat: bool = True, model: str | None = None) 
     """The response for engine error `exc` on a /v1 route (`chat`, `model`: see
     error_object)."""
     status = http_status(exc)
-    body = orjson.dumps(error_object(exc, exc.type or error_type(status), chat, model))
+    body = orjson.dumps(error_object(exc, openai_type(exc, status), chat, model))
     return Response(body, status, error_headers(exc), "application/json")
 
 

@@ -35,7 +35,7 @@ class Kind(enum.IntEnum):
     GENERATE = 7  # {"id", "request": GenerateRequest.to_wire(), "request_id"}
     WELCOME = 11  # {"held": [[offset, nbytes]...], "state": {...}}
     RESULT = 12  # [answer...], each [id, slot, size, [descriptor...], ...]: see RESULT_ITEMS
-    ERROR = 13  # {"id", "error": class, "message", "retry_after_s", "headers", param, code, type}
+    ERROR = 13  # {"id", "error": class, "message", "retry_after_s", "headers", param, tokens}
     FREE_IN = 14  # {"slots": [offset...]}: the engine no longer reads these requests' inputs
     REPLY = 15  # {"id", "result"}
     STATE = 16  # {"draining", "models", "generative": [model...], "generation", "server"}
@@ -71,8 +71,7 @@ def error_payload(call_id: int, exc: errors.EngineError) -> dict[str, Any]:
         "retry_after_s": exc.retry_after_s,
         "headers": dict(exc.headers),
         "param": exc.param,
-        "code": exc.code,
-        "type": exc.type,
+        "tokens": isinstance(exc, errors.RateLimited) and exc.tokens,
     }
 
 

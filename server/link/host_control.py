@@ -58,7 +58,7 @@ class HostControl:
         engine = self.engine
         models = engine.registry.all() if engine.live and _started(engine) else []
         index = engine.registry.index() if _started(engine) else []
-        marks = orjson.dumps([index, [[m.name, m.version, m.generation] for m in models]])
+        marks = orjson.dumps([index, [[m.name, m.version, m.content_fingerprint] for m in models]])
         state = {
             "draining": engine.draining,
             "models": sorted({m.name for m in models}),

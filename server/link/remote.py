@@ -25,7 +25,6 @@ from typing import Any
 from engine import errors
 from engine.auth import Authenticator
 from engine.generation.service import GenerateRequest
-from engine.settings import Settings
 from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse
 from server.link.frames import RESULT_ITEMS, Kind, ProtocolError
@@ -37,6 +36,7 @@ from server.link.shm.allocator import Allocator
 from server.link.shm.arena import Arena, SlotWatcher
 from server.link.shm.layout import slot_bytes, view_tensors
 from server.link.shm.placement import WRITE_OFF_LOOP_BYTES, place_now, place_tensors
+from server.settings import Settings
 
 IN_ARENA = "this worker's request arena"
 """How the in-arena is named where it is full or too small."""

@@ -21,7 +21,8 @@ _ERRORS: dict[str, type[errors.EngineError]] = {
 
 
 def rebuild_error(payload: dict[str, Any]) -> errors.EngineError:
-    """The engine's error, of the same class, message, param, code and type, from an ERROR frame."""
+    """The engine's error, of the same class, message, param and (a 429) what its limit counts,
+    from an ERROR frame."""
     cls = _ERRORS.get(str(payload.get("error")), errors.BackendError)
     exc = cls.__new__(cls)
     message = str(payload.get("message", "internal error"))
@@ -33,10 +34,8 @@ def rebuild_error(payload: dict[str, Any]) -> errors.EngineError:
     exc.headers = {str(k): str(v) for k, v in headers.items()} if isinstance(headers, dict) else {}
     param = payload.get("param")
     exc.param = param if isinstance(param, str) else None
-    code = payload.get("code")
-    exc.code = code if isinstance(code, str) else None
-    kind = payload.get("type")
-    exc.type = kind if isinstance(kind, str) else None
+    if isinstance(exc, errors.RateLimited):
+        exc.tokens = payload.get("tokens") is True
     return exc
 
 

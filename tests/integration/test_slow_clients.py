@@ -135,7 +135,8 @@ async def test_connections_past_the_limit_get_503_and_are_closed(
 
 @pytest.mark.parametrize("name", ["http_header_timeout_s", "http_body_timeout_s"])
 async def test_read_timeouts_must_be_positive(name: str) -> None:
-    from engine.settings import SettingsError, load_settings
+    from engine.settings import SettingsError
+    from server.settings import load_settings
 
     with pytest.raises(SettingsError, match=name):
         load_settings(environ={}, **{name: 0})

@@ -25,7 +25,7 @@ import tritonclient.grpc as grpc_client
 import tritonclient.http as http_client
 
 from engine.demo import mlp_model
-from engine.settings import Settings
+from server.settings import Settings
 from tests.models import write_model
 from tests.servers import ServerProcess
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from engine.settings import load_settings
+from server.settings import load_settings
 from tests.nginx_process import NGINX_CONF, REPLICAS
 from tests.unit.deploy.tools import DEPLOY, ROOT
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.settings import Settings
+from server.settings import Settings
 from tests.redis_process import free_port
 from tests.unit.deploy.dockerfile import Dockerfile, parse
 from tests.unit.deploy.scripted_replica import ScriptedReplica

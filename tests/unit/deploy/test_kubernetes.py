@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from engine.model_config import ModelConfig
-from engine.settings import Settings, load_settings
+from server.settings import Settings, load_settings
 from tests.unit.deploy.dockerfile import parse
 from tests.unit.deploy.k8s_render import K8S, OVERLAYS, Rendered, kustomize
 from tests.unit.deploy.tools import ROOT

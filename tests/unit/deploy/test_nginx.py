@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.settings import Settings
+from server.settings import Settings
 from tests.nginx_process import NGINX_CONF, NginxProcess, adapt_config
 from tests.redis_process import free_port
 from tests.unit.deploy.scripted_replica import ScriptedReplica

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.settings import load_settings
+from server.settings import load_settings
 from tests.unit.deploy.tools import DEPLOY, ROOT
 
 SYSTEMD = DEPLOY / "systemd"

@@ -42,7 +42,7 @@ def test_the_committed_reference_page_is_what_the_code_generates(
 
 
 def test_the_pages_name_what_the_code_has(regenerated: Path) -> None:
-    from engine.settings import Settings
+    from server.settings import Settings
 
     settings = (regenerated / "reference" / "settings.md").read_text()
     assert all(f"| `{name}` |" in settings for name in Settings.model_fields)

@@ -13,8 +13,8 @@ import pytest
 
 from engine.demo import write_demo_repository
 from engine.engine import Engine
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ import pytest
 from engine.demo import write_demo_repository
 from engine.engine import Engine
 from engine.errors import DeadlineExceeded, InvalidInput, Overloaded, RateLimited
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 
 
 def request(x: np.ndarray, timeout_s: float | None = None) -> InferRequest:

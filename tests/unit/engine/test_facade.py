@@ -9,8 +9,8 @@ import pytest
 
 from engine.engine import Engine
 from engine.facade import EngineFacade
-from engine.settings import Settings
 from server.link.remote import RemoteEngine
+from server.settings import Settings
 
 MEMBERS = sorted(name for name in vars(EngineFacade) if not name.startswith("_"))
 METHODS = [name for name in MEMBERS if not isinstance(vars(EngineFacade)[name], property)]

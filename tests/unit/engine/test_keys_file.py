@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.auth import Authenticator, digest_key, ensure_safe_bind
-from engine.errors import Unauthenticated
+from engine.auth import Authenticator, digest_key
+from engine.errors import InvalidApiKey, Unauthenticated
 from engine.keys_file import KeyFileWatcher, parse_keys, read_keys, write_keys
 from engine.settings import ApiKey, AuthSettings, SettingsError
+from server.bind import ensure_safe_bind
 
 
 def entry(name: str, key: str, tenant: str = "acme", **extra: object) -> dict[str, object]:
@@ -112,7 +113,7 @@ def test_expired_key_says_when_it_expired(tmp_path: Path) -> None:
     assert caught.value.message == (
         "API key 'old' (tenant 'acme') expired at 2020-01-01T00:00:00+00:00"
     )
-    assert caught.value.code == "invalid_api_key"  # OpenAI's code for a revoked key's 401
+    assert type(caught.value) is InvalidApiKey  # OpenAI's invalid_api_key for a revoked key
     assert authenticator.authenticate("new-key").key_name == "new"
 
 

@@ -9,8 +9,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine.demo import write_demo_repository
 from engine.engine import Engine
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

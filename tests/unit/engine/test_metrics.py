@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from engine.engine import Engine
 from engine.limits import LimiterCounters
 from engine.metrics import Metrics
-from engine.settings import Settings
 from engine.types import InferRequest
+from server.settings import Settings
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

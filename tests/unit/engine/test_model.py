@@ -18,8 +18,9 @@ from engine.backends.onnxruntime import OnnxBackend
 from engine.engine import Engine
 from engine.model import BatchRunner, batch_size_limit, load_model, padding_plan, warm_up
 from engine.model_config import ModelConfig, OnnxRuntimeOptions, PadSpec
-from engine.settings import BatchingDefaults, load_settings
+from engine.settings import BatchingDefaults
 from engine.types import TensorSpec
+from server.settings import load_settings
 from tests.models import add_sub_model, fixed_shape_model, identity_model, write_model
 
 DYNAMIC = (TensorSpec("x", "FP32", (-1, 4)),)

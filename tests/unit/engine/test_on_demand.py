@@ -17,8 +17,8 @@ import pytest
 from engine.demo import mlp_model
 from engine.engine import Engine
 from engine.errors import InvalidInput, ModelNotReady, Overloaded, RateLimited
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 
 WIDTH = 16384  # hidden units: ~4 MB of weights a model, ~6 MB measured with ORT's pre-packing
 X = np.ones((2, 64), np.float32)

@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 from engine.engine import Engine
 from engine.errors import BackendError, DeadlineExceeded, InvalidInput, ModelNotReady
 from engine.model_config import ModelConfig
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 from tests.text_models import (
     DIM,
     embedding_sum_model,

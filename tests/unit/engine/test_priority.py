@@ -18,9 +18,9 @@ import pytest
 from engine.auth import digest_key
 from engine.engine import Engine
 from engine.errors import Forbidden, InvalidInput
-from engine.settings import load_settings
 from engine.triton_config import triton_config
 from engine.types import InferRequest
+from server.settings import load_settings
 from tests.models import identity_model, write_model
 
 CONFIG = "max_batch_size: 1\ndynamic_batching:\n  priority_levels: 3\n  default_priority_level: 2\n"

@@ -16,8 +16,8 @@ import pytest
 from engine.demo import write_demo_repository
 from engine.engine import Engine
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 
 X = np.ones((1, 16), np.float32)
 StartEngine = Callable[..., Any]

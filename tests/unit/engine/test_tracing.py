@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from engine.demo import DEMO_CONFIG, write_demo_repository
 from engine.engine import Engine
 from engine.errors import BackendError
-from engine.settings import Settings, TracingSettings
+from engine.settings import TracingSettings
 from engine.tracing import REQUEST_ID, Tracing, build_tracing, request_id
 from engine.types import InferRequest
 from server.grpc.infer import INFER_SPAN as GRPC_SPAN
@@ -32,6 +32,7 @@ from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.service import build_grpc_server
 from server.http.app import create_app
 from server.http.infer_route import INFER_SPAN as HTTP_SPAN
+from server.settings import Settings
 
 STAGES = ["admission", "cache", "queue", "execute", "encode"]
 ENDPOINT = "http://127.0.0.1:4318/v1/traces"
@@ -203,7 +204,7 @@ import asyncio, sys
 import httpx
 from engine.engine import Engine
 from engine.errors import BackendError
-from engine.settings import Settings
+from server.settings import Settings
 from server.http.app import create_app
 
 async def main():

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.engine import Engine
-from engine.settings import load_settings
 from engine.triton_config import triton_config
+from server.settings import load_settings
 from tests.models import identity_model, write_model
 
 GPU_CONFIG = (

@@ -23,10 +23,11 @@ from engine.errors import (
     Unauthenticated,
 )
 from engine.generation.service import GenerateRequest
-from engine.settings import ApiKey, AuthSettings, MetricsSettings, Settings
+from engine.settings import ApiKey, AuthSettings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server.dataplane import ClientGone, DataPlane, Headers
+from server.settings import MetricsSettings, Settings
 from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 from tests.unit.server.fake_engine import FakeEngine
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from engine.settings import ApiKey, AuthSettings, CacheSettings, RateLimitSettings, Settings
+from engine.settings import ApiKey, AuthSettings, CacheSettings, RateLimitSettings
 from server.logs import (
     JsonFormatter,
     RequestIdFilter,
@@ -30,6 +30,7 @@ from server.logs import (
     resolve_format,
     start_summary,
 )
+from server.settings import Settings
 
 DIGEST = "sha256:" + "ab12cd34" * 8
 

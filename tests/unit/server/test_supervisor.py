@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.settings import SettingsError, load_settings
+from engine.settings import SettingsError
+from server.settings import load_settings
 from server.supervisor import MAX_AUTO_WORKERS, Supervisor, worker_count
 
 

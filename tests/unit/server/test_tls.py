@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.auth import warn_plaintext_bind
-from engine.settings import SettingsError, TlsSettings, load_settings
+from engine.settings import SettingsError
+from server.bind import warn_plaintext_bind
+from server.settings import TlsSettings, load_settings
 from server.tls import ServerTls
 from tests.tls_certs import CertFiles, TestCA, peer_serial
 

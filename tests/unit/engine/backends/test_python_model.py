@@ -15,9 +15,9 @@ from engine.backends.python_model import PythonBackend
 from engine.engine import Engine
 from engine.errors import BackendError, InvalidInput, ModelNotReady
 from engine.model_config import ModelConfig
-from engine.settings import load_settings
 from engine.step_config import PythonOptions
 from engine.types import InferRequest
+from server.settings import load_settings
 from tests.text_models import NORMALIZE_CONFIG, NORMALIZE_PY
 
 LABEL = "model 'step' version 1"

@@ -13,9 +13,9 @@ from tokenizers import Tokenizer
 from engine.backends.tokenizer import TokenizerBackend
 from engine.engine import Engine
 from engine.errors import InvalidInput
-from engine.settings import load_settings
 from engine.step_config import TokenizerOptions
 from engine.types import InferRequest
+from server.settings import load_settings
 from tests.text_models import SENTENCES, tokenizer_json
 
 

@@ -8,7 +8,8 @@ from engine.cache.factory import build_cache
 from engine.cache.memory import MemoryCache
 from engine.cache.redis_cache import RedisCache
 from engine.cache.tiered import TieredCache
-from engine.settings import CacheSettings, load_settings
+from engine.settings import CacheSettings
+from server.settings import load_settings
 
 
 async def test_memory_backend_uses_the_byte_bounds() -> None:

@@ -39,13 +39,13 @@ class Req:
     parameters: dict[str, Any] = field(default_factory=dict)
     model: str = "m"
     version: str = "1"
-    generation: int | str = 0
+    fingerprint: int | str = 0
 
     def key(self) -> bytes:
         return request_key(
             self.model,
             self.version,
-            self.generation,
+            self.fingerprint,
             self.inputs,
             self.datatypes,
             self.outputs,
@@ -129,7 +129,7 @@ def _mutations(req: Req, index: int) -> list[tuple[str, Req]]:
         )
     out.append(("model", replace(req, model=req.model + "x")))
     out.append(("version", replace(req, version="2")))
-    out.append(("generation", replace(req, generation=1)))
+    out.append(("fingerprint", replace(req, fingerprint=1)))
     return out
 
 
@@ -215,7 +215,7 @@ def test_request_key_of_deeply_nested_parameters() -> None:
     )
 
 
-def test_namespace_separates_versions_and_generations_and_escapes_colons() -> None:
+def test_namespace_separates_versions_and_fingerprints_and_escapes_colons() -> None:
     assert namespace("sluice", "resnet", "1", 7) == b"sluice:resnet:1:7:"
     assert namespace("sluice", "a:b", "1", 0) != namespace("sluice", "a", "b:1", 0)
     assert namespace("sluice", "m", "1", 0) != namespace("sluice", "m", "2", 0)

@@ -21,9 +21,10 @@ from engine.cache.contract import CachedResult, Expected
 from engine.cache.memory import MemoryCache
 from engine.cache.redis_cache import RedisCache
 from engine.cache.tiered import TieredCache
-from engine.settings import CacheSettings, Settings
+from engine.settings import CacheSettings
 from engine.types import TensorSpec
 from server.logs import effective_settings
+from server.settings import Settings
 
 SECRET = b"0123456789abcdef-shared-secret"
 SPECS = (TensorSpec("y", "FP32", (-1, 3)), TensorSpec("label", "BYTES", (-1,)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import CONTEXT_LENGTH_EXCEEDED, InvalidInput
+from engine.errors import ContextLengthExceeded, InvalidInput
 from engine.generation.context import completion_budget
 
 
@@ -45,7 +45,7 @@ def test_max_tokens_requested_past_the_context_is_refused_as_openai_words_it(
 ) -> None:
     # It was clamped to 24 tokens whatever the API, where OpenAI and vLLM refuse it.
     error = refused(40, 30, requested=True, chat=chat)
-    assert (error.message, error.code, error.param) == (message, CONTEXT_LENGTH_EXCEEDED, None)
+    assert (error.message, type(error), error.param) == (message, ContextLengthExceeded, None)
 
 
 @pytest.mark.parametrize("requested", [False, True])
@@ -65,4 +65,4 @@ def test_a_prompt_that_leaves_no_room_is_refused_whatever_max_tokens(
     chat: bool, message: str, requested: bool
 ) -> None:
     error = refused(64, 1, requested=requested, chat=chat)
-    assert (error.message, error.code) == (message, CONTEXT_LENGTH_EXCEEDED)
+    assert (error.message, type(error)) == (message, ContextLengthExceeded)

@@ -14,7 +14,7 @@ import pytest
 
 from engine.engine import Engine
 from engine.generation.sampling import SamplingParams
-from engine.settings import Settings
+from server.settings import Settings
 
 CUDA = "CUDAExecutionProvider"
 HAS_CUDA = CUDA in ort.get_available_providers()

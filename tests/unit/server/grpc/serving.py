@@ -10,9 +10,9 @@ import grpc
 import numpy as np
 import pytest
 
-from engine.settings import Settings
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.service import build_grpc_server
+from server.settings import Settings
 from tests.unit.server.fake_engine import FakeEngine
 
 Stub = Any

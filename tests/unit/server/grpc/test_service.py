@@ -19,11 +19,12 @@ from google.protobuf import json_format
 
 from engine.auth import digest_key
 from engine.regions import SystemRegions
-from engine.settings import ApiKey, AuthSettings, Settings, SettingsError, SharedMemorySettings
+from engine.settings import ApiKey, AuthSettings, SettingsError, SharedMemorySettings
 from server.grpc import tensors
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.service import CallClock, GrpcService, build_grpc_server, server_options
+from server.settings import Settings
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 from tests.unit.server.grpc.serving import Stub, _serve, _status, output, raw_request
 

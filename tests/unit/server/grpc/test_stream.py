@@ -16,9 +16,10 @@ import pytest
 from engine.auth import digest_key
 from engine.errors import BackendError, RateLimited
 from engine.generation.sequence import Chunk
-from engine.settings import ApiKey, AuthSettings, Settings
+from engine.settings import ApiKey, AuthSettings
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+from server.settings import Settings
 from tests.unit.server.fake_engine import FakeEngine
 from tests.unit.server.grpc.serving import Stub, _serve, _status, output, raw_request
 

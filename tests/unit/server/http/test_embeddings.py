@@ -11,10 +11,11 @@ import orjson
 import pytest
 from fastapi import FastAPI
 
-from engine.auth import Authenticator, Principal, authenticate_headers
+from engine.auth import Authenticator, Principal
 from engine.errors import InvalidInput
 from engine.settings import AuthSettings
 from engine.types import InferResponse, ModelMetadata, TensorSpec
+from server.auth_headers import authenticate_headers
 from server.dataplane import CLIENT_GONE
 from server.http.embeddings import (
     MAX_INPUTS,

@@ -10,7 +10,6 @@ import orjson
 import pytest
 
 from engine.errors import InvalidInput
-from engine.settings import Settings
 from server.dataplane import DataPlane
 from server.http.openai import (
     _choices,
@@ -20,6 +19,7 @@ from server.http.openai import (
     _prompts,
     _streamed,
 )
+from server.settings import Settings
 from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 
 # The caller is authenticated already (ANYONE): the model's check asks nothing of the engine.

@@ -15,11 +15,12 @@ from fastapi import FastAPI
 from engine.auth import Authenticator
 from engine.generation.sequence import Chunk
 from engine.generation.service import GenerateRequest
-from engine.settings import AuthSettings, Settings
+from engine.settings import AuthSettings
 from server.dataplane import DataPlane
 from server.http import sse
 from server.http.openai import openai_router
 from server.http.triton_generate import generate_router
+from server.settings import Settings
 
 # Every character str.splitlines breaks at: the SSE line ends, and those JSON leaves raw.
 BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"

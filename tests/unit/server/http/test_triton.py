@@ -15,10 +15,11 @@ from fastapi.responses import Response
 from engine.auth import digest_key
 from engine.errors import EngineError
 from engine.regions import SystemRegions
-from engine.settings import ApiKey, AuthSettings, Settings, SharedMemorySettings
+from engine.settings import ApiKey, AuthSettings, SharedMemorySettings
 from server.dataplane import DataPlane
 from server.http.app import create_app, error_response
 from server.http.triton import triton_router
+from server.settings import Settings
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
 

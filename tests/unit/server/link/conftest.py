@@ -14,7 +14,7 @@ import pytest
 import uvloop
 
 from engine.demo import write_demo_repository
-from engine.settings import load_settings
+from server.settings import load_settings
 from tests.unit.server.link.rig import Rig
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from engine.engine import Engine
-from engine.settings import Settings
 from engine.types import InferRequest
 from server.link.host import EngineHost
 from server.link.remote import RemoteEngine
 from server.link.shm.arena import Arena
+from server.settings import Settings
 
 
 def request(x: np.ndarray, model: str = "demo") -> InferRequest:

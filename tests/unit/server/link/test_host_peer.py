@@ -17,8 +17,8 @@ import server.link.host_peer
 from engine.errors import (
     BackendError,
 )
-from engine.settings import load_settings
 from engine.types import InferRequest
+from server.settings import load_settings
 from tests.models import write_sleeping_model
 from tests.unit.server.link.rig import Rig, request, until
 

@@ -23,13 +23,13 @@ from engine.errors import (
     PayloadTooLarge,
     ShuttingDown,
 )
-from engine.settings import load_settings
 from engine.tracing import request_id
 from engine.types import InferRequest, InferResponse
 from server.link.frames import FrameBuffer, Kind, frame
 from server.link.remote import RemoteEngine
 from server.link.shm.arena import Arena
 from server.link.shm.placement import WRITE_OFF_LOOP_BYTES
+from server.settings import load_settings
 from tests.models import write_model
 from tests.unit.server.link.rig import Rig, request, until
 

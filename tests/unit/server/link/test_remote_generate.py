@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from engine.errors import (
-    CONTEXT_LENGTH_EXCEEDED,
+    ContextLengthExceeded,
     EngineError,
     InvalidInput,
     QuotaExceeded,
@@ -21,10 +21,12 @@ from engine.errors import (
     ShuttingDown,
 )
 from engine.generation.service import GenerateRequest
-from engine.settings import load_settings
+from server.errors import http_status
+from server.http.openai_errors import openai_code, openai_type
 from server.link.frames import FrameBuffer, Kind, error_payload, frame
 from server.link.remote import RemoteEngine
 from server.link.shm.arena import Arena
+from server.settings import load_settings
 from tests.unit.server.link.rig import until
 
 STATE = {"draining": False, "models": ["tiny"], "generative": ["tiny"]}
@@ -136,7 +138,7 @@ async def test_an_engine_error_before_the_stream_is_raised_as_the_same_error(
     "refused_by_engine",
     [
         InvalidInput("top_p must be ...", "top_p"),  # the engine process checks sampling
-        InvalidInput("the prompt has 70 tokens", code=CONTEXT_LENGTH_EXCEEDED),  # its scheduler
+        ContextLengthExceeded("the prompt has 70 tokens"),  # its scheduler
         RateLimited("over its rate limit of 1 tokens/s", 2.0, tokens=True),  # its limiter
         QuotaExceeded("used its daily quota", 60.0),
     ],
@@ -156,11 +158,11 @@ async def test_an_error_keeps_its_openai_param_code_and_type(
         await task
     got, sent = refused.value, refused_by_engine
     assert type(got) is type(sent)
-    assert (got.message, got.param, got.code, got.type) == (
+    assert (got.message, got.param, openai_code(got), openai_type(got, http_status(got))) == (
         sent.message,
         sent.param,
-        sent.code,
-        sent.type,
+        openai_code(sent),
+        openai_type(sent, http_status(sent)),
     )
 
 

@@ -9,7 +9,8 @@ import pytest
 from pydantic import BaseModel
 
 from engine.model_config import ModelConfig
-from engine.settings import Settings, SettingsError, load_settings
+from engine.settings import SettingsError
+from server.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG_FILES = sorted((ROOT / "configs").rglob("*.yaml")) if (ROOT / "configs").is_dir() else []
