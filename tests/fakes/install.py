@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import tensorrt as fake_tensorrt
+from tests.fakes.cuda_driver import FakeCudaDriver
 from tests.fakes.cuda_runtime import FakeCudaRuntime, get_cuda_native_handle
 
 
@@ -25,13 +26,17 @@ def _package(name: str) -> types.ModuleType:
 
 
 def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> None:
-    """`import cuda.bindings.runtime` (and the legacy `from cuda import cudart`) give `runtime`."""
+    """`import cuda.bindings.runtime` (and the legacy `from cuda import cudart`) give `runtime`,
+    and `import cuda.bindings.driver` a fake driver over its memory."""
+    driver = FakeCudaDriver(runtime)
+    driver.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.driver", None)  # type: ignore[attr-defined]
     runtime.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.runtime", None)  # type: ignore[attr-defined]
     cuda, bindings = _package("cuda"), _package("cuda.bindings")
     utils = types.ModuleType("cuda.bindings.utils")
     utils.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.utils", None)
     utils.get_cuda_native_handle = get_cuda_native_handle  # type: ignore[attr-defined]
     bindings.runtime = runtime  # type: ignore[attr-defined]
+    bindings.driver = driver  # type: ignore[attr-defined]
     bindings.utils = utils  # type: ignore[attr-defined]
     cuda.bindings = bindings  # type: ignore[attr-defined]
     cuda.cudart = runtime  # type: ignore[attr-defined]
@@ -39,6 +44,7 @@ def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> N
         "cuda": cuda,
         "cuda.bindings": bindings,
         "cuda.bindings.runtime": runtime,
+        "cuda.bindings.driver": driver,
         "cuda.bindings.utils": utils,
         "cuda.cudart": runtime,
     }.items():
@@ -112,6 +118,11 @@ def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:
     (package / "runtime.py").write_text(
         "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
         f"sys.modules[__name__] = FakeCudaRuntime(**{runtime!r})\n"
+    )
+    (package / "driver.py").write_text(
+        "import sys\nfrom cuda.bindings import runtime\n"
+        "from tests.fakes.cuda_driver import FakeCudaDriver\n"
+        "sys.modules[__name__] = FakeCudaDriver(runtime)\n"
     )
     if tensorrt:
         (folder / "tensorrt.py").write_text(
