@@ -103,11 +103,12 @@ def real_cupy() -> tuple[Any, str]:
     return cupy, ""
 
 
-def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:
+def write_shims(folder: Path, tensorrt: bool = True, nvml: bool = True, **runtime: bool) -> Path:
     """A folder that, first on PYTHONPATH, makes `cuda.bindings.runtime`, `pynvml` and (unless
     told not to) `tensorrt` import as the fakes in a child process (a server, a script), the
     way real installs are found. One fake GPU, "NVIDIA Fake GPU", compute capability 9.0;
-    `runtime` goes to FakeCudaRuntime (`int_enums=True`, `driver=False`)."""
+    `runtime` goes to FakeCudaRuntime (`int_enums=True`, `driver=False`); `nvml=False` leaves
+    NVML out (no GPU in the metrics)."""
     package = folder / "cuda" / "bindings"
     package.mkdir(parents=True)
     (folder / "cuda" / "__init__.py").write_text("")
@@ -128,9 +129,10 @@ def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:
         (folder / "tensorrt.py").write_text(
             "import sys\nfrom tests.fakes import tensorrt\nsys.modules[__name__] = tensorrt\n"
         )
-    (folder / "pynvml.py").write_text(
-        "import sys\nfrom tests.fakes import pynvml as fake\n"
-        "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
-        "sys.modules[__name__] = fake\n"
-    )
+    if nvml:
+        (folder / "pynvml.py").write_text(
+            "import sys\nfrom tests.fakes import pynvml as fake\n"
+            "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
+            "sys.modules[__name__] = fake\n"
+        )
     return folder
