@@ -161,7 +161,8 @@ class CudaRegions:
         device: int,
         byte_size: int,
     ) -> None:
-        """Open (or share) the mapping and add the region; in a worker thread."""
+        """Open (or share) the mapping and add the region; in a worker thread. One registration
+        at a time: between the ownership check and the region's adding, no other may come."""
         with self._opening:
             cuda = self._runtime()
             if device >= self._devices:
@@ -170,46 +171,52 @@ class CudaRegions:
                     f"(it has {self._devices}: 0 to {self._devices - 1})"
                 )
             with self._lock:
+                # On any device: opened on another, the same handle maps the same memory.
+                if any(
+                    r.mapping.handle == handle and r.tenant != tenant
+                    for r in self._regions.values()
+                ):
+                    raise InvalidInput(
+                        f"region '{name}': its raw_handle is registered by another tenant"
+                    )
                 mapping = self._mappings.get((device, handle))
                 if mapping is not None:
-                    owners = {r.tenant for r in self._regions.values() if r.mapping is mapping}
-                    if owners - {tenant}:
-                        raise InvalidInput(
-                            f"region '{name}': its raw_handle is registered by another tenant"
-                        )
                     mapping.regions += 1  # held while this registration finishes
             if mapping is None:
                 mapping = self._map(cuda, name, handle, device)
                 mapping.regions = 1
                 with self._lock:
                     self._mappings[device, handle] = mapping
-        region = CudaRegion(name, tenant, key_name, byte_size, mapping)
-        try:
-            span = mapping.size
-            if byte_size > span:
-                raise InvalidInput(
-                    f"region '{name}': byte_size {byte_size} passes the end of the device "
-                    f"allocation its raw_handle maps ({span} bytes)"
-                )
-            with self._lock:
-                self._room(tenant, name, byte_size)  # again: another may have come meanwhile
-                self._regions[tenant, name] = region
-        except BaseException:
-            region.dropped = True
-            self._close_unused(region)
-            raise
+            region = CudaRegion(name, tenant, key_name, byte_size, mapping)
+            try:
+                if byte_size > mapping.size:
+                    raise InvalidInput(
+                        f"region '{name}': byte_size {byte_size} passes the end of the device "
+                        f"allocation its raw_handle maps ({mapping.size} bytes)"
+                    )
+                with self._lock:
+                    self._room(tenant, name, byte_size)  # again: one may have come meanwhile
+                    self._regions[tenant, name] = region
+            except BaseException:
+                region.dropped = True
+                self._close_unused(region)
+                raise
 
     def _map(self, cuda: Cuda, name: str, handle: bytes, device: int) -> _Mapping:
         """cudaIpcOpenMemHandle on `device`, and the mapped allocation's size from its start."""
         flags = getattr(cuda.rt, "cudaIpcMemLazyEnablePeerAccess", 1)
         try:
             cuda.call("cudaSetDevice", device)
-            ptr = int(cuda.call("cudaIpcOpenMemHandle", cuda.ipc_handle(handle), flags))
         except BackendError as exc:
+            raise InvalidInput(f"region '{name}': {exc.message}") from None
+        # Checked here, not through cuda.call: its message would spell out the handle's bytes.
+        err, ptr = cuda.rt.cudaIpcOpenMemHandle(cuda.ipc_handle(handle), flags)
+        if err != cuda.ok:
             raise InvalidInput(
                 f"region '{name}': CUDA cannot open its raw_handle on device {device}: "
-                f"{exc.message}"
-            ) from None
+                f"cudaIpcOpenMemHandle failed: {cuda.describe(err)}"
+            )
+        ptr = int(ptr)
         try:
             base, size = allocation_range(self._driver, ptr)
         except BackendError as exc:

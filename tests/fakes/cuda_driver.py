@@ -37,6 +37,10 @@ _TEXT = {
 }
 
 
+_Result = CUresult
+_Pointer = CUdeviceptr
+
+
 class FakeCudaDriver:
     """An instance stands in for the `cuda.bindings.driver` module."""
 
@@ -47,15 +51,15 @@ class FakeCudaDriver:
         self.__name__ = "cuda.bindings.driver"
         self.runtime = runtime
 
-    def cuMemGetAddressRange(self, dptr: Any) -> tuple[CUresult, CUdeviceptr, int]:
+    def cuMemGetAddressRange(self, dptr: Any) -> tuple[_Result, _Pointer, int]:
         address = int(dptr)
         for base, allocation in self.runtime._device.items():
             if base <= address < base + len(allocation.memory):
                 return CUresult.CUDA_SUCCESS, CUdeviceptr(base), len(allocation.memory)
         return CUresult.CUDA_ERROR_NOT_FOUND, CUdeviceptr(0), 0
 
-    def cuGetErrorName(self, error: CUresult) -> tuple[CUresult, bytes]:
+    def cuGetErrorName(self, error: _Result) -> tuple[_Result, bytes]:
         return CUresult.CUDA_SUCCESS, CUresult(error).name.encode()
 
-    def cuGetErrorString(self, error: CUresult) -> tuple[CUresult, bytes]:
+    def cuGetErrorString(self, error: _Result) -> tuple[_Result, bytes]:
         return CUresult.CUDA_SUCCESS, _TEXT[CUresult(error)]

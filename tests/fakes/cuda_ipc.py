@@ -56,6 +56,9 @@ class cudaIpcMemHandle_t:
         ctypes.memmove(self._storage, bytes(value), CUDA_IPC_HANDLE_SIZE)
 
 
+_Handle = cudaIpcMemHandle_t
+
+
 class IpcMixin:
     """The IPC calls of FakeCudaRuntime (it provides `_failure`, `_device`, `_addresses`,
     `current_device`, `devices` and the error enum)."""
@@ -72,7 +75,7 @@ class IpcMixin:
     devices: list[Any]
     current_device: int
 
-    def cudaIpcGetMemHandle(self, devPtr: int) -> tuple[Any, cudaIpcMemHandle_t]:
+    def cudaIpcGetMemHandle(self, devPtr: int) -> tuple[Any, _Handle]:
         errors = type(self).cudaError_t  # type: ignore[attr-defined]
         handle = cudaIpcMemHandle_t()
         if (failed := self._failure("cudaIpcGetMemHandle")) is not None:
