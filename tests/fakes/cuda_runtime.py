@@ -18,6 +18,9 @@ What is the same as the real module:
 - the legacy default stream (0 or None) works, and each use is counted;
 - misuse answers an error code, never an exception: a copy past an allocation, a freed or
   unknown pointer, an unknown or destroyed stream, an invalid device.
+- CUDA IPC (`cudaIpcGetMemHandle`, `cudaIpcOpenMemHandle`, `cudaIpcCloseMemHandle`) works across
+  processes: tests/fakes/cuda_ipc.py says how; tests/fakes/cuda_driver.py is the driver over
+  the same memory.
 
 Device memory is host memory in a separate fake address range; pinned host memory is real host
 memory (ctypes buffers), so `np.ctypeslib`/`ctypes.from_address` views work as on a GPU machine.
