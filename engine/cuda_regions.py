@@ -14,9 +14,9 @@ ever registered, so status lists nothing and unregistering a name is RegionNotFo
 
 Each region belongs to its tenant, as a system region does: another tenant's is unknown, and a
 handle one tenant registered cannot be registered by another, on any device. The same handle
-registered twice by one tenant (perf_analyzer-style clients name parts of one allocation) is
-opened once per device and shared: the mapping closes with `cudaIpcCloseMemHandle` when the
-last region using it is dropped and no copy uses it any more.
+registered under two names by one tenant is opened once per device and shared: the mapping
+closes with `cudaIpcCloseMemHandle` when the last region using it is dropped and no copy uses
+it any more.
 
 Tensors are copied with `cudaMemcpy`: DeviceToHost into host memory for the CPU backends (a GPU
 backend could take the device pointer as it is, without the copy, but no backend here takes
