@@ -68,6 +68,7 @@ async def test_a_region_reads_and_writes_device_memory(
         (b"x" * 64, 0, 0, "byte_size must be an integer >= 1, got 0"),
         (b"x" * 64, 0, True, "byte_size must be an integer >= 1, got True"),
     ],
+    ids=["short", "long", "text", "negative-device", "empty", "bool-size"],
 )
 async def test_malformed_registrations_are_refused_before_any_cuda_call(
     tmp_path: Path,
