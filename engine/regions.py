@@ -25,6 +25,10 @@ The one copy replaces the socket read and decode a tensor in the request body co
 
 With `--workers N` this registry lives in the engine process and every worker mirrors it
 (server/link/remote_regions.py), reading and writing the files itself.
+
+CUDA regions (Triton's CUDA shared-memory extension) are `cuda`, engine/cuda_regions.py: the
+same switch, one lock, one namespace of names and one bound per tenant for both kinds; a tensor
+naming a CUDA region is read and written there.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.cuda_regions import CudaRegions
 from engine.errors import Forbidden, InvalidInput, RegionNotFound
 from engine.settings import SharedMemorySettings
 from engine.types import SharedTensor
@@ -113,6 +118,7 @@ class SystemRegions:
         self.folder = folder
         self._regions: dict[tuple[str, str], Region] = {}  # (tenant, name) -> region
         self._lock = threading.Lock()
+        self.cuda = CudaRegions(self._lock, self._room, self.require_enabled)
 
     @property
     def enabled(self) -> bool:
@@ -191,23 +197,31 @@ class SystemRegions:
             )
         return fd, writable
 
-    def _admit(self, region: Region) -> None:
-        """Add `region` under the lock, within the tenant's bounds."""
-        tenant, limits = region.tenant, self.settings
-        if (tenant, region.name) in self._regions:
-            raise InvalidInput(f"region '{region.name}' is already registered; unregister it first")
-        held = [r for (owner, _), r in self._regions.items() if owner == tenant]
+    def _room(self, tenant: str, name: str, byte_size: int) -> None:
+        """InvalidInput unless `tenant` may add region `name` of `byte_size` bytes: a name no
+        region of either kind holds, within the bounds both kinds count against (under the
+        lock)."""
+        limits = self.settings
+        held = {n: r.byte_size for (owner, n), r in self._regions.items() if owner == tenant}
+        held.update(self.cuda.held(tenant))
+        if name in held:
+            raise InvalidInput(f"region '{name}' is already registered; unregister it first")
         if len(held) >= limits.max_regions_per_tenant:
             raise InvalidInput(
                 f"tenant '{tenant}' holds {len(held)} regions, the most "
                 "shared_memory.max_regions_per_tenant allows; unregister one first"
             )
-        spanned = sum(r.byte_size for r in held)
-        if spanned + region.byte_size > limits.max_bytes_per_tenant:
+        spanned = sum(held.values())
+        if spanned + byte_size > limits.max_bytes_per_tenant:
             raise InvalidInput(
-                f"tenant '{tenant}' has regions of {spanned} bytes; {region.byte_size} more "
+                f"tenant '{tenant}' has regions of {spanned} bytes; {byte_size} more "
                 f"passes shared_memory.max_bytes_per_tenant ({limits.max_bytes_per_tenant})"
             )
+
+    def _admit(self, region: Region) -> None:
+        """Add `region` under the lock, within the tenant's bounds."""
+        tenant = region.tenant
+        self._room(tenant, region.name, region.byte_size)
         for other in self._regions.values():
             if other.identity == region.identity and other.tenant != tenant:
                 raise InvalidInput(
@@ -245,6 +259,7 @@ class SystemRegions:
             for key, region in list(self._regions.items()):
                 if region.key_name not in key_names:
                     self._drop(self._regions.pop(key))
+        self.cuda.keep_keys(key_names)
 
     def close(self) -> None:
         """Drop every region (at shutdown)."""
@@ -252,6 +267,7 @@ class SystemRegions:
             for region in self._regions.values():
                 self._drop(region)
             self._regions.clear()
+        self.cuda.close()
 
     def table(self) -> list[list[Any]]:
         """Every region as `[tenant, key_name, name, key, offset, byte_size, device, inode]`:
@@ -297,7 +313,10 @@ class SystemRegions:
                 os.close(region.fd)
 
     def read(self, tenant: str, ref: SharedTensor, what: str) -> bytearray:
-        """`ref.byte_size` bytes of `tenant`'s region, copied out with pread."""
+        """`ref.byte_size` bytes of `tenant`'s region, copied out with pread (or from the
+        device, for a CUDA region)."""
+        if self.cuda.holds(tenant, ref.region):
+            return self.cuda.read(tenant, ref, what)
         region = self._lease(tenant, ref, ref.byte_size, what)
         try:
             data = bytearray(ref.byte_size)
@@ -319,6 +338,8 @@ class SystemRegions:
     def write(self, tenant: str, ref: SharedTensor, data: memoryview, what: str) -> None:
         """`data` into `tenant`'s region at `ref.offset`; InvalidInput when it does not fit the
         `ref.byte_size` the request gave, the region, or the file as it is now."""
+        if self.cuda.holds(tenant, ref.region):
+            return self.cuda.write(tenant, ref, data, what)
         if data.nbytes > ref.byte_size:
             raise InvalidInput(
                 f"{what} takes {data.nbytes} bytes; shared_memory_byte_size is {ref.byte_size}"

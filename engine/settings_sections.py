@@ -171,14 +171,17 @@ class BatchingDefaults(Section):
 
 class SharedMemorySettings(Section):
     enabled: bool = False
-    """Serve Triton's system shared-memory extension: same-host clients register files of
-    /dev/shm and pass tensors through them by name (docs/protocol/triton-extensions.md). Off,
-    its routes and any request naming a region answer 403. A registered region lets its tenant
-    read and write that file through the server: see the threat model in the security guide."""
+    """Serve Triton's system and CUDA shared-memory extensions: same-host clients register
+    files of /dev/shm, or CUDA IPC handles of device memory they allocated, and pass tensors
+    through them by name (docs/protocol/triton-extensions.md). Off, their routes and any request
+    naming a region answer 403. A registered region lets its tenant read and write that file or
+    memory through the server: see the threat model in the security guide."""
     max_regions_per_tenant: int = Field(64, gt=0, le=4096)
-    """Regions one tenant may hold registered at once (each holds an open file)."""
+    """Regions one tenant may hold registered at once, system and CUDA ones together (each
+    holds an open file or a device mapping)."""
     max_bytes_per_tenant: int = Field(4096 * MiB, gt=0)
-    """Bytes one tenant's registered regions may span together (their `byte_size`s)."""
+    """Bytes one tenant's registered regions, of both kinds, may span together (their
+    `byte_size`s)."""
 
 
 class TracingSettings(Section):

@@ -215,7 +215,8 @@ gpu_tests() {
         tests/unit/engine/backends/test_onnxruntime_gpu.py tests/unit/converters/test_tensorrt.py \
         tests/unit/engine/backends/test_provider_check.py \
         tests/unit/converters/test_serving_provider.py tests/unit/engine/test_gpu_metrics.py \
-        tests/unit/engine/generation/test_generation_gpu.py
+        tests/unit/engine/generation/test_generation_gpu.py \
+        tests/integration/test_shared_memory.py
     rc=$?
     ((rc == 5)) && { echo "no gpu-marked tests were collected"; return 77; }
     ((rc != 0)) && return "$rc"

@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 from engine.auth import Principal, admin_action, log_admin_action
-from engine.errors import BackendError, EngineError, ModelNotFound, RegionNotFound, ShuttingDown
+from engine.errors import BackendError, EngineError, ModelNotFound, ShuttingDown
 from engine.facade import EngineFacade
 from engine.generation.service import GenerateRequest, TokenStream
 from engine.types import InferRequest, InferResponse, ModelMetadata
@@ -260,12 +260,25 @@ class DataPlane:
         """The caller's regions (only `name`, when given): name, key, offset, byte_size."""
         return await self.engine.regions.status(self.authenticate(who).tenant, name)
 
-    def cuda_shm_status(self, who: Caller, name: str | None) -> None:
-        """CUDA shared memory's status and unregister: no CUDA region is ever registered (no
-        GPU backend reads one), so all of the caller's are none and a named one is unknown."""
-        self.authenticate(who)
-        if name:
-            raise RegionNotFound(name)
+    async def cuda_shm_register(
+        self, who: Caller, name: str, handle: bytes, device_id: Any, byte_size: Any, protocol: str
+    ) -> None:
+        """Open a CUDA IPC `handle` as the caller's region `name` (engine/cuda_regions.py)."""
+        caller = self.authenticate(who)
+        regions = self.engine.regions.cuda
+        await regions.register(caller.tenant, caller.key_name, name, handle, device_id, byte_size)
+        log_admin_action(
+            caller, "cuda_shm_register", region=name, device_id=device_id, protocol=protocol
+        )
+
+    async def cuda_shm_unregister(self, who: Caller, name: str | None) -> None:
+        """Drop the caller's CUDA region `name`, or all of them when `name` is None or empty."""
+        caller = self.authenticate(who)
+        await self.engine.regions.cuda.unregister(caller.tenant, name)
+
+    async def cuda_shm_status(self, who: Caller, name: str | None) -> list[dict[str, Any]]:
+        """The caller's CUDA regions (only `name`, when given): name, device_id, byte_size."""
+        return await self.engine.regions.cuda.status(self.authenticate(who).tenant, name)
 
     # -- generation ------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """Tensors in client shared memory, for the data plane: the inputs a request names in its
 tenant's regions read into it before the engine sees it, and the outputs it asks for there written
-once answered. The regions and their checks are engine/regions.py; this is the conversion
+once answered. The regions and their checks are engine/regions.py (CUDA ones: its `cuda`,
+engine/cuda_regions.py, copied to and from the device); this is the conversion
 between their bytes and tensors in the raw layout both transports share (server/raw_tensors.py).
 
 Every size is checked before a byte is read: an input's `shared_memory_byte_size` against its

@@ -3,8 +3,9 @@ call's `(cudaError_t, value...)` result checked, a failure raised as a BackendEr
 the call, its arguments and CUDA's own name and text for the error. Device buffers, pinned host
 buffers and non-blocking streams are owned objects with an explicit `close()`.
 
-Imported lazily by the TensorRT backend, so CPU-only installs never load it. `load_runtime` is
-the one place the module is imported (tests put a fake of it in `sys.modules`)."""
+Imported lazily by the TensorRT backend and the CUDA shared-memory regions
+(engine/cuda_regions.py), so CPU-only installs never load it. `load_runtime` and `load_driver`
+are the one place each module is imported (tests put fakes of them in `sys.modules`)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,17 @@ def load_runtime() -> Any:
     from cuda.bindings import runtime
 
     return runtime
+
+
+def load_driver() -> Any:
+    """The `cuda.bindings.driver` module (ImportError without cuda-python >= 12.6)."""
+    from cuda.bindings import driver
+
+    return driver
+
+
+IPC_HANDLE_BYTES = 64
+"""The size of a `cudaIpcMemHandle_t` (CUDA_IPC_HANDLE_SIZE): what cudaIpcGetMemHandle gives."""
 
 
 class Cuda:
@@ -80,6 +92,16 @@ class Cuda:
         """(name, compute capability as "major.minor") of a device."""
         props = self.call("cudaGetDeviceProperties", device)
         return _text(props.name), f"{props.major}.{props.minor}"
+
+    def ipc_handle(self, raw: bytes) -> Any:
+        """A `cudaIpcMemHandle_t` holding `raw`, a handle's IPC_HANDLE_BYTES as another process's
+        cudaIpcGetMemHandle gave them. Written through `getPtr()` (the address of the handle's
+        storage), which cuda-python 12 and 13 both have: 13 dropped the `reserved` field."""
+        if len(raw) != IPC_HANDLE_BYTES:
+            raise ValueError(f"a CUDA IPC handle is {IPC_HANDLE_BYTES} bytes, got {len(raw)}")
+        handle = self.rt.cudaIpcMemHandle_t()
+        ctypes.memmove(handle.getPtr(), raw, IPC_HANDLE_BYTES)
+        return handle
 
     def _show(self, arg: Any) -> str:
         name = getattr(arg, "name", None)
@@ -156,6 +178,17 @@ class Stream:
         if self.handle is not None:
             handle, self.handle = self.handle, None
             self._cuda.call("cudaStreamDestroy", handle)
+
+
+def allocation_range(driver: Any, ptr: int) -> tuple[int, int]:
+    """(base, size) of the device allocation (or opened IPC mapping) holding `ptr`, from the
+    driver's cuMemGetAddressRange; BackendError naming the driver's error when it holds none."""
+    err, base, size = driver.cuMemGetAddressRange(ptr)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        _, name = driver.cuGetErrorName(err)
+        _, text = driver.cuGetErrorString(err)
+        raise BackendError(f"cuMemGetAddressRange({ptr:#x}) failed: {_text(name)} ({_text(text)})")
+    return int(base), int(size)
 
 
 def _text(value: Any) -> str:

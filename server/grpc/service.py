@@ -136,15 +136,9 @@ def _unimplemented(name: str, why: str) -> Handler[Message, NoReturn]:
     return _guarded(method)
 
 
-_SHARED_MEMORY = (
-    "no GPU backend reads CUDA shared memory here; pass tensors through system shared memory "
-    "or in the request (raw_input_contents)"
-)
-
-
 class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
     """The servicer: every RPC of `inference.GRPCInferenceService` over the data plane; those
-    sluice does not serve (CUDA shared memory, trace and log settings) answer UNIMPLEMENTED.
+    sluice does not serve (trace and log settings) answer UNIMPLEMENTED.
 
     `stream_max_pending` bounds each ModelStreamInfer stream: requests running plus answers not
     yet sent to the client. At the bound the stream is not read, so HTTP/2 flow control holds
@@ -237,7 +231,6 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- Triton extensions -----------------------------------------------------------------------
 
-    CudaSharedMemoryRegister = _unimplemented("CudaSharedMemoryRegister", _SHARED_MEMORY)
     TraceSetting = _unimplemented(
         "TraceSetting", "tracing is set by the server's `tracing` settings at start"
     )
@@ -309,25 +302,40 @@ class GrpcService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.SystemSharedMemoryRegisterResponse()
 
     @_guarded
-    async def CudaSharedMemoryStatus(
-        self, request: pb.CudaSharedMemoryStatusRequest, context: Context, caller: Metadata
-    ) -> pb.CudaSharedMemoryStatusResponse:
-        self._plane.cuda_shm_status(caller, request.name or None)
-        return pb.CudaSharedMemoryStatusResponse()
-
-    @_guarded
-    async def CudaSharedMemoryUnregister(
-        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context, caller: Metadata
-    ) -> pb.CudaSharedMemoryUnregisterResponse:
-        self._plane.cuda_shm_status(caller, request.name or None)
-        return pb.CudaSharedMemoryUnregisterResponse()
-
-    @_guarded
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context, caller: Metadata
     ) -> pb.SystemSharedMemoryUnregisterResponse:
         await self._plane.shm_unregister(caller, request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # -- Triton's CUDA shared-memory extension (engine/cuda_regions.py) ---------------------------
+
+    @_guarded
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context, caller: Metadata
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        rows = await self._plane.cuda_shm_status(caller, request.name or None)
+        status = pb.CudaSharedMemoryStatusResponse.RegionStatus
+        return pb.CudaSharedMemoryStatusResponse(
+            regions={row["name"]: status(**row) for row in rows}
+        )
+
+    @_guarded
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context, caller: Metadata
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        r = request  # raw_handle: the handle's bytes as they are (base64 is HTTP's)
+        await self._plane.cuda_shm_register(
+            caller, r.name, r.raw_handle, r.device_id, r.byte_size, "grpc"
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_guarded
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context, caller: Metadata
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        await self._plane.cuda_shm_unregister(caller, request.name or None)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:

@@ -10,9 +10,10 @@
     GET  /v2/systemsharedmemory[/region/{name}]/status     [{name, key, offset, byte_size}]
     POST /v2/systemsharedmemory/region/{name}/register     {"key", "offset", "byte_size"}
     POST /v2/systemsharedmemory[/region/{name}]/unregister one region, or all the caller's
-    GET  /v2/cudasharedmemory[/region/{name}]/status       [] (none is ever registered)
-    POST /v2/cudasharedmemory[/region/{name}]/unregister   200, nothing to drop
-    POST /v2/cudasharedmemory/region/{name}/register       400: no CUDA shared memory here
+    GET  /v2/cudasharedmemory[/region/{name}]/status       [{name, device_id, byte_size}]
+    POST /v2/cudasharedmemory/region/{name}/register       {"raw_handle": {"b64"}, "device_id",
+                                                           "byte_size"}
+    POST /v2/cudasharedmemory[/region/{name}]/unregister   one region, or all the caller's
 
 Include the router before the core `/v2/models/{name}` routes: `/v2/models/stats` must not be
 taken for the metadata of a model called "stats" (Triton shadows such a model the same way).
@@ -21,6 +22,8 @@ Errors are raised as EngineError for the application's one error handler.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 import orjson
@@ -30,11 +33,6 @@ from fastapi.responses import Response
 from engine.errors import InvalidInput
 from server.dataplane import DataPlane
 from server.http import codec
-
-CUDA_SHARED_MEMORY = (
-    "sluice serves no CUDA shared memory (no GPU backend reads it); pass tensors through system "
-    "shared memory (/v2/systemsharedmemory) or in the request"
-)
 
 
 def _json(body: Any) -> Response:
@@ -52,6 +50,21 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise InvalidInput(f"'parameters' must be an object, got {type(params).__name__}")
     return params
+
+
+def _raw_handle(value: Any) -> bytes:
+    """The bytes of a CUDA register body's `{"raw_handle": {"b64": "..."}}` (what tritonclient's
+    `cuda_shared_memory.get_raw_handle` gives); their length is the registry's to check."""
+    b64 = value.get("b64") if isinstance(value, dict) else None
+    if not isinstance(b64, str):
+        raise InvalidInput(
+            '\'raw_handle\' must be {"b64": "<base64 of the CUDA IPC handle>"}, got '
+            f"{value!r:.60}"
+        )
+    try:
+        return base64.b64decode(b64, validate=True)
+    except binascii.Error as exc:
+        raise InvalidInput(f"'raw_handle' is not valid base64: {exc}") from None
 
 
 def triton_router(plane: DataPlane) -> APIRouter:
@@ -120,18 +133,23 @@ def triton_router(plane: DataPlane) -> APIRouter:
     @router.get("/v2/cudasharedmemory/status")
     @router.get("/v2/cudasharedmemory/region/{name}/status")
     async def cuda_shm_status(request: Request) -> Response:
-        plane.cuda_shm_status(request.headers, request.path_params.get("name"))
-        return _json([])
+        name = request.path_params.get("name")
+        return _json(await plane.cuda_shm_status(request.headers, name))
+
+    @router.post("/v2/cudasharedmemory/region/{name}/register")
+    async def cuda_shm_register(request: Request, name: str) -> Response:
+        caller = plane.authenticate(request.headers)  # a stranger's body is never read
+        body = await _body(request)
+        # device_id and byte_size are checked by the registry (whole numbers)
+        handle = _raw_handle(body.get("raw_handle"))
+        device, size = body.get("device_id"), body.get("byte_size")
+        await plane.cuda_shm_register(caller, name, handle, device, size, "http")
+        return Response(status_code=200)
 
     @router.post("/v2/cudasharedmemory/unregister")
     @router.post("/v2/cudasharedmemory/region/{name}/unregister")
     async def cuda_shm_unregister(request: Request) -> Response:
-        plane.cuda_shm_status(request.headers, request.path_params.get("name"))
+        await plane.cuda_shm_unregister(request.headers, request.path_params.get("name"))
         return Response(status_code=200)
-
-    @router.post("/v2/cudasharedmemory/region/{name}/register")
-    async def cuda_shm_register(request: Request) -> Response:
-        plane.authenticate(request.headers)
-        raise InvalidInput(CUDA_SHARED_MEMORY)
 
     return router

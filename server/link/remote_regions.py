@@ -10,7 +10,12 @@ mirror up to that table: it opens each new region's file by name, under the same
 keeps it only if it is the very file the engine registered (same device and inode: a file
 swapped under the name since is refused), and drops the regions that are gone (a read under
 way keeps its file open until it ends, as in the engine). A worker's key-file reload passes the
-keys it serves now to the engine, which drops what revoked keys registered."""
+keys it serves now to the engine, which drops what revoked keys registered.
+
+CUDA regions are not served with workers: each worker would open every client's IPC handle
+itself, and so hold a CUDA context (hundreds of MiB of device memory) per worker, in processes
+meant for parsing. Registering one is refused saying so (WORKERS_NO_CUDA); none is ever listed,
+and unregistering a name is RegionNotFound, as for any unknown region."""
 
 from __future__ import annotations
 
@@ -21,10 +26,17 @@ from collections.abc import Callable, Collection, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
+from engine.cuda_regions import NO_CUDA, CudaRegions
 from engine.errors import InvalidInput
 from engine.regions import SHM_FOLDER, Region, SystemRegions
 from engine.settings import SharedMemorySettings
 from engine.types import SharedTensor
+
+WORKERS_NO_CUDA = (
+    f"{NO_CUDA} in the process that reads requests, which --workers N > 1 does not give: serve "
+    "CUDA shared memory with one worker, or pass tensors through system shared memory"
+)
+"""Why a `--workers` worker registers no CUDA region (the module docstring says why)."""
 
 Call = Callable[..., Coroutine[Any, Any, Any]]
 """`RemoteControl.call`: the engine's answer to `method(*args)`."""
@@ -44,6 +56,7 @@ class WorkerRegions(SystemRegions):
         folder: Path = SHM_FOLDER,
     ) -> None:
         super().__init__(settings, folder)
+        self.cuda = CudaRegions(self._lock, self._room, self.require_enabled, WORKERS_NO_CUDA)
         self._call, self._state, self._adopt = call, state, adopt
         self._synced: object = None
         self._broken: dict[tuple[str, str], str] = {}  # regions this worker could not open

@@ -18,6 +18,9 @@ What is the same as the real module:
 - the legacy default stream (0 or None) works, and each use is counted;
 - misuse answers an error code, never an exception: a copy past an allocation, a freed or
   unknown pointer, an unknown or destroyed stream, an invalid device.
+- CUDA IPC (`cudaIpcGetMemHandle`, `cudaIpcOpenMemHandle`, `cudaIpcCloseMemHandle`) works across
+  processes: tests/fakes/cuda_ipc.py says how; tests/fakes/cuda_driver.py is the driver over
+  the same memory.
 
 Device memory is host memory in a separate fake address range; pinned host memory is real host
 memory (ctypes buffers), so `np.ctypeslib`/`ctypes.from_address` views work as on a GPU machine.
@@ -34,6 +37,8 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.fakes.cuda_ipc import IpcMixin
 
 
 class cudaError_t(enum.IntEnum):
@@ -109,7 +114,7 @@ class cudaDeviceProp:
 @dataclass
 class _Allocation:
     device: int
-    memory: bytearray
+    memory: Any  # a bytearray, or an mmap once exported through IPC (tests/fakes/cuda_ipc.py)
 
 
 @dataclass
@@ -125,7 +130,7 @@ def _err(code: cudaError_t) -> tuple[cudaError_t]:
 OK = cudaError_t.cudaSuccess
 
 
-class FakeCudaRuntime:
+class FakeCudaRuntime(IpcMixin):
     """An instance stands in for the `cuda.bindings.runtime` module."""
 
     cudaError_t = cudaError_t
@@ -150,6 +155,8 @@ class FakeCudaRuntime:
         self.devices = [cudaDeviceProp()] if devices is None else devices
         self._thread = threading.local()  # the current device is per host thread, as in CUDA
         self._device: dict[int, _Allocation] = {}
+        self._exported: dict[int, Any] = {}  # allocations exported through IPC -> their file
+        self._opened: set[int] = set()  # pointers cudaIpcOpenMemHandle gave
         self._pinned: dict[int, ctypes.Array[ctypes.c_char]] = {}
         self._streams: dict[int, _Stream] = {}
         self._addresses = itertools.count(_DEVICE_BASE, 1 << 24)
@@ -265,8 +272,12 @@ class FakeCudaRuntime:
         self.free_calls += 1
         if int(devPtr) == 0:
             return _err(OK)
-        if self._device.pop(int(devPtr), None) is None:
+        if int(devPtr) in self._opened:  # an IPC mapping closes with cudaIpcCloseMemHandle
             return _err(cudaError_t.cudaErrorInvalidValue)
+        allocation = self._device.pop(int(devPtr), None)
+        if allocation is None:
+            return _err(cudaError_t.cudaErrorInvalidValue)
+        self._forget_export(int(devPtr), allocation.memory)
         return _err(OK)
 
     def cudaMallocHost(self, size: int) -> tuple[cudaError_t, int]:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.fakes import tensorrt as fake_tensorrt
+from tests.fakes.cuda_driver import FakeCudaDriver
 from tests.fakes.cuda_runtime import FakeCudaRuntime, get_cuda_native_handle
 
 
@@ -25,13 +26,17 @@ def _package(name: str) -> types.ModuleType:
 
 
 def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> None:
-    """`import cuda.bindings.runtime` (and the legacy `from cuda import cudart`) give `runtime`."""
+    """`import cuda.bindings.runtime` (and the legacy `from cuda import cudart`) give `runtime`,
+    and `import cuda.bindings.driver` a fake driver over its memory."""
+    driver = FakeCudaDriver(runtime)
+    driver.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.driver", None)  # type: ignore[attr-defined]
     runtime.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.runtime", None)  # type: ignore[attr-defined]
     cuda, bindings = _package("cuda"), _package("cuda.bindings")
     utils = types.ModuleType("cuda.bindings.utils")
     utils.__spec__ = importlib.machinery.ModuleSpec("cuda.bindings.utils", None)
     utils.get_cuda_native_handle = get_cuda_native_handle  # type: ignore[attr-defined]
     bindings.runtime = runtime  # type: ignore[attr-defined]
+    bindings.driver = driver  # type: ignore[attr-defined]
     bindings.utils = utils  # type: ignore[attr-defined]
     cuda.bindings = bindings  # type: ignore[attr-defined]
     cuda.cudart = runtime  # type: ignore[attr-defined]
@@ -39,6 +44,7 @@ def install_cuda(monkeypatch: pytest.MonkeyPatch, runtime: FakeCudaRuntime) -> N
         "cuda": cuda,
         "cuda.bindings": bindings,
         "cuda.bindings.runtime": runtime,
+        "cuda.bindings.driver": driver,
         "cuda.bindings.utils": utils,
         "cuda.cudart": runtime,
     }.items():
@@ -97,11 +103,12 @@ def real_cupy() -> tuple[Any, str]:
     return cupy, ""
 
 
-def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:
+def write_shims(folder: Path, tensorrt: bool = True, nvml: bool = True, **runtime: bool) -> Path:
     """A folder that, first on PYTHONPATH, makes `cuda.bindings.runtime`, `pynvml` and (unless
     told not to) `tensorrt` import as the fakes in a child process (a server, a script), the
     way real installs are found. One fake GPU, "NVIDIA Fake GPU", compute capability 9.0;
-    `runtime` goes to FakeCudaRuntime (`int_enums=True`, `driver=False`)."""
+    `runtime` goes to FakeCudaRuntime (`int_enums=True`, `driver=False`); `nvml=False` leaves
+    NVML out (no GPU in the metrics)."""
     package = folder / "cuda" / "bindings"
     package.mkdir(parents=True)
     (folder / "cuda" / "__init__.py").write_text("")
@@ -113,13 +120,19 @@ def write_shims(folder: Path, tensorrt: bool = True, **runtime: bool) -> Path:
         "import sys\nfrom tests.fakes.cuda_runtime import FakeCudaRuntime\n"
         f"sys.modules[__name__] = FakeCudaRuntime(**{runtime!r})\n"
     )
+    (package / "driver.py").write_text(
+        "import sys\nfrom cuda.bindings import runtime\n"
+        "from tests.fakes.cuda_driver import FakeCudaDriver\n"
+        "sys.modules[__name__] = FakeCudaDriver(runtime)\n"
+    )
     if tensorrt:
         (folder / "tensorrt.py").write_text(
             "import sys\nfrom tests.fakes import tensorrt\nsys.modules[__name__] = tensorrt\n"
         )
-    (folder / "pynvml.py").write_text(
-        "import sys\nfrom tests.fakes import pynvml as fake\n"
-        "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
-        "sys.modules[__name__] = fake\n"
-    )
+    if nvml:
+        (folder / "pynvml.py").write_text(
+            "import sys\nfrom tests.fakes import pynvml as fake\n"
+            "fake.DEVICES.append(fake.Device('NVIDIA Fake GPU', 40, 1 << 30, 80 << 30))\n"
+            "sys.modules[__name__] = fake\n"
+        )
     return folder

@@ -4,6 +4,12 @@ HTTP and gRPC, and the attacks a registered region opens: another tenant's regio
 the end, a symlink, thousands of registrations, a file shrunk or unlinked under load, a revoked
 key. Each is answered 4xx, the server keeps serving, and no file stays open.
 
+The CUDA shared-memory extension against the same server, whose cuda-python is the fake of
+tests/fakes (first on its PYTHONPATH, as a real install is found): this process allocates
+device memory on its own fake runtime and registers the IPC handle; the two share that memory
+through /dev/shm as two processes share device memory. The `gpu`-marked test runs tritonclient's
+real `cuda_shared_memory` utilities against a server on a real GPU (scripts/gpu-check.sh).
+
 tritonclient.grpc cannot be imported in the pytest process (see test_tritonclient.py): its calls
 run in a child process, this file run as a script (`python test_shared_memory.py grpc URL KEY`),
 which prints its results as JSON."""
@@ -25,6 +31,7 @@ import numpy as np
 import pytest
 
 SHM = Path("/dev/shm")
+ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"acme": "key-acme", "acme2": "key-acme-2", "beta": "key-beta"}
 """Key name -> key; `acme` and `acme2` are two keys of tenant acme, `beta` is tenant beta."""
 TENANTS = {"acme": "acme", "acme2": "acme", "beta": "beta"}
@@ -83,12 +90,15 @@ def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sluice(tmp_path_factory: pytest.TempPathFactory, keys_file: Path) -> Iterator[Any]:
+    from tests.fakes.install import write_shims
     from tests.integration.helpers_e2e import cache_config, demo_repository
     from tests.servers import ServerProcess
 
     root = tmp_path_factory.mktemp("shm-server")
     repo = demo_repository(root / "repo", {"demo": "max_batch_size: 64\n" + cache_config()})
+    shims = write_shims(root / "site", tensorrt=False, nvml=False)  # cuda-python only
     env = {
+        "PYTHONPATH": f"{shims}:{ROOT}",
         "SLUICE_SHARED_MEMORY__ENABLED": "true",
         "SLUICE_SHARED_MEMORY__MAX_REGIONS_PER_TENANT": str(MAX_REGIONS),
         "SLUICE_AUTH__KEYS_FILE": str(keys_file),
@@ -372,6 +382,123 @@ def test_regions_registered_through_one_worker_serve_through_all(
     http_client(server).unregister_system_shared_memory()
     wait_for(lambda: holders(server.process.pid, out_key) == 0 or None, 10, "files closed")
     assert holders(server.process.pid, in_key) == 0
+    cuda = {"raw_handle": {"b64": "A" * 88}, "device_id": 0, "byte_size": 64}
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        refused = http.post("/v2/cudasharedmemory/region/c/register", json=cuda)
+    assert refused.status_code == 400
+    assert "which --workers N > 1 does not give" in refused.json()["error"]
+
+
+# -- CUDA shared memory ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cuda_client() -> Iterator[Any]:
+    from tests.fakes.cuda_client import IpcClient
+
+    client = IpcClient()
+    yield client
+    client.free()
+
+
+def test_cuda_regions_over_http_and_grpc(sluice: Any, cuda_client: Any) -> None:
+    import grpc
+    import httpx
+    import tritonclient.http as httpclient
+
+    from server.grpc.proto import grpc_service_pb2 as pb
+    from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
+
+    x = demo_x(11)
+    _, in_handle = cuda_client.allocate(x.tobytes())
+    out_ptr, out_handle = cuda_client.allocate(bytes(80))
+    acme, meta = headers("acme"), [("x-api-key", KEYS["acme"])]
+    register = {"raw_handle": {"b64": cuda_client.b64(in_handle)}, "byte_size": x.nbytes}
+    with (
+        httpx.Client(base_url=sluice.url, headers=acme, timeout=10) as http,
+        grpc.insecure_channel(sluice.grpc_url) as channel,
+    ):
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        wrong = http.post("/v2/cudasharedmemory/region/cin/register", json=register)
+        assert wrong.status_code == 400  # no device_id
+        assert "device_id must be an integer >= 0, got None" in wrong.json()["error"]
+        answer = http.post(
+            "/v2/cudasharedmemory/region/cin/register", json={**register, "device_id": 0}
+        )
+        assert answer.status_code == 200, answer.text
+        out = pb.CudaSharedMemoryRegisterRequest(
+            name="cout", raw_handle=out_handle, device_id=0, byte_size=80
+        )
+        stub.CudaSharedMemoryRegister(out, metadata=meta)
+        status = stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), metadata=meta)
+        assert sorted(status.regions) == ["cin", "cout"]
+        assert http.get("/v2/cudasharedmemory/region/cout/status").json() == [
+            {"name": "cout", "device_id": 0, "byte_size": 80}
+        ]
+        tensor = httpclient.InferInput("x", [2, 16], "FP32")
+        tensor.set_shared_memory("cin", x.nbytes)
+        wanted = httpclient.InferRequestedOutput("probabilities", binary_data=True)
+        wanted.set_shared_memory("cout", 80)
+        result = http_client(sluice).infer("demo", [tensor], outputs=[wanted], headers=acme)
+        assert result.get_output("probabilities")["shape"] == [2, 10]
+        got = np.frombuffer(cuda_client.get(out_ptr, 80), np.float32).reshape(2, 10)
+        np.testing.assert_allclose(got, reference(sluice, x), rtol=1e-6)
+        code, _ = status_of(lambda: shm_infer(http_client(sluice), "cin", [2, 16], x.nbytes))
+        assert code == "401"
+        beta = headers("beta")
+        code, message = status_of(
+            lambda: shm_infer(http_client(sluice), "cin", [2, 16], x.nbytes, headers=beta)
+        )
+        assert (code, message) == (
+            "404",
+            "no shared memory region 'cin' is registered by this tenant",
+        )
+        stub.CudaSharedMemoryUnregister(
+            pb.CudaSharedMemoryUnregisterRequest(name="cin"), metadata=meta
+        )
+        assert [row["name"] for row in http.get("/v2/cudasharedmemory/status").json()] == ["cout"]
+        assert http.post("/v2/cudasharedmemory/unregister").status_code == 200
+        assert http.get("/v2/cudasharedmemory/status").json() == []
+
+
+@pytest.mark.gpu
+def test_tritonclient_cuda_shared_memory_on_a_gpu(start_server: Any) -> None:
+    from tests.fakes.install import real_cuda
+
+    runtime, why_not = real_cuda()
+    if runtime is None:
+        pytest.skip(why_not)
+    import tritonclient.http as httpclient
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    server = start_server(env={"SLUICE_SHARED_MEMORY__ENABLED": "true"})
+    client, x = http_client(server), demo_x(12)
+    into = cudashm.create_shared_memory_region("gin", x.nbytes, 0)
+    out = cudashm.create_shared_memory_region("gout", 80, 0)
+    try:
+        cudashm.set_shared_memory_region(into, [x])
+        client.register_cuda_shared_memory("gin", cudashm.get_raw_handle(into), 0, x.nbytes)
+        client.register_cuda_shared_memory("gout", cudashm.get_raw_handle(out), 0, 80)
+        assert client.get_cuda_shared_memory_status() == [
+            {"name": "gin", "device_id": 0, "byte_size": x.nbytes},
+            {"name": "gout", "device_id": 0, "byte_size": 80},
+        ]
+        tensor = httpclient.InferInput("x", [2, 16], "FP32")
+        tensor.set_shared_memory("gin", x.nbytes)
+        wanted = httpclient.InferRequestedOutput("probabilities", binary_data=True)
+        wanted.set_shared_memory("gout", 80)
+        client.infer("demo", [tensor], outputs=[wanted])
+        got = cudashm.get_contents_as_numpy(out, np.float32, [2, 10])
+        np.testing.assert_allclose(got, reference(server, x), rtol=1e-6)
+        code, message = status_of(
+            client.register_cuda_shared_memory, "big", cudashm.get_raw_handle(into), 0, 1 << 30
+        )
+        assert (code, "passes the end of the device allocation" in message) == ("400", True)
+        client.unregister_cuda_shared_memory()
+        assert client.get_cuda_shared_memory_status() == []
+    finally:
+        cudashm.destroy_shared_memory_region(into)
+        cudashm.destroy_shared_memory_region(out)
 
 
 # -- attacks ---------------------------------------------------------------------------------------

@@ -25,6 +25,9 @@ from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.service import CallClock, GrpcService, build_grpc_server, server_options
 from server.settings import Settings
+from tests.fakes.cuda_client import IpcClient
+from tests.fakes.cuda_runtime import FakeCudaRuntime
+from tests.fakes.install import install_cuda
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 from tests.unit.server.grpc.serving import Stub, _serve, _status, output, raw_request
 
@@ -289,7 +292,6 @@ async def test_repository_index_load_unload(stub: Stub) -> None:
 
 
 UNIMPLEMENTED = {
-    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest,
     "TraceSetting": pb.TraceSettingRequest,
     "LogSettings": pb.LogSettingsRequest,
 }
@@ -605,14 +607,73 @@ async def test_system_shared_memory_off_is_permission_denied(tmp_path: Path) -> 
                 error = await _status(call)
                 assert error.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert "SLUICE_SHARED_MEMORY__ENABLED=true" in error.details()
-            # No CUDA region is ever registered: none listed, none to drop, a named one unknown.
-            cuda = await stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), metadata=a)
-            assert dict(cuda.regions) == {}
+            cuda = pb.CudaSharedMemoryRegisterRequest(
+                name="r", raw_handle=bytes(64), device_id=0, byte_size=64
+            )
+            for call in (
+                stub.CudaSharedMemoryRegister(cuda, metadata=a),
+                stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest(), metadata=a),
+                stub.CudaSharedMemoryUnregister(pb.CudaSharedMemoryUnregisterRequest(), metadata=a),
+            ):
+                error = await _status(call)
+                assert error.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "SLUICE_SHARED_MEMORY__ENABLED=true" in error.details()
+    finally:
+        await server.stop(grace=None)
+
+
+async def test_cuda_shared_memory_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server_cuda = FakeCudaRuntime()
+    install_cuda(monkeypatch, server_cuda)
+    client = IpcClient()
+    x = np.random.default_rng(6).standard_normal((2, 4)).astype(np.float32)
+    _, in_handle = client.allocate(x.tobytes())
+    out_ptr, out_handle = client.allocate(bytes(48))
+    engine = _shm_engine(tmp_path)
+    server, port = await _serve(engine)
+    a, b = (("x-api-key", "a"),), (("x-api-key", "b"),)
+    register = pb.CudaSharedMemoryRegisterRequest
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            # raw_handle is the handle's bytes as they are over gRPC (base64 is HTTP's).
+            await stub.CudaSharedMemoryRegister(
+                register(name="in", raw_handle=in_handle, device_id=0, byte_size=32), metadata=a
+            )
+            await stub.CudaSharedMemoryRegister(
+                register(name="out", raw_handle=out_handle, device_id=0, byte_size=48), metadata=a
+            )
+            status = await stub.CudaSharedMemoryStatus(
+                pb.CudaSharedMemoryStatusRequest(), metadata=a
+            )
+            assert sorted(status.regions) == ["in", "out"]
+            assert (status.regions["out"].device_id, status.regions["out"].byte_size) == (0, 48)
+            response = await stub.ModelInfer(_shm_infer("in", 32), metadata=a)
+            assert list(response.raw_output_contents[0]) == []  # y went to the region
+            np.testing.assert_allclose(output(response, "total"), x.sum(axis=1), rtol=1e-6)
+            written = np.frombuffer(client.get(out_ptr + 8, 32), np.float32)
+            np.testing.assert_array_equal(written.reshape(2, 4), 2 * x)
+            error = await _status(stub.ModelInfer(_shm_infer("in", 32), metadata=b))
+            assert error.code() == grpc.StatusCode.NOT_FOUND
+            bad = register(name="bad", raw_handle=in_handle[:60], device_id=0, byte_size=32)
+            error = await _status(stub.CudaSharedMemoryRegister(bad, metadata=a))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "64 bytes of a cudaIpcMemHandle_t, got 60" in error.details()
+            wrong = register(name="bad", raw_handle=in_handle, device_id=1, byte_size=32)
+            error = await _status(stub.CudaSharedMemoryRegister(wrong, metadata=a))
+            assert "device_id 1 is not a CUDA device of this server" in error.details()
+            await stub.CudaSharedMemoryUnregister(
+                pb.CudaSharedMemoryUnregisterRequest(name="in"), metadata=a
+            )
+            error = await _status(stub.ModelInfer(_shm_infer("in", 32), metadata=a))
+            assert error.code() == grpc.StatusCode.NOT_FOUND
             await stub.CudaSharedMemoryUnregister(
                 pb.CudaSharedMemoryUnregisterRequest(), metadata=a
             )
-            named = pb.CudaSharedMemoryStatusRequest(name="r")
-            error = await _status(stub.CudaSharedMemoryStatus(named, metadata=a))
-            assert error.code() == grpc.StatusCode.NOT_FOUND
+            assert engine.regions.cuda.count() == 0
+            assert server_cuda.open_ipc_mappings == 0
     finally:
         await server.stop(grace=None)
+        client.free()

@@ -20,6 +20,9 @@ from server.dataplane import DataPlane
 from server.http.app import create_app, error_response
 from server.http.triton import triton_router
 from server.settings import Settings
+from tests.fakes.cuda_client import IpcClient
+from tests.fakes.cuda_runtime import FakeCudaRuntime
+from tests.fakes.install import hide_package, install_cuda
 from tests.unit.server.fake_engine import MAX_BATCH_SIZE, FakeEngine
 
 
@@ -164,6 +167,8 @@ async def test_admin_groups_and_model_allow_list() -> None:
 # -- system shared memory --------------------------------------------------------------------------
 
 REGISTER = "/v2/systemsharedmemory/region/{}/register"
+CUDA_REGISTER = "/v2/cudasharedmemory/region/{}/register"
+CUDA_BODY = {"raw_handle": {"b64": IpcClient.b64(bytes(64))}, "device_id": 0, "byte_size": 64}
 
 
 def shm_client(engine: FakeEngine) -> httpx.AsyncClient:
@@ -206,16 +211,12 @@ async def test_shared_memory_is_off_by_default_and_says_how_to_enable_it(tmp_pat
             await http.get("/v2/systemsharedmemory/status"),
             await http.post("/v2/systemsharedmemory/unregister"),
             await http.post("/v2/models/double/infer", json=shm_infer(32)),
+            await http.get("/v2/cudasharedmemory/status"),
+            await http.post("/v2/cudasharedmemory/unregister"),
+            await http.post("/v2/cudasharedmemory/region/r/register", json=CUDA_BODY),
         ):
             assert response.status_code == 403
             assert "SLUICE_SHARED_MEMORY__ENABLED=true" in response.json()["error"]
-        # No CUDA region is ever registered: none listed, none to drop, none registered.
-        assert (await http.get("/v2/cudasharedmemory/status")).json() == []
-        assert (await http.post("/v2/cudasharedmemory/unregister")).status_code == 200
-        assert (await http.get("/v2/cudasharedmemory/region/r/status")).status_code == 404
-        cuda = await http.post("/v2/cudasharedmemory/region/r/register", json={})
-        assert cuda.status_code == 400
-        assert "no CUDA shared memory" in cuda.json()["error"]
 
 
 async def test_tensors_round_trip_through_registered_regions(tmp_path: Path) -> None:
@@ -311,3 +312,75 @@ async def test_another_tenants_region_and_bad_sizes_are_refused_before_the_engin
         assert (await http.get("/v2/systemsharedmemory/status", headers=b)).json() == []
         assert len((await http.get("/v2/systemsharedmemory/status", headers=a)).json()) == 1
     assert engine.requests == []  # nothing reached the engine
+
+
+# -- CUDA shared memory (engine/cuda_regions.py, on the fake cuda-python runtime) ------------------
+
+
+async def test_tensors_round_trip_through_cuda_regions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = FakeCudaRuntime()
+    install_cuda(monkeypatch, server)
+    client = IpcClient()
+    x = np.random.default_rng(5).standard_normal((2, 4)).astype(np.float32)
+    _, in_handle = client.allocate(x.tobytes())
+    out_ptr, out_handle = client.allocate(bytes(64))
+    engine = shm_engine(tmp_path)
+    try:
+        async with shm_client(engine) as http:
+            for name, handle, size in (("in", in_handle, 32), ("out", out_handle, 64)):
+                body = {
+                    "raw_handle": {"b64": client.b64(handle)},
+                    "device_id": 0,
+                    "byte_size": size,
+                }
+                response = await http.post(CUDA_REGISTER.format(name), json=body)
+                assert response.status_code == 200, response.text
+            status = (await http.get("/v2/cudasharedmemory/region/in/status")).json()
+            assert status == [{"name": "in", "device_id": 0, "byte_size": 32}]
+            out = {"shared_memory_region": "out", "shared_memory_byte_size": 32}
+            out["shared_memory_offset"] = 8
+            answer = await http.post("/v2/models/double/infer", json=shm_infer(32, output=out))
+            assert answer.status_code == 200, answer.text
+            y, total = answer.json()["outputs"]
+            assert y == {"name": "y", "datatype": "FP32", "shape": [2, 4]}
+            np.testing.assert_allclose(total["data"], x.sum(axis=1), rtol=1e-6)
+            written = np.frombuffer(client.get(out_ptr + 8, 32), np.float32)
+            np.testing.assert_array_equal(written.reshape(2, 4), 2 * x)  # as a plain request
+            plain = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 4]}]}
+            plain["inputs"][0]["data"] = x.ravel().tolist()
+            same = (await http.post("/v2/models/double/infer", json=plain)).json()["outputs"]
+            assert np.array_equal(np.float32(same[0]["data"]), 2 * x.ravel())
+            assert (await http.post("/v2/cudasharedmemory/region/in/unregister")).status_code == 200
+            left = (await http.get("/v2/cudasharedmemory/status")).json()
+            assert [row["name"] for row in left] == ["out"]
+            assert (await http.post("/v2/cudasharedmemory/unregister")).status_code == 200
+            assert (await http.get("/v2/cudasharedmemory/status")).json() == []
+        assert server.open_ipc_mappings == 0
+    finally:
+        client.free()
+
+
+async def test_bad_cuda_registrations_are_precise_4xx(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hide_package(monkeypatch, "cuda")
+    a = {"x-api-key": "key-a"}
+    cases = [
+        ({}, CUDA_BODY, 401, "missing API key"),
+        (a, {**CUDA_BODY, "raw_handle": "abc"}, 400, "'raw_handle' must be {\"b64\""),
+        (a, {**CUDA_BODY, "raw_handle": {"b64": "a*c="}}, 400, "not valid base64"),
+        (a, {**CUDA_BODY, "raw_handle": {"b64": "YWJj"}}, 400, "64 bytes of a cudaIpcMemHandle_t"),
+        (a, {**CUDA_BODY, "device_id": "0"}, 400, "device_id must be an integer >= 0"),
+        (a, CUDA_BODY, 400, "CUDA shared memory needs cuda-python and a CUDA device: cuda-python"),
+    ]
+    async with shm_client(shm_engine(tmp_path, a="key-a")) as http:
+        for headers, body, status, message in cases:
+            response = await http.post(CUDA_REGISTER.format("r"), headers=headers, json=body)
+            assert response.status_code == status, body
+            assert message in response.json()["error"]
+        assert (await http.get("/v2/cudasharedmemory/status", headers=a)).json() == []
+        gone = await http.post("/v2/cudasharedmemory/region/r/unregister", headers=a)
+        assert gone.status_code == 404
+        assert gone.json()["error"] == "no shared memory region 'r' is registered by this tenant"
