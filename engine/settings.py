@@ -89,7 +89,8 @@ class EngineSettings(BaseModel):
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     """OpenTelemetry tracing (off unless an OTLP endpoint is set)."""
     shared_memory: SharedMemorySettings = Field(default_factory=SharedMemorySettings)
-    """Triton's system shared-memory extension for same-host clients (off unless enabled)."""
+    """Triton's system and CUDA shared-memory extensions for same-host clients (off unless
+    enabled)."""
 
     @field_validator("model_repository")
     @classmethod
