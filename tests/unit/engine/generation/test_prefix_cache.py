@@ -59,6 +59,10 @@ def test_a_block_matches_only_after_the_same_whole_prefix() -> None:
     # Its second block, after another first block: no match at all.
     copied, _ = _filled(prefixes, cache, [50, 51, 52, 53, 4, 5, 6, 7, 8])
     assert copied == 0
+    # Its second block's tokens at the start of a prompt: computed after other tokens, its keys
+    # and values are not this prompt's.
+    copied, _ = _filled(prefixes, cache, [4, 5, 6, 7, 9, 9, 9])
+    assert copied == 0
 
 
 def test_blocks_fit_in_the_budget_without_taking_a_sequences_room() -> None:
