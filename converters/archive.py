@@ -51,9 +51,17 @@ _SYMPY_CONSTANTS = frozenset({"oo", "zoo", "nan", "pi", "E", "true", "false"})
 _SYMBOL = re.compile(r"[a-z]+[0-9]+")
 _WORD = re.compile(r"[A-Za-z0-9_.+-]*")
 _ARITHMETIC = (
-    ast.Expression, ast.Load, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp, ast.operator,
-    ast.unaryop, ast.cmpop, ast.boolop,
-)  # fmt: skip
+    ast.Expression,
+    ast.Load,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.BoolOp,
+    ast.operator,
+    ast.unaryop,
+    ast.cmpop,
+    ast.boolop,
+)
 _NAME_PART = re.compile(r"[A-Za-z0-9_]+")
 _SHAPE_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
 

@@ -69,9 +69,12 @@ def convert_causal_lm(options: ConvertOptions, steps: Steps) -> Report:
         report.outputs = [{"name": "logits"}]
         with steps.step("validate") as step:
             tolerances = tolerances_for(
-                options.precision, options.atol, options.rtol, options.min_cosine,
+                options.precision,
+                options.atol,
+                options.rtol,
+                options.min_cosine,
                 options.max_norm_error,
-            )  # fmt: skip
+            )
             report.validation = validate(model, tokenizer, shape, path, tolerances, options.seed)
             report.validated_on = "onnxruntime CPUExecutionProvider"
             step.detail = "passed" if report.validation.passed else "FAILED"

@@ -51,12 +51,14 @@ class _OrtRunner:
         return list(self.session.run(self.output_names, dict(feeds)))
 
 
-def onnx_greedy(runner: _OrtRunner, shape: DecoderShape, prompt: list[int], steps: int) -> list[
-        int]:  # fmt: skip
+def onnx_greedy(
+    runner: _OrtRunner, shape: DecoderShape, prompt: list[int], steps: int
+) -> list[int]:
     """Greedy decoding with the ONNX decoder and its cache (one prompt): at most `steps` new
     tokens, ending with the first of the model's end-of-text tokens."""
-    past = {n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32)
-            for n in shape.past_names}  # fmt: skip
+    past = {
+        n: np.zeros((1, shape.kv_heads, 0, shape.head_dim), np.float32) for n in shape.past_names
+    }
     ids, out = list(prompt), []
     new = prompt
     for _ in range(steps):

@@ -34,9 +34,24 @@ from converters.validate import OutputCheck, Tolerances, Validation
 
 BUILDER_ARCHITECTURES = frozenset(
     f"{name}ForCausalLM"
-    for name in ("Llama", "Mistral", "Qwen2", "Qwen3", "Phi", "Phi3", "Gemma", "Gemma2",
-                 "Gemma3", "Granite", "Olmo", "SmolLM3", "Nemotron", "Ernie4_5", "InternLM2")
-)  # fmt: skip
+    for name in (
+        "Llama",
+        "Mistral",
+        "Qwen2",
+        "Qwen3",
+        "Phi",
+        "Phi3",
+        "Gemma",
+        "Gemma2",
+        "Gemma3",
+        "Granite",
+        "Olmo",
+        "SmolLM3",
+        "Nemotron",
+        "Ernie4_5",
+        "InternLM2",
+    )
+)
 PRECISIONS = {"fp32": "cpu", "int4": "cpu", "fp16": "cuda"}
 """The builder's precision and the execution provider it is built for (fp16: CUDA only)."""
 SAMPLE_PROMPTS = ("The quick brown fox", "Hello, my name is", "a", "the server answers")
@@ -121,9 +136,20 @@ def build(folder: Path, out: Path, precision: str, cache: Path) -> None:
     """The model builder in a child process (it loads the whole model in torch; its memory
     goes back when it ends); ConversionError with the end of its output when it fails."""
     command = [
-        sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder),
-        "-o", str(out), "-p", precision, "-e", PRECISIONS[precision], "-c", str(cache),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "onnxruntime_genai.models.builder",
+        "-i",
+        str(folder),
+        "-o",
+        str(out),
+        "-p",
+        precision,
+        "-e",
+        PRECISIONS[precision],
+        "-c",
+        str(cache),
+    ]
     offline = {**os.environ, "HF_HUB_OFFLINE": "1"}  # the folder is all it may read
     done = subprocess.run(command, capture_output=True, text=True, check=False, env=offline)
     if done.returncode != 0 or not (out / "genai_config.json").is_file():

@@ -39,8 +39,9 @@ def is_causal_lm_folder(text: str) -> bool:
         architectures = json.loads(config.read_text()).get("architectures") or []
     except (OSError, ValueError, AttributeError):
         return False
-    return any(str(name).endswith("ForCausalLM") or name == "GPT2LMHeadModel" for name in
-               architectures)  # fmt: skip
+    return any(
+        str(name).endswith("ForCausalLM") or name == "GPT2LMHeadModel" for name in architectures
+    )
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,9 @@ def decoder_wrapper(model: Any, shape: DecoderShape) -> Any:
     return Decoder().eval()
 
 
-def example_feed(shape: DecoderShape, batch: int, past: int, sequence: int, seed: int) -> dict[
-        str, np.ndarray]:  # fmt: skip
+def example_feed(
+    shape: DecoderShape, batch: int, past: int, sequence: int, seed: int
+) -> dict[str, np.ndarray]:
     """Random decoder inputs; row 0 has one hidden cache position (when there is a past), so
     padding masks are exercised."""
     rng = np.random.default_rng(seed)

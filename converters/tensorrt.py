@@ -156,12 +156,14 @@ def build_engine(
         "hardware_compatibility": hardware_compatibility,
         "precision": precision,
         "profiles": [
-            {name: {"min": list(low), "opt": list(opt), "max": list(high)}
-             for name, (low, opt, high) in profile.items()}
+            {
+                name: {"min": list(low), "opt": list(opt), "max": list(high)}
+                for name, (low, opt, high) in profile.items()
+            }
             for profile in profiles
         ],
         "builder_workspace_bytes": builder_workspace_bytes,
-    }  # fmt: skip
+    }
     record["cache_key"] = cache_key(onnx_model, record)
     folder = (cache if cache is not None else cache_dir()) if use_cache else None
     record["engine_cache"] = None if folder is None else str(folder)

@@ -6,7 +6,7 @@
 CLI from the click commands (the lazy subcommands too: run it where the extras are installed, as
 in the dev venv), server settings and model config from the pydantic schemas and their field
 docstrings, metrics from a metrics registry, errors from the error tree and its one mapping table,
-and the benchmarks' committed results tables from loadtests/benchmarks/results/*.md.
+and the benchmark results page from loadtests/benchmarks/results/*.md (docs/results.py).
 Tooling, not runtime: nothing in the server imports this module.
 """
 
@@ -28,6 +28,8 @@ import click
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from docs import results
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs"
@@ -326,33 +328,15 @@ def errors_page() -> str:
     return "\n".join(lines) + "\n"
 
 
-# --- benchmark results ---------------------------------------------------------------------
-
-
-def results_page() -> str:
-    lines = [
-        HEADER.format(source="loadtests/benchmarks/results/*.md"),
-        "# Committed benchmark results\n",
-        "The tables each benchmark wrote, as committed in `loadtests/benchmarks/results/` (beside "
-        "each table, a `.json` file holds every figure). How they were measured, and what they "
-        "can and cannot say, is on the [benchmarks page](index.md).\n",
-    ]
-    for path in sorted(RESULTS.glob("*.md")):
-        text = path.read_text().strip()
-        if not text.startswith("# "):  # a bare table: named after its file
-            text = f"# {path.stem.replace('_', ' ').capitalize()} benchmark\n\n{text}"
-        # One page holds them all: each file's headings move one level down.
-        lines.append(re.sub(r"^(#+) ", r"#\1 ", text, flags=re.M) + "\n")
-    return "\n".join(lines)
-
-
 PAGES: dict[str, Callable[[], str]] = {
     "reference/cli.md": cli_page,
     "reference/settings.md": settings_page,
     "reference/model-config.md": model_config_page,
     "reference/metrics.md": metrics_page,
     "reference/errors.md": errors_page,
-    "benchmarks/results.md": results_page,
+    "benchmarks/results.md": lambda: results.results_page(
+        RESULTS, HEADER.format(source="loadtests/benchmarks/results/*.md")
+    ),
 }
 
 

@@ -318,13 +318,21 @@ async def load_model(
     load_s = time.monotonic() - started
     log.info(
         "loaded %s on %s in %.3f s (warm-up %.3f s, max_batch_size %d)",
-        label, backend.provider, load_s, warm_up_s, max_batch,
+        label,
+        backend.provider,
+        load_s,
+        warm_up_s,
+        max_batch,
         extra={
-            "model": name, "version": str(version), "provider": backend.provider,
-            "load_s": round(load_s, 4), "warm_up_s": round(warm_up_s, 4),
-            "max_batch_size": max_batch, "instances": config.instance_count,
+            "model": name,
+            "version": str(version),
+            "provider": backend.provider,
+            "load_s": round(load_s, 4),
+            "warm_up_s": round(warm_up_s, 4),
+            "max_batch_size": max_batch,
+            "instances": config.instance_count,
         },
-    )  # fmt: skip
+    )
     generator: TextGenerator | None = genai
     if genai is None and config.generative is not None:
         try:
@@ -334,6 +342,15 @@ async def load_model(
             backend.close()
             raise
     return LoadedModel(
-        name, str(version), config, backend, max_batch, content_fingerprint, stats, batcher,
-        executor, runner, generator,
-    )  # fmt: skip
+        name,
+        str(version),
+        config,
+        backend,
+        max_batch,
+        content_fingerprint,
+        stats,
+        batcher,
+        executor,
+        runner,
+        generator,
+    )

@@ -273,10 +273,19 @@ async def load_pipeline(
     batcher = PipelineBatcher(runner, policy, stats, tenant_share, label)
     executor = ThreadPoolExecutor(1, thread_name_prefix=f"pipeline-{name}")  # never used
     log.info(
-        "loaded %s: pipeline of %s", label, " -> ".join(f"'{s.model}'" for s in options.steps),
+        "loaded %s: pipeline of %s",
+        label,
+        " -> ".join(f"'{s.model}'" for s in options.steps),
         extra={"model": name, "version": str(version), "steps": len(options.steps)},
-    )  # fmt: skip
+    )
     return LoadedModel(
-        name, str(version), config, description, max_batch, content_fingerprint, stats, batcher,
+        name,
+        str(version),
+        config,
+        description,
+        max_batch,
+        content_fingerprint,
+        stats,
+        batcher,
         executor,
-    )  # fmt: skip
+    )

@@ -26,9 +26,13 @@ from engine.validate import (
 
 VERSION = "0.1.0"
 EXTENSIONS = [
-    "binary_tensor_data", "model_configuration", "model_repository",
-    "model_repository(unload_dependents)", "statistics", "schedule_policy",
-]  # fmt: skip
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "statistics",
+    "schedule_policy",
+]
 
 
 class ModelQueries:

@@ -330,17 +330,27 @@ class ModelRegistry:
                 before = await asyncio.to_thread(self._measure)
                 if pipeline is not None:
                     model = await load_pipeline(
-                        entry.name, version, path, entry.config, self.settings.batching,
-                        self._tenant_share, self.resolve,
-                    )  # fmt: skip
+                        entry.name,
+                        version,
+                        path,
+                        entry.config,
+                        self.settings.batching,
+                        self._tenant_share,
+                        self.resolve,
+                    )
                 else:
                     stats = None  # a reload by file or API counts afresh, as in Triton
                     if self.on_demand is not None:  # an eviction is not a reload
                         stats = self._stats.setdefault((entry.name, str(version)), ModelStats())
                     model = await load_model(
-                        entry.name, version, path, entry.config, self.settings.batching,
-                        self._tenant_share, stats,
-                    )  # fmt: skip
+                        entry.name,
+                        version,
+                        path,
+                        entry.config,
+                        self.settings.batching,
+                        self._tenant_share,
+                        stats,
+                    )
                 after = await asyncio.to_thread(self._measure)
                 fresh[str(version)] = model
                 self.budget.record(entry.name, str(version), after - before)

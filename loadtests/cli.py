@@ -199,13 +199,30 @@ def run_worker(protocol: str, master: str, console: Console) -> int:
     help="Seed of the repeated inputs (same seed, same inputs, on every worker).",
 )
 def loadtest(
-    url: str, model: str, model_version: str, protocol: str, grpc_url: str | None,
-    users: int | None, ramp: str | None, duration: int, out: Path, slo_p99_ms: float | None,
-    max_error_fraction: float, batch_size: int, dynamic_size: int, cache_hit_fraction: float,
-    api_keys: tuple[str, ...], api_key_file: Path | None, workers: int, remote_workers: int,
-    master_bind: str | None, worker_of: str | None, metrics_url: str | None, timeout_s: float,
+    url: str,
+    model: str,
+    model_version: str,
+    protocol: str,
+    grpc_url: str | None,
+    users: int | None,
+    ramp: str | None,
+    duration: int,
+    out: Path,
+    slo_p99_ms: float | None,
+    max_error_fraction: float,
+    batch_size: int,
+    dynamic_size: int,
+    cache_hit_fraction: float,
+    api_keys: tuple[str, ...],
+    api_key_file: Path | None,
+    workers: int,
+    remote_workers: int,
+    master_bind: str | None,
+    worker_of: str | None,
+    metrics_url: str | None,
+    timeout_s: float,
     seed: int,
-) -> None:  # fmt: skip
+) -> None:
     """Load-test a sluice (or any KServe v2) server with locust and write a report.
 
     Runs locust headless at a fixed concurrency (--users) or a stepped ramp (--ramp), each step

@@ -88,11 +88,13 @@ def print_summary(console: Console, result: LoadTestResult, out: str) -> None:
         table.add_row(
             str(step.users),
             f"{step.total.ok_rps:,.1f}",
-            *(f"{v:g}" if v is not None else "-" for v in (latency.p50_ms, latency.p95_ms,
-                                                           latency.p99_ms)),
+            *(
+                f"{v:g}" if v is not None else "-"
+                for v in (latency.p50_ms, latency.p95_ms, latency.p99_ms)
+            ),
             f"{step.total.failures:,}",
             f"{step.unexpected_errors:,}",
-        )  # fmt: skip
+        )
     console.print(table)
     # soft_wrap: a log or a pipe gets whole lines (paths stay greppable), not 80-column pieces.
     console.print(verdict_text(result).replace("**", ""), soft_wrap=True)

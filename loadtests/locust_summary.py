@@ -30,8 +30,12 @@ def install(events: Any) -> None:
     import gevent
 
     def add_option(parser: Any, **_: Any) -> None:
-        parser.add_argument(SUMMARY_OPTION, default="", include_in_web_ui=False,
-                            help="Write the run's final statistics to this JSON file.")  # fmt: skip
+        parser.add_argument(
+            SUMMARY_OPTION,
+            default="",
+            include_in_web_ui=False,
+            help="Write the run's final statistics to this JSON file.",
+        )
 
     def on_init(environment: Any, **_: Any) -> None:
         gevent.get_hub().loop.update_now()

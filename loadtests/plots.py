@@ -52,13 +52,21 @@ def _segments(result: LoadTestResult) -> list[list[TimePoint]]:
 
 
 def _line(
-    axes: Axes, segments: list[list[TimePoint]], value: Callable[[TimePoint], float | None],
-    color: str, label: str,
-) -> None:  # fmt: skip
+    axes: Axes,
+    segments: list[list[TimePoint]],
+    value: Callable[[TimePoint], float | None],
+    color: str,
+    label: str,
+) -> None:
     for n, points in enumerate(segments):
         values = [value(p) for p in points]
-        axes.plot([p.t_s for p in points], [v if v is not None else float("nan") for v in values],
-                  color=color, label=label if n == 0 else None, marker=".")  # fmt: skip
+        axes.plot(
+            [p.t_s for p in points],
+            [v if v is not None else float("nan") for v in values],
+            color=color,
+            label=label if n == 0 else None,
+            marker=".",
+        )
 
 
 def _percentile(name: str) -> Callable[[TimePoint], float | None]:
@@ -80,8 +88,13 @@ def throughput_over_time(result: LoadTestResult, path: Path) -> None:
     axes.set_ylim(bottom=0)
     users = axes.twinx()
     for points in segments:
-        users.step([p.t_s for p in points], [p.users for p in points], where="post",
-                   color="grey", alpha=0.6)  # fmt: skip
+        users.step(
+            [p.t_s for p in points],
+            [p.users for p in points],
+            where="post",
+            color="grey",
+            alpha=0.6,
+        )
     users.set_ylabel("users (concurrency)", color="grey")
     users.set_ylim(bottom=0)
     _step_lines(axes, result)

@@ -49,18 +49,36 @@ def verdict_text(result: LoadTestResult) -> str:
 
 
 def _steps_table(result: LoadTestResult) -> Table:
-    headers = ["users", "req/s", "ok req/s", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms",
-               "requests", "failed", "unexpected"]  # fmt: skip
+    headers = [
+        "users",
+        "req/s",
+        "ok req/s",
+        "p50 ms",
+        "p95 ms",
+        "p99 ms",
+        "p99.9 ms",
+        "requests",
+        "failed",
+        "unexpected",
+    ]
     with_slo = result.settings.slo_p99_ms is not None
     if with_slo:
         headers.append("SLO")
     rows = []
     for step in result.steps:
         latency = step.total.latency
-        row = [str(step.users), _rate(step.total.rps), _rate(step.total.ok_rps),
-               _ms(latency.p50_ms), _ms(latency.p95_ms), _ms(latency.p99_ms), _ms(latency.p999_ms),
-               f"{step.total.requests:,}", f"{step.total.failures:,}",
-               f"{step.unexpected_errors:,}"]  # fmt: skip
+        row = [
+            str(step.users),
+            _rate(step.total.rps),
+            _rate(step.total.ok_rps),
+            _ms(latency.p50_ms),
+            _ms(latency.p95_ms),
+            _ms(latency.p99_ms),
+            _ms(latency.p999_ms),
+            f"{step.total.requests:,}",
+            f"{step.total.failures:,}",
+            f"{step.unexpected_errors:,}",
+        ]
         if with_slo:
             row.append("ok" if step.meets_slo else "missed")
         rows.append(row)
@@ -73,10 +91,13 @@ def _errors_blocks(steps: Sequence[StepResult]) -> list[Block]:
         return [Paragraph("No failed requests.")]
     headers = ["status", "kind", *[f"{step.users} users" for step in steps]]
     rows = [
-        [status, "backpressure" if is_expected(status) else "unexpected",
-         *[f"{step.errors.get(status, 0):,}" for step in steps]]
+        [
+            status,
+            "backpressure" if is_expected(status) else "unexpected",
+            *[f"{step.errors.get(status, 0):,}" for step in steps],
+        ]
         for status in statuses
-    ]  # fmt: skip
+    ]
     if any(step.exceptions for step in steps):
         rows.append(["exception", "unexpected", *[f"{step.exceptions:,}" for step in steps]])
     return [Table(headers, rows)]
@@ -96,11 +117,17 @@ def _cpu_warning(steps: Sequence[StepResult]) -> list[Block]:
 
 def _tenant_blocks(steps: Sequence[StepResult]) -> list[Block]:
     rows = [
-        [str(step.users), t.name.removeprefix("infer").strip(" []"), f"{t.requests:,}",
-         f"{t.failures:,}", _rate(t.ok_rps), _ms(t.latency.p99_ms)]
+        [
+            str(step.users),
+            t.name.removeprefix("infer").strip(" []"),
+            f"{t.requests:,}",
+            f"{t.failures:,}",
+            _rate(t.ok_rps),
+            _ms(t.latency.p99_ms),
+        ]
         for step in steps
         for t in step.tenants
-    ]  # fmt: skip
+    ]
     if not rows:
         return []
     headers = ["users", "tenant", "requests", "failed", "ok req/s", "p99 ms"]

@@ -79,8 +79,10 @@ def main() -> None:
         print(f"RSS before: {rss_mb(server):.1f} MB")
         socks, taken = flood(server.http_port, args.seconds, args.connections)
         time.sleep(1.0)
-        print(f"RSS with {args.connections} connection(s) open: {rss_mb(server):.1f} MB "
-              f"({taken} requests sent, {answered(server)} answered)")  # fmt: skip
+        print(
+            f"RSS with {args.connections} connection(s) open: {rss_mb(server):.1f} MB "
+            f"({taken} requests sent, {answered(server)} answered)"
+        )
         for sock in socks:
             sock.close()
         time.sleep(3.0)

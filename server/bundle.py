@@ -120,9 +120,15 @@ def download_dependencies(
     for url in extra_index_urls:
         target += ["--extra-index-url", url]
     _pip(
-        "download", "--quiet", "--only-binary=:all:", "--dest", str(wheelhouse),
-        *target, requirement, "pip",
-    )  # fmt: skip
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--dest",
+        str(wheelhouse),
+        *target,
+        requirement,
+        "pip",
+    )
 
 
 def copy_models(repository: Path, destination: Path) -> list[str]:
@@ -266,9 +272,13 @@ def build_bundle(
         folder = Path(scratch) / f"sluice-{version}"
         folder.mkdir()
         download_dependencies(
-            wheel, wheelhouse, python_version=python_version, platforms=platforms,
-            extras=extras, extra_index_urls=extra_index_urls,
-        )  # fmt: skip
+            wheel,
+            wheelhouse,
+            python_version=python_version,
+            platforms=platforms,
+            extras=extras,
+            extra_index_urls=extra_index_urls,
+        )
         shutil.move(wheelhouse, folder / "wheelhouse")
         models = copy_models(model_repository, folder / "models") if model_repository else []
         if config_file is not None:
@@ -336,9 +346,10 @@ def build_bundle(
     help="A built sluice wheel to bundle (default: build one from the source tree).",
 )
 @click.option(
-    "--source", type=click.Path(exists=True, file_okay=False, path_type=Path),
+    "--source",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="sluice source tree to build the wheel from (default: the one running).",
-)  # fmt: skip
+)
 def bundle(**options: object) -> None:
     """Build an air-gapped install bundle: wheels, models, config and install.sh in one tarball.
 

@@ -214,7 +214,15 @@ class RequestIdMiddleware:
 
 
 __all__ = [
-    "JsonFormatter", "RequestIdFilter", "RequestIdMiddleware", "TextFormatter",
-    "choose_request_id", "configure_logging", "effective_settings", "mask_url", "request_id",
-    "resolve_format", "start_summary",
-]  # fmt: skip
+    "JsonFormatter",
+    "RequestIdFilter",
+    "RequestIdMiddleware",
+    "TextFormatter",
+    "choose_request_id",
+    "configure_logging",
+    "effective_settings",
+    "mask_url",
+    "request_id",
+    "resolve_format",
+    "start_summary",
+]

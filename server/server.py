@@ -207,10 +207,11 @@ class Server:
             await self._start_grpc()
         log.info(
             "sluice serving HTTP on %s:%s%s%s",
-            settings.host, self.http_port,
+            settings.host,
+            self.http_port,
             f", gRPC on {settings.host}:{self.grpc_port}" if self.grpc else "",
             f", metrics on {settings.host}:{settings.metrics.port}" if self.metrics_server else "",
-        )  # fmt: skip
+        )
         stop_task = asyncio.create_task(self._stop.wait())
         await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
         log.info("shutting down: draining requests (at most %.1f s)", settings.drain_timeout_s)

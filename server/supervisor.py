@@ -154,10 +154,11 @@ class Supervisor:
                 sock.listen(2048)
             log.info(
                 "sluice serving HTTP on %s:%s%s with %d worker processes",
-                settings.host, update["http_port"],
+                settings.host,
+                update["http_port"],
                 f", gRPC on {settings.host}:{update['grpc_port']}" if grpc_reserve else "",
                 self.count,
-            )  # fmt: skip
+            )
             for index in range(self.count):
                 self._start_worker(index)
             return self._watch(wake_r)
@@ -267,11 +268,15 @@ class Supervisor:
         inputs, outputs = self.arenas[index]
         pid = _fork(
             lambda: worker_main(
-                self.worker_settings, index, (inputs.fd, outputs.fd), self.path, self.http[index],
+                self.worker_settings,
+                index,
+                (inputs.fd, outputs.fd),
+                self.path,
+                self.http[index],
                 orders_r,
             ),
             {orders_r, inputs.fd, outputs.fd, self.http[index].fileno()},
-        )  # fmt: skip
+        )
         os.close(orders_r)
         self._workers[index] = _Child(pid, orders_w)
         log.info("worker %d started (pid %d)", index, pid)

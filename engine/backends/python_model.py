@@ -84,9 +84,10 @@ class PythonBackend:
         if missing or extra:
             raise BackendError(
                 f"{where} returned outputs {sorted(map(str, result))}; the config declares "
-                f"{declared}" + (f" (missing {missing})" if missing else "")
+                f"{declared}"
+                + (f" (missing {missing})" if missing else "")
                 + (f" (undeclared {extra})" if extra else "")
-            )  # fmt: skip
+            )
         checked = {}
         for spec in self.outputs:
             array = result[spec.name]
@@ -168,8 +169,11 @@ def _find_class(module: ModuleType, class_name: str | None, label: str) -> type[
                 f"defines {', '.join(cls.__name__ for cls in classes) or 'no class'}"
             )
         return chosen[0]
-    steps = [cls for cls in classes if callable(getattr(cls, "load", None))
-             and callable(getattr(cls, "infer", None))]  # fmt: skip
+    steps = [
+        cls
+        for cls in classes
+        if callable(getattr(cls, "load", None)) and callable(getattr(cls, "infer", None))
+    ]
     if len(steps) != 1:
         found = ", ".join(cls.__name__ for cls in steps) or "none"
         raise BackendError(

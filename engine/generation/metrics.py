@@ -93,8 +93,10 @@ class GenerationCollector:
             observed_all = (stats.ttft, stats.itl, stats.e2e)
             for histogram, observed in zip(histograms, observed_all, strict=True):
                 histogram.add_metric(labels, observed.cumulative(), observed.sum_s)
-            for family, values in ((ttft, scheduler.stats.time_to_first_token_s),
-                                   (itl, scheduler.stats.inter_token_s)):  # fmt: skip
+            for family, values in (
+                (ttft, scheduler.stats.time_to_first_token_s),
+                (itl, scheduler.stats.inter_token_s),
+            ):
                 if values:
                     p50, p99 = np.quantile(np.fromiter(values, float), [0.5, 0.99])
                     family.add_metric([*labels, "0.5"], float(p50))

@@ -52,9 +52,14 @@ class GenerateRequest:
     refuse_past_context: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {"model": self.model, "tenant": self.tenant, "prompt": self.prompt,
-                "messages": self.messages, "options": self.options,
-                "refuse_past_context": self.refuse_past_context}  # fmt: skip
+        return {
+            "model": self.model,
+            "tenant": self.tenant,
+            "prompt": self.prompt,
+            "messages": self.messages,
+            "options": self.options,
+            "refuse_past_context": self.refuse_past_context,
+        }
 
     @classmethod
     def from_wire(cls, message: dict[str, Any]) -> GenerateRequest:

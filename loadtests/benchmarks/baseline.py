@@ -42,11 +42,15 @@ def plain_app(repo: Path) -> FastAPI:
         body: dict[str, Any] = {
             "model_name": name,
             "outputs": [
-                {"name": meta.name, "datatype": "FP32", "shape": list(out.shape),
-                 "data": out.ravel().tolist()}
+                {
+                    "name": meta.name,
+                    "datatype": "FP32",
+                    "shape": list(out.shape),
+                    "data": out.ravel().tolist(),
+                }
                 for meta, out in zip(session.get_outputs(), outputs, strict=True)
             ],
-        }  # fmt: skip
+        }
         return JSONResponse(body)
 
     return app
@@ -63,13 +67,25 @@ async def floor_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     while (await receive()).get("more_body"):
         pass
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
     await send({"type": "http.response.body", "body": FIXED})
 
 
 if __name__ == "__main__":
     kind, repo, port = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
     app: Any = plain_app(repo) if kind == "plain" else floor_app
-    uvicorn.run(app, host="127.0.0.1", port=port, http="httptools", loop="uvloop",
-                log_level="warning", access_log=False)  # fmt: skip
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        http="httptools",
+        loop="uvloop",
+        log_level="warning",
+        access_log=False,
+    )

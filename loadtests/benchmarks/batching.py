@@ -55,20 +55,32 @@ def server(kind: str, repo: Path) -> Iterator[tuple[str, str]]:
 def json_body(model: str) -> bytes:
     shape = (1, *MODELS[model][1])
     data = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    payload = {"inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32",
-                           "data": data.ravel().tolist()}]}  # fmt: skip
+    payload = {
+        "inputs": [
+            {"name": "x", "shape": list(shape), "datatype": "FP32", "data": data.ravel().tolist()}
+        ]
+    }
     return json.dumps(payload).encode()
 
 
 def binary_body(model: str) -> tuple[bytes, int]:
     shape = (1, *MODELS[model][1])
     data = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    header = json.dumps({
-        "inputs": [{"name": "x", "shape": list(shape), "datatype": "FP32",
-                    "parameters": {"binary_data_size": data.nbytes}}],
-        "outputs": [{"name": next(iter(output_names(model))),
-                     "parameters": {"binary_data": True}}],
-    }).encode()  # fmt: skip
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": list(shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": data.nbytes},
+                }
+            ],
+            "outputs": [
+                {"name": next(iter(output_names(model))), "parameters": {"binary_data": True}}
+            ],
+        }
+    ).encode()
     return header + data.tobytes(), len(header)
 
 
@@ -90,13 +102,25 @@ def wrk(
         body_path.write_bytes(body)
         extra = "\n".join(f'wrk.headers["{k}"] = "{v}"' for k, v in headers.items())
         script = Path(tmp) / "post.lua"
-        script.write_text(LUA.format(body=body_path, content_type="application/json",
-                                     extra_headers=extra))  # fmt: skip
+        script.write_text(
+            LUA.format(body=body_path, content_type="application/json", extra_headers=extra)
+        )
         out = subprocess.run(
-            [*(pinned(core, "wrk") if core else ["wrk"]), "-t1", f"-c{concurrency}",
-             f"-d{max(1, round(seconds))}s", "--timeout", "10s", "-s", str(script), url],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            [
+                *(pinned(core, "wrk") if core else ["wrk"]),
+                "-t1",
+                f"-c{concurrency}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "10s",
+                "-s",
+                str(script),
+                url,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     result: dict[str, Any] = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
     result["throughput"] = (result["requests"] - result["non2xx"]) / (result["duration_us"] / 1e6)
     return result
@@ -104,18 +128,30 @@ def wrk(
 
 def grpc_load(target: str, model: str, concurrency: int, seconds: float) -> dict[str, Any]:
     out = subprocess.run(
-        pinned(CLIENT_CORE, sys.executable, "-m", "loadtests.benchmarks.grpc_load", target, model,
-               str(concurrency), str(seconds)),
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        pinned(
+            CLIENT_CORE,
+            sys.executable,
+            "-m",
+            "loadtests.benchmarks.grpc_load",
+            target,
+            model,
+            str(concurrency),
+            str(seconds),
+        ),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
 def raw_limit(repo: Path, model: str) -> list[dict[str, float]]:
     out = subprocess.run(
         pinned(SERVER_CORE, sys.executable, "-m", "loadtests.benchmarks.raw", str(repo), model),
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -136,35 +172,64 @@ def main() -> None:
                     for concurrency in CONCURRENCY:
                         target = f"{url}/v2/models/{model}/infer"
                         result = wrk(target, json_body(model), concurrency, args.seconds, {})
-                        rows.append({"server": kind, "protocol": "json", "model": model,
-                                     "concurrency": concurrency, **result})  # fmt: skip
+                        rows.append(
+                            {
+                                "server": kind,
+                                "protocol": "json",
+                                "model": model,
+                                "concurrency": concurrency,
+                                **result,
+                            }
+                        )
                         print(json.dumps(rows[-1]), flush=True)
                         if kind == "sluice":
                             body, length = binary_body(model)
                             headers = {"Inference-Header-Content-Length": str(length)}
                             result = wrk(target, body, concurrency, args.seconds, headers)
-                            rows.append({"server": kind, "protocol": "binary", "model": model,
-                                         "concurrency": concurrency, **result})  # fmt: skip
+                            rows.append(
+                                {
+                                    "server": kind,
+                                    "protocol": "binary",
+                                    "model": model,
+                                    "concurrency": concurrency,
+                                    **result,
+                                }
+                            )
                             print(json.dumps(rows[-1]), flush=True)
                             result = grpc_load(grpc_target, model, concurrency, args.seconds)
-                            rows.append({"server": kind, "protocol": "grpc", "model": model,
-                                         "concurrency": concurrency, **result})  # fmt: skip
+                            rows.append(
+                                {
+                                    "server": kind,
+                                    "protocol": "grpc",
+                                    "model": model,
+                                    "concurrency": concurrency,
+                                    **result,
+                                }
+                            )
                             print(json.dumps(rows[-1]), flush=True)
     report = {"limits": limits, "rows": rows, "machine": machine()}
     write_results(args.out, "batching", report, table(report, args))
 
 
 def machine() -> dict[str, Any]:
-    return {"cpus": os.cpu_count(), "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d")}  # fmt: skip
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def table(report: dict[str, Any], args: argparse.Namespace) -> str:
     limits = {m: max(r["samples_per_s"] for r in rows) for m, rows in report["limits"].items()}
-    best = {m: max(rows, key=lambda r: r["samples_per_s"])["batch"]
-            for m, rows in report["limits"].items()}  # fmt: skip
-    plain = {(r["model"], r["concurrency"]): r["throughput"]
-             for r in report["rows"] if r["server"] == "plain"}  # fmt: skip
+    best = {
+        m: max(rows, key=lambda r: r["samples_per_s"])["batch"]
+        for m, rows in report["limits"].items()
+    }
+    plain = {
+        (r["model"], r["concurrency"]): r["throughput"]
+        for r in report["rows"]
+        if r["server"] == "plain"
+    }
     lines = [
         "# Batching benchmark",
         "",
@@ -176,8 +241,18 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         + "; ".join(f"{m} {limits[m]:,.0f} samples/s at batch {best[m]}" for m in limits),
         "",
     ]
-    columns = ["server", "protocol", "model", "concurrency", "req/s", "% of limit",
-               "x plain FastAPI", "p50 ms", "p99 ms", "errors"]  # fmt: skip
+    columns = [
+        "server",
+        "protocol",
+        "model",
+        "concurrency",
+        "req/s",
+        "% of limit",
+        "x plain FastAPI",
+        "p50 ms",
+        "p99 ms",
+        "errors",
+    ]
     cells = []
     for r in report["rows"]:
         base = plain.get((r["model"], r["concurrency"]))
@@ -185,11 +260,20 @@ def table(report: dict[str, Any], args: argparse.Namespace) -> str:
         pct = (
             f"{100 * r['throughput'] / limits[r['model']]:.1f}%" if r["server"] != "floor" else "-"
         )
-        cells.append([
-            r["server"], r["protocol"], r["model"], r["concurrency"], f"{r['throughput']:,.0f}",
-            pct, vs_plain, f"{r['p50_us'] / 1e3:.2f}", f"{r['p99_us'] / 1e3:.2f}",
-            r["errors"] + r["non2xx"],
-        ])  # fmt: skip
+        cells.append(
+            [
+                r["server"],
+                r["protocol"],
+                r["model"],
+                r["concurrency"],
+                f"{r['throughput']:,.0f}",
+                pct,
+                vs_plain,
+                f"{r['p50_us'] / 1e3:.2f}",
+                f"{r['p99_us'] / 1e3:.2f}",
+                r["errors"] + r["non2xx"],
+            ]
+        )
     lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 

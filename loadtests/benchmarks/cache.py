@@ -34,8 +34,12 @@ def bodies(model: str, cache: bool) -> dict[str, tuple[bytes, dict[str, str]]]:
     shape = [1, *MODELS[model][1]]
     data = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     parameters = {} if cache else {"cache": False}
-    plain = {"parameters": parameters, "inputs": [{"name": "x", "shape": shape,
-             "datatype": "FP32", "data": data.ravel().tolist()}]}  # fmt: skip
+    plain = {
+        "parameters": parameters,
+        "inputs": [
+            {"name": "x", "shape": shape, "datatype": "FP32", "data": data.ravel().tolist()}
+        ],
+    }
     header = json.dumps(
         {
             "parameters": parameters,
@@ -51,9 +55,11 @@ def bodies(model: str, cache: bool) -> dict[str, tuple[bytes, dict[str, str]]]:
     )
     return {
         "json": (json.dumps(plain).encode(), {}),
-        "binary": (header.encode() + data.tobytes(),
-                   {"Inference-Header-Content-Length": str(len(header))}),
-    }  # fmt: skip
+        "binary": (
+            header.encode() + data.tobytes(),
+            {"Inference-Header-Content-Length": str(len(header))},
+        ),
+    }
 
 
 def main() -> None:
@@ -71,9 +77,18 @@ def main() -> None:
         config.write_text(config.read_text() + "cache: {enabled: true, ttl_s: 600}\n")
         redis_port = free_port()
         redis = subprocess.Popen(
-            pinned(CLIENT_CORE, redis_binary, "--port", str(redis_port), "--save", "",
-                   "--appendonly", "no"), stdout=subprocess.DEVNULL,
-        )  # fmt: skip
+            pinned(
+                CLIENT_CORE,
+                redis_binary,
+                "--port",
+                str(redis_port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ),
+            stdout=subprocess.DEVNULL,
+        )
         try:
             for backend in ("memory", "redis"):
                 os.environ["SLUICE_CACHE__BACKEND"] = backend
@@ -83,8 +98,9 @@ def main() -> None:
                     for path, cache in (("computed", False), ("hit", True)):
                         for protocol, (body, headers) in bodies("cnn", cache).items():
                             result = wrk(target, body, CONCURRENCY, args.seconds, headers)
-                            rows.append({"backend": backend, "path": path, "protocol": protocol,
-                                         **result})  # fmt: skip
+                            rows.append(
+                                {"backend": backend, "path": path, "protocol": protocol, **result}
+                            )
                             print(json.dumps(rows[-1]), flush=True)
         finally:
             redis.terminate()
@@ -94,8 +110,11 @@ def main() -> None:
 
 
 def table(report: dict[str, Any], seconds: float) -> str:
-    computed = {(r["backend"], r["protocol"]): r["throughput"]
-                for r in report["rows"] if r["path"] == "computed"}  # fmt: skip
+    computed = {
+        (r["backend"], r["protocol"]): r["throughput"]
+        for r in report["rows"]
+        if r["path"] == "computed"
+    }
     lines = [
         "# Result cache benchmark",
         "",

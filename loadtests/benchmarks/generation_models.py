@@ -11,11 +11,21 @@ from typing import Any
 import numpy as np
 
 MODELS: dict[str, dict[str, int]] = {
-    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2},
-    "100m": {"hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 12,
-             "num_attention_heads": 12, "num_key_value_heads": 4},
-}  # fmt: skip
+    "tiny": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+    },
+    "100m": {
+        "hidden_size": 768,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+    },
+}
 CONTEXT = 2048
 
 

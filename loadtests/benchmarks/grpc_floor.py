@@ -92,9 +92,15 @@ def started(kind: str, repos: dict[str, Path]) -> Iterator[tuple[str, int, str]]
     if kind in repos:
         command = sluice_command(repos[kind], http_port, port)
     else:
-        command = [sys.executable, "-m", "loadtests.benchmarks.grpc_floor", "--serve-floor",
-                   str(port), *(["--request-id"] if kind.startswith("floor+id") else []),
-                   *(["--uvloop"] if kind.endswith("uvloop") else [])]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "loadtests.benchmarks.grpc_floor",
+            "--serve-floor",
+            str(port),
+            *(["--request-id"] if kind.startswith("floor+id") else []),
+            *(["--uvloop"] if kind.endswith("uvloop") else []),
+        ]
     target = f"127.0.0.1:{port}"
     with running(pinned(SERVER_CORE, *command), lambda: _answers(target), f"{kind} server") as p:
         yield target, p.pid, f"http://127.0.0.1:{http_port}"
@@ -164,10 +170,13 @@ def main() -> None:
             rounds.append(measured)
             print(json.dumps(measured), flush=True)
     report = {
-        "model": MODEL, "concurrency": args.concurrency, "seconds": args.seconds,
-        "rounds": rounds, "machine": machine(),
+        "model": MODEL,
+        "concurrency": args.concurrency,
+        "seconds": args.seconds,
+        "rounds": rounds,
+        "machine": machine(),
         "command": "python -m loadtests.benchmarks.grpc_floor " + " ".join(sys.argv[1:]),
-    }  # fmt: skip
+    }
     write_results(args.out, "grpc_floor", report, table(report))
 
 
@@ -182,8 +191,15 @@ def table(report: dict[str, Any]) -> str:
         f"{report['machine']}.",
         "",
     ]
-    columns = ["server", "calls/s", "of the floor", "server CPU µs per call",
-               "requests per batch", "p50 µs", "p99 µs"]  # fmt: skip
+    columns = [
+        "server",
+        "calls/s",
+        "of the floor",
+        "server CPU µs per call",
+        "requests per batch",
+        "p50 µs",
+        "p99 µs",
+    ]
     cells = []
     for kind in KINDS:
         calls = summary([r[kind]["throughput"] for r in rounds])
@@ -193,11 +209,17 @@ def table(report: dict[str, Any]) -> str:
         p99 = statistics.median(r[kind]["p99_us"] for r in rounds)
         batch = [r[kind]["mean_batch"] for r in rounds if "mean_batch" in r[kind]]
         per_batch = f"{statistics.median(batch):.2f}" if batch else "-"
-        cells.append([
-            kind, f"{calls['median']:,.0f} ({calls['min']:,.0f}-{calls['max']:,.0f})",
-            f"{ratio['median']:.0%} ({ratio['min']:.0%}-{ratio['max']:.0%})", f"{cpu:,.0f}",
-            per_batch, f"{p50:,.0f}", f"{p99:,.0f}",
-        ])  # fmt: skip
+        cells.append(
+            [
+                kind,
+                f"{calls['median']:,.0f} ({calls['min']:,.0f}-{calls['max']:,.0f})",
+                f"{ratio['median']:.0%} ({ratio['min']:.0%}-{ratio['max']:.0%})",
+                f"{cpu:,.0f}",
+                per_batch,
+                f"{p50:,.0f}",
+                f"{p99:,.0f}",
+            ]
+        )
     lines += markdown_table(columns, cells)
     lines += [
         "",

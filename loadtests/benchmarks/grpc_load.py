@@ -50,11 +50,14 @@ async def run(target: str, model: str, concurrency: int, seconds: float) -> dict
         elapsed = time.monotonic() - began
     lat = np.array(latencies or [0.0]) * 1e6  # all calls failed: report the errors, not a crash
     return {
-        "requests": len(latencies) + errors, "duration_us": elapsed * 1e6, "errors": errors,
-        "non2xx": 0, "p50_us": float(np.percentile(lat, 50)),
+        "requests": len(latencies) + errors,
+        "duration_us": elapsed * 1e6,
+        "errors": errors,
+        "non2xx": 0,
+        "p50_us": float(np.percentile(lat, 50)),
         "p99_us": float(np.percentile(lat, 99)),
         "throughput": len(latencies) / elapsed,
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":

@@ -52,9 +52,21 @@ def pinned(core: str, *args: str) -> list[str]:
 
 def sluice_command(repo: Path, http_port: int, grpc_port: int, *extra: str) -> list[str]:
     """`sluice serve` on `repo` with both ports given, logging warnings only."""
-    return [sys.executable, "-m", "server", "serve", "--model-repository", str(repo),
-            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-            "--log-level", "warning", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "server",
+        "serve",
+        "--model-repository",
+        str(repo),
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--log-level",
+        "warning",
+        *extra,
+    ]
 
 
 def baseline_command(kind: str, repo: Path, port: int) -> list[str]:

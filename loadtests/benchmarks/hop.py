@@ -46,8 +46,9 @@ MODEL = "mlp"
 Infer = Callable[[InferRequest], Awaitable[InferResponse]]
 
 
-async def cpu_us_per_request(infer: Infer, make: Callable[[], InferRequest], concurrency: int,
-                             requests: int) -> float:  # fmt: skip
+async def cpu_us_per_request(
+    infer: Infer, make: Callable[[], InferRequest], concurrency: int, requests: int
+) -> float:
     """Process CPU µs per request over `requests` requests, `concurrency` at a time."""
     rounds = max(1, requests // concurrency)
     started = time.process_time()
@@ -60,8 +61,10 @@ async def measure(repo: Path, socket_dir: str, rounds: int, requests: int) -> li
     settings = load_settings(model_repository=repo)
     engine = Engine(settings)
     worker_side = (Arena(ARENA_BYTES), Arena(ARENA_BYTES))
-    engine_side = (Arena(ARENA_BYTES, os.dup(worker_side[0].fd)),
-                   Arena(ARENA_BYTES, os.dup(worker_side[1].fd)))  # fmt: skip
+    engine_side = (
+        Arena(ARENA_BYTES, os.dup(worker_side[0].fd)),
+        Arena(ARENA_BYTES, os.dup(worker_side[1].fd)),
+    )
     host = EngineHost(engine, [engine_side])
     path = os.path.join(socket_dir, "engine.sock")
     await engine.start()
@@ -89,8 +92,9 @@ async def measure(repo: Path, socket_dir: str, rounds: int, requests: int) -> li
             for concurrency in CONCURRENCY:
                 for kind, infer in paths.items():
                     us = await cpu_us_per_request(infer, make, concurrency, requests)
-                    rows.append({"round": round_, "path": kind, "concurrency": concurrency,
-                                 "cpu_us": us})  # fmt: skip
+                    rows.append(
+                        {"round": round_, "path": kind, "concurrency": concurrency, "cpu_us": us}
+                    )
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         await remote.close()
@@ -101,16 +105,26 @@ async def measure(repo: Path, socket_dir: str, rounds: int, requests: int) -> li
 
 def table(report: dict[str, Any]) -> str:
     def figures(path: str, concurrency: int) -> list[float]:
-        return [r["cpu_us"] for r in report["rows"]
-                if r["path"] == path and r["concurrency"] == concurrency]  # fmt: skip
+        return [
+            r["cpu_us"]
+            for r in report["rows"]
+            if r["path"] == path and r["concurrency"] == concurrency
+        ]
 
     cells = []
     for concurrency in CONCURRENCY:
         direct, remote = figures("direct", concurrency), figures("remote", concurrency)
         hop = [r - d for d, r in zip(direct, remote, strict=True)]
         ratio = [r / d for d, r in zip(direct, remote, strict=True)]
-        cells.append([concurrency, spread(direct, "{:.1f}"), spread(remote, "{:.1f}"),
-                      spread(hop, "{:.1f}"), spread(ratio, "{:.2f}")])  # fmt: skip
+        cells.append(
+            [
+                concurrency,
+                spread(direct, "{:.1f}"),
+                spread(remote, "{:.1f}"),
+                spread(hop, "{:.1f}"),
+                spread(ratio, "{:.2f}"),
+            ]
+        )
     lines = [
         "# Worker hop benchmark",
         "",
@@ -137,8 +151,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(dir="/tmp") as sock:
         repo = write_repository(Path(tmp))
         rows = uvloop.run(measure(repo, sock, args.rounds, args.requests))
-    report = {"rows": rows, "machine": machine(), "rounds": args.rounds,
-              "requests": args.requests}  # fmt: skip
+    report = {"rows": rows, "machine": machine(), "rounds": args.rounds, "requests": args.requests}
     write_results(args.out, "hop", report, table(report))
 
 

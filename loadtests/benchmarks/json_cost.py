@@ -95,8 +95,11 @@ def decode_costs() -> list[dict[str, Any]]:
             tensor = orjson.loads(body)["inputs"][0]
             args = ("x", tensor["datatype"], tensor["shape"], tensor["data"])
             walked = json_arrays.walk_data(*args)
-            for way in (json_arrays.decode_data(*args), read_body(body, orjson.loads),
-                        read_body(body, json_header.loads)):  # fmt: skip
+            for way in (
+                json_arrays.decode_data(*args),
+                read_body(body, orjson.loads),
+                read_body(body, json_header.loads),
+            ):
                 if way.dtype != walked.dtype or way.tobytes() != walked.tobytes():
                     raise AssertionError(f"{model}: a decoder disagrees with walk_data")
             times = per_call_us(
@@ -108,8 +111,13 @@ def decode_costs() -> list[dict[str, Any]]:
                     "read_us": lambda b=body: read_body(b, json_header.loads),  # type: ignore[misc]
                 }
             )
-            row = {"model": model, "nested": nested, "body_bytes": len(body),
-                   "values": walked.size, **times}  # fmt: skip
+            row = {
+                "model": model,
+                "nested": nested,
+                "body_bytes": len(body),
+                "values": walked.size,
+                **times,
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -168,9 +176,15 @@ def main() -> None:
     decode = decode_costs()
     with tempfile.TemporaryDirectory() as tmp:
         rows = throughput(write_repository(Path(tmp)), args.rounds, args.seconds)
-    report = {"decode": decode, "rows": rows, "machine": machine(), "seconds": args.seconds,
-              "concurrency": CONCURRENCY, "ratios": ratios(rows, "throughput"),
-              "per_core_ratios": ratios(rows, "per_core")}  # fmt: skip
+    report = {
+        "decode": decode,
+        "rows": rows,
+        "machine": machine(),
+        "seconds": args.seconds,
+        "concurrency": CONCURRENCY,
+        "ratios": ratios(rows, "throughput"),
+        "per_core_ratios": ratios(rows, "per_core"),
+    }
     write_results(args.out, "json_cost", report, table(report))
 
 
@@ -194,8 +208,16 @@ def table(report: dict[str, Any]) -> str:
         "encoding) and of every thread (ONNX Runtime's too), medians.",
         "",
     ]
-    columns = ["model", "body", "measure", "sluice", "plain FastAPI", "floor", "sluice x plain",
-               "sluice / floor"]  # fmt: skip
+    columns = [
+        "model",
+        "body",
+        "measure",
+        "sluice",
+        "plain FastAPI",
+        "floor",
+        "sluice x plain",
+        "sluice / floor",
+    ]
     cells = []
     for model in MODELS:
         size = next(d["body_bytes"] for d in report["decode"] if d["model"] == model)  # flat
@@ -211,25 +233,47 @@ def table(report: dict[str, Any]) -> str:
             " / ".join(f"{statistics.median(values(kind, model, f)):,.0f}" for f in THREADS)
             for kind in KINDS
         ]
-        cells.append([model, f"{size / 1e3:,.1f} kB", "CPU µs a request: event loop / all",
-                      *threads, "-", "-"])  # fmt: skip
+        cells.append(
+            [
+                model,
+                f"{size / 1e3:,.1f} kB",
+                "CPU µs a request: event loop / all",
+                *threads,
+                "-",
+                "-",
+            ]
+        )
     lines += markdown_table(columns, cells)
     lines += [
         "",
         f"Decode alone (in process, core {SERVER_CORE}, best of 15, taken in turn), µs per body:",
         "",
     ]
-    columns = ["model", "values", "orjson.loads", "reference walk (`walk_data`)",
-               "vectorized (`decode_data`)", "speed-up", "body to array: orjson.loads + "
-               "`decode_data`", "body to array: `json_header.loads` + `decode_data`",
-               "speed-up"]  # fmt: skip
+    columns = [
+        "model",
+        "values",
+        "orjson.loads",
+        "reference walk (`walk_data`)",
+        "vectorized (`decode_data`)",
+        "speed-up",
+        "body to array: orjson.loads + `decode_data`",
+        "body to array: `json_header.loads` + `decode_data`",
+        "speed-up",
+    ]
     cells = [
-        [d["model"] + (" (nested data)" if d.get("nested") else ""), f"{d['values']:,}",
-         f"{d['parse_us']:,.1f}", f"{d['walk_us']:,.1f}",
-         f"{d['decode_us']:,.1f}", f"{d['walk_us'] / d['decode_us']:.1f}x",
-         f"{d['parsed_us']:,.1f}", f"{d['read_us']:,.1f}", f"{d['parsed_us'] / d['read_us']:.1f}x"]
+        [
+            d["model"] + (" (nested data)" if d.get("nested") else ""),
+            f"{d['values']:,}",
+            f"{d['parse_us']:,.1f}",
+            f"{d['walk_us']:,.1f}",
+            f"{d['decode_us']:,.1f}",
+            f"{d['walk_us'] / d['decode_us']:.1f}x",
+            f"{d['parsed_us']:,.1f}",
+            f"{d['read_us']:,.1f}",
+            f"{d['parsed_us'] / d['read_us']:.1f}x",
+        ]
         for d in report["decode"]
-    ]  # fmt: skip
+    ]
     lines += markdown_table(columns, cells)
     lines += [
         "",

@@ -26,10 +26,15 @@ def cnn_model(channels: int = 32, blocks: int = 2, seed: int = 0) -> onnx.ModelP
         weight = rng.standard_normal((cout, cin, 3, 3)).astype(np.float32) * np.sqrt(2 / (9 * cin))
         inits.append(numpy_helper.from_array(weight.astype(np.float32), f"{name}_w"))
         inits.append(numpy_helper.from_array(np.zeros(cout, np.float32), f"{name}_b"))
-        nodes.append(helper.make_node(
-            "Conv", [source, f"{name}_w", f"{name}_b"], [name],
-            pads=[1, 1, 1, 1], strides=[stride, stride],
-        ))  # fmt: skip
+        nodes.append(
+            helper.make_node(
+                "Conv",
+                [source, f"{name}_w", f"{name}_b"],
+                [name],
+                pads=[1, 1, 1, 1],
+                strides=[stride, stride],
+            )
+        )
         return name
 
     def relu(source: str) -> str:
@@ -45,15 +50,18 @@ def cnn_model(channels: int = 32, blocks: int = 2, seed: int = 0) -> onnx.ModelP
     nodes.append(helper.make_node("GlobalAveragePool", [current], ["pooled"]))
     nodes.append(helper.make_node("Flatten", ["pooled"], ["flat"]))
     head = (rng.standard_normal((channels, 10)) / np.sqrt(channels)).astype(np.float32)
-    inits += [numpy_helper.from_array(head, "head_w"),
-              numpy_helper.from_array(np.zeros(10, np.float32), "head_b")]  # fmt: skip
+    inits += [
+        numpy_helper.from_array(head, "head_w"),
+        numpy_helper.from_array(np.zeros(10, np.float32), "head_b"),
+    ]
     nodes.append(helper.make_node("Gemm", ["flat", "head_w", "head_b"], ["logits"]))
     graph = helper.make_graph(
-        nodes, "bench_cnn",
+        nodes,
+        "bench_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *CNN_INPUT])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
         inits,
-    )  # fmt: skip
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)

@@ -96,11 +96,26 @@ def run(
     """One perf_analyzer run: its throughput (samples/s) and the server's CPU per request."""
     url = served.grpc_target if "grpc" in options else served.url.removeprefix("http://")
     command = pinned(
-        CLIENT_CORE, str(PERF_ANALYZER), "-m", model, "-u", url, "-b", str(batch), *options,
-        "--concurrency-range", str(concurrency), "--measurement-interval", str(int(seconds * 1000)),
-        "--output-shared-memory-size", "1048576", "--stability-percentage", "999",
-        "--max-trials", "3",
-    )  # fmt: skip
+        CLIENT_CORE,
+        str(PERF_ANALYZER),
+        "-m",
+        model,
+        "-u",
+        url,
+        "-b",
+        str(batch),
+        *options,
+        "--concurrency-range",
+        str(concurrency),
+        "--measurement-interval",
+        str(int(seconds * 1000)),
+        "--output-shared-memory-size",
+        "1048576",
+        "--stability-percentage",
+        "999",
+        "--max-trials",
+        "3",
+    )
     before_cpu, before = cpu_s(served.pid), successes(served.url, model)
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     cpu, requests = cpu_s(served.pid) - before_cpu, successes(served.url, model) - before

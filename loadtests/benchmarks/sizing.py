@@ -133,10 +133,16 @@ def table(report: dict[str, Any], seconds: float) -> str:
     ]
     columns = ["configuration", "req/s", "% of limit", "p50 ms", "p99 ms", "errors"]
     cells = [
-        [r["config"], f"{r['throughput']:,.0f}", f"{100 * r['throughput'] / limit:.0f}%",
-         f"{r['p50_us'] / 1e3:.1f}", f"{r['p99_us'] / 1e3:.1f}", r["errors"] + r["non2xx"]]
+        [
+            r["config"],
+            f"{r['throughput']:,.0f}",
+            f"{100 * r['throughput'] / limit:.0f}%",
+            f"{r['p50_us'] / 1e3:.1f}",
+            f"{r['p99_us'] / 1e3:.1f}",
+            r["errors"] + r["non2xx"],
+        ]
         for r in report["rows"]
-    ]  # fmt: skip
+    ]
     lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 

@@ -122,16 +122,30 @@ def wrk_texts(url: str, texts: list[str], seconds: float) -> dict[str, Any]:
     no two in-flight requests coalesce)."""
     with tempfile.TemporaryDirectory() as tmp:
         bodies = Path(tmp) / "bodies"
-        rows = [{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]}
-                for t in texts]  # fmt: skip
+        rows = [
+            {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [t]}]}
+            for t in texts
+        ]
         bodies.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
         script = Path(tmp) / "post.lua"
         script.write_text(LUA.format(bodies=bodies))
         out = subprocess.run(
-            pinned(CLIENT_CORE, "wrk", "-t1", f"-c{CONCURRENCY}", f"-d{max(1, round(seconds))}s",
-                   "--timeout", "10s", "-s", str(script), url),
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            pinned(
+                CLIENT_CORE,
+                "wrk",
+                "-t1",
+                f"-c{CONCURRENCY}",
+                f"-d{max(1, round(seconds))}s",
+                "--timeout",
+                "10s",
+                "-s",
+                str(script),
+                url,
+            ),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     result: dict[str, Any] = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
     result["throughput"] = (result["requests"] - result["non2xx"]) / (result["duration_us"] / 1e6)
     return result
@@ -179,16 +193,19 @@ def gates(url: str, name: str, texts: list[str], want: np.ndarray) -> dict[str, 
     """The served embeddings of `texts` against `encode`, with the conversion's gates."""
     from converters.validate import OutputCheck, _compare_output, tolerances_for
 
-    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)],
-                        "data": texts}]}  # fmt: skip
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
     answer = httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=60).json()
     (output,) = answer["outputs"]
     got = np.array(output["data"], np.float32).reshape(output["shape"])
     check = OutputCheck("embeddings")
     precision = name.rsplit("-", 1)[1]
     _compare_output(check, want.reshape(-1), got.reshape(-1), tolerances_for(precision))
-    return {"passed": check.passed, "cosine": check.cosine, "norm_error": check.norm_error,
-            "max_abs_error": check.max_abs_error}  # fmt: skip
+    return {
+        "passed": check.passed,
+        "cosine": check.cosine,
+        "norm_error": check.norm_error,
+        "max_abs_error": check.max_abs_error,
+    }
 
 
 def main() -> None:
@@ -214,11 +231,24 @@ def main() -> None:
         repo = Path(tmp) / "repository"
         for precision in PRECISIONS:
             subprocess.run(
-                [sys.executable, "-m", "server", "convert", str(folder), "--name",
-                 f"minilm-{precision}", "--precision", precision, "--repository", str(repo),
-                 "--measure-iterations", "0"],
-                check=True, capture_output=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "server",
+                    "convert",
+                    str(folder),
+                    "--name",
+                    f"minilm-{precision}",
+                    "--precision",
+                    precision,
+                    "--repository",
+                    str(repo),
+                    "--measure-iterations",
+                    "0",
+                ],
+                check=True,
+                capture_output=True,
+            )
         check_texts = texts[:64]
         want = SentenceTransformer(str(folder), device="cpu").encode(check_texts)
         for index in range(args.rounds):
@@ -279,9 +309,13 @@ def table(report: dict[str, Any]) -> str:
                 f"{'met' if ratio >= target else 'missed'} | "
                 f"{'pass' if gate['passed'] else 'FAIL'} (cosine {gate['cosine']:.5f}) |"
             )
-    lines += ["", "Where the time goes in each served run (per step: share of the served run's "
-              "wall time spent computing batches, mean rows per batch, mean queue wait; the rest "
-              "of the core goes to HTTP, JSON, the pipeline and the batchers):", ""]  # fmt: skip
+    lines += [
+        "",
+        "Where the time goes in each served run (per step: share of the served run's "
+        "wall time spent computing batches, mean rows per batch, mean queue wait; the rest "
+        "of the core goes to HTTP, JSON, the pipeline and the batchers):",
+        "",
+    ]
     for record in report["rounds"]:
         for precision, served in record["served"].items():
             steps = "; ".join(

@@ -51,8 +51,13 @@ def measure(served: Served, case: str, seconds: float) -> dict[str, Any]:
     else:
         raise SystemExit(f"case {case}: protocol must be json or grpc")
     cpu_us = (cpu_s(server) - used) / max(answered, 1) * 1e6
-    return {"throughput": result["throughput"], "cpu_us": cpu_us, "p50_us": result["p50_us"],
-            "p99_us": result["p99_us"], "errors": result["requests"] - answered}  # fmt: skip
+    return {
+        "throughput": result["throughput"],
+        "cpu_us": cpu_us,
+        "p50_us": result["p50_us"],
+        "p99_us": result["p99_us"],
+        "errors": result["requests"] - answered,
+    }
 
 
 def table(report: dict[str, Any]) -> str:
@@ -68,9 +73,16 @@ def table(report: dict[str, Any]) -> str:
             " / ".join(f"{statistics.median(r[p] for r in mine[k]):,.0f}" for p in PERCENTILES)
             for k in KINDS
         ]
-        cells.append([case, *(spread([r["cpu_us"] for r in mine[k]], "{:.1f}") for k in KINDS),
-                      spread(ratios, "{:.2f}"), " ".join(f"{x:.2f}" for x in ratios), *latency,
-                      sum(r["errors"] for r in rows if r["case"] == case)])  # fmt: skip
+        cells.append(
+            [
+                case,
+                *(spread([r["cpu_us"] for r in mine[k]], "{:.1f}") for k in KINDS),
+                spread(ratios, "{:.2f}"),
+                " ".join(f"{x:.2f}" for x in ratios),
+                *latency,
+                sum(r["errors"] for r in rows if r["case"] == case),
+            ]
+        )
     lines = [
         "# This checkout against another",
         "",
@@ -84,15 +96,27 @@ def table(report: dict[str, Any]) -> str:
         "latency percentiles, µs, median of the rounds.",
         "",
     ]
-    columns = ["case", "base µs", "this µs", "base / this", "each round", "base p50 / p99",
-               "this p50 / p99", "errors"]  # fmt: skip
+    columns = [
+        "case",
+        "base µs",
+        "this µs",
+        "base / this",
+        "each round",
+        "base p50 / p99",
+        "this p50 / p99",
+        "errors",
+    ]
     return "\n".join([*lines, *markdown_table(columns, cells)]) + "\n"
 
 
 def commit(code: Path) -> str:
     """The short commit checked out at `code`."""
-    out = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip()
 
 
@@ -123,13 +147,25 @@ def main() -> None:
             order = KINDS if round_ % 2 == 0 else KINDS[::-1]  # neither always goes first
             for case in cases:
                 for kind in order:
-                    row = {"round": round_, "case": case, "server": kind,
-                           **measure(servers[kind], case, args.seconds)}  # fmt: skip
+                    row = {
+                        "round": round_,
+                        "case": case,
+                        "server": kind,
+                        **measure(servers[kind], case, args.seconds),
+                    }
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    report = {"rows": rows, "cases": cases, "rounds": args.rounds, "seconds": args.seconds,
-              "workers": args.workers, "base": str(args.base), "base_commit": commit(args.base),
-              "this_commit": commit(Path.cwd()), "machine": machine()}  # fmt: skip
+    report = {
+        "rows": rows,
+        "cases": cases,
+        "rounds": args.rounds,
+        "seconds": args.seconds,
+        "workers": args.workers,
+        "base": str(args.base),
+        "base_commit": commit(args.base),
+        "this_commit": commit(Path.cwd()),
+        "machine": machine(),
+    }
     text = table(report)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -56,8 +56,11 @@ def round_trips(first: int, second: int, count: int) -> dict[str, float]:
         os.waitpid(pid, 0)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     child = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return {"wall_us": wall / count * 1e6, "cpu_us": cpu / count * 1e6,
-            "peer_cpu_us": child / count * 1e6}  # fmt: skip
+    return {
+        "wall_us": wall / count * 1e6,
+        "cpu_us": cpu / count * 1e6,
+        "peer_cpu_us": child / count * 1e6,
+    }
 
 
 def measure(cores: list[int], rounds: int, count: int) -> list[dict[str, Any]]:
@@ -70,8 +73,9 @@ def measure(cores: list[int], rounds: int, count: int) -> list[dict[str, Any]]:
     try:
         for round_ in range(rounds):
             for layout, (first, second) in layouts.items():
-                rows.append({"round": round_, "layout": layout,
-                             **round_trips(first, second, count)})  # fmt: skip
+                rows.append(
+                    {"round": round_, "layout": layout, **round_trips(first, second, count)}
+                )
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         os.sched_setaffinity(0, home)
@@ -83,8 +87,15 @@ def table(report: dict[str, Any]) -> str:
     cells = []
     for layout in layouts:
         rows = [r for r in report["rows"] if r["layout"] == layout]
-        cells.append([layout, *(spread([r[f] for r in rows], "{:.1f}")
-                                for f in ("wall_us", "cpu_us", "peer_cpu_us"))])  # fmt: skip
+        cells.append(
+            [
+                layout,
+                *(
+                    spread([r[f] for r in rows], "{:.1f}")
+                    for f in ("wall_us", "cpu_us", "peer_cpu_us")
+                ),
+            ]
+        )
     lines = [
         "# Wake-up benchmark",
         "",

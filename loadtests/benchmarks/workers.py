@@ -71,8 +71,11 @@ def server(
         root = psutil.Process(process.pid)
         engine = engine_process(root)
         if engine_cores and engine is not None:
-            subprocess.run(["taskset", "-a", "-p", "-c", engine_cores, str(engine.pid)],
-                           check=True, capture_output=True)  # fmt: skip
+            subprocess.run(
+                ["taskset", "-a", "-p", "-c", engine_cores, str(engine.pid)],
+                check=True,
+                capture_output=True,
+            )
         yield url, f"127.0.0.1:{grpc_port}", root
 
 
@@ -134,10 +137,22 @@ def process_cpu_s(proc: psutil.Process | None) -> float:
 
 def grpc_load(target: str, model: str, concurrency: int, seconds: float, core: str) -> Any:
     out = subprocess.run(
-        ["taskset", "-c", core, sys.executable, "-m", "loadtests.benchmarks.grpc_load", target,
-         model, str(concurrency), str(seconds)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            "taskset",
+            "-c",
+            core,
+            sys.executable,
+            "-m",
+            "loadtests.benchmarks.grpc_load",
+            target,
+            model,
+            str(concurrency),
+            str(seconds),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -147,9 +162,15 @@ def stats(url: str, model: str) -> tuple[int, int]:
 
 
 def measure(
-    url: str, grpc_target: str, root: psutil.Process, model: str, protocol: str,
-    concurrency: int, seconds: float, client: str,
-) -> dict[str, Any]:  # fmt: skip
+    url: str,
+    grpc_target: str,
+    root: psutil.Process,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    seconds: float,
+    client: str,
+) -> dict[str, Any]:
     target = f"{url}/v2/models/{model}/infer"
     engine = engine_process(root)
     before_stats, before_cpu, before_engine = stats(url, model), cpu_s(root), process_cpu_s(engine)
@@ -168,7 +189,10 @@ def measure(
     rows, batches = after[0] - before_stats[0], after[1] - before_stats[1]
     served = max(1, result["requests"] - result.get("non2xx", 0) - result["errors"])
     return {
-        "model": model, "protocol": protocol, "concurrency": concurrency, **result,
+        "model": model,
+        "protocol": protocol,
+        "concurrency": concurrency,
+        **result,
         "cpu_s_per_1000": 1000 * used / served,
         # The engine process's part (serial: one per server); None with one process.
         "engine_cpu_s_per_1000": None if engine is None else 1000 * engine_used / served,
@@ -176,7 +200,7 @@ def measure(
         "engine_reads_per_request": None if engine is None else engine_reads / served,
         "avg_batch": rows / batches if batches else 0.0,
         "switches_per_request": switched / served,
-    }  # fmt: skip
+    }
 
 
 def main() -> None:
@@ -204,14 +228,28 @@ def main() -> None:
         for round_ in range(args.rounds):
             for model, protocol, concurrency in cases:
                 for workers, (url, grpc_target, root) in servers.items():
-                    row = measure(url, grpc_target, root, model, protocol, concurrency,
-                                  args.seconds, args.client_cores)  # fmt: skip
+                    row = measure(
+                        url,
+                        grpc_target,
+                        root,
+                        model,
+                        protocol,
+                        concurrency,
+                        args.seconds,
+                        args.client_cores,
+                    )
                     rows.append({"round": round_, "workers": workers, **row})
                     print(json.dumps(rows[-1]), flush=True)
-    report = {"rows": rows, "machine": machine(), "server_cores": args.server_cores,
-              "client_cores": args.client_cores, "engine_cores": args.engine_cores,
-              "seconds": args.seconds,
-              "rounds": args.rounds, "name": args.name}  # fmt: skip
+    report = {
+        "rows": rows,
+        "machine": machine(),
+        "server_cores": args.server_cores,
+        "client_cores": args.client_cores,
+        "engine_cores": args.engine_cores,
+        "seconds": args.seconds,
+        "rounds": args.rounds,
+        "name": args.name,
+    }
     write_results(args.out, args.name, report, table(report))
 
 
@@ -220,10 +258,13 @@ def table(report: dict[str, Any]) -> str:
     name = "" if report.get("name", "workers") == "workers" else f" --name {report['name']}"
     engine = f" --engine-cores {report['engine_cores']}" if report.get("engine_cores") else ""
     rounds = sorted({r.get("round", 0) for r in rows})
-    keys = list(dict.fromkeys((r["workers"], r["model"], r["protocol"], r["concurrency"])
-                              for r in rows))  # fmt: skip
-    by = {(r.get("round", 0), r["workers"], r["model"], r["protocol"], r["concurrency"]): r
-          for r in rows}  # fmt: skip
+    keys = list(
+        dict.fromkeys((r["workers"], r["model"], r["protocol"], r["concurrency"]) for r in rows)
+    )
+    by = {
+        (r.get("round", 0), r["workers"], r["model"], r["protocol"], r["concurrency"]): r
+        for r in rows
+    }
     lines = [
         "# Worker processes benchmark" + (f" ({report['name']})" if name else ""),
         "",
@@ -234,23 +275,42 @@ def table(report: dict[str, Any]) -> str:
         "(2 workers over 1, measured seconds apart) and its median shown.",
         "",
     ]
-    columns = ["workers", "model", "protocol", "concurrency", "req/s", "x 1 worker", "p99 ms",
-               "CPU s / 1,000 req", "x 1 worker", "engine process", "engine reads / req",
-               "switches / req", "avg batch", "errors"]  # fmt: skip
+    columns = [
+        "workers",
+        "model",
+        "protocol",
+        "concurrency",
+        "req/s",
+        "x 1 worker",
+        "p99 ms",
+        "CPU s / 1,000 req",
+        "x 1 worker",
+        "engine process",
+        "engine reads / req",
+        "switches / req",
+        "avg batch",
+        "errors",
+    ]
     cells = []
     for key in keys:
         runs = [by[(n, *key)] for n in rounds if (n, *key) in by]
         bases = [by.get((n, 1, *key[1:])) for n in rounds if (n, *key) in by]
         pairs = [] if key[0] == 1 or None in bases else list(zip(runs, bases, strict=True))
-        cells.append([
-            *key, spread([r["throughput"] for r in runs], "{:,.0f}"), ratio(pairs, "throughput"),
-            f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f}",
-            spread([r["cpu_s_per_1000"] for r in runs], "{:.3f}"), ratio(pairs, "cpu_s_per_1000"),
-            engine_part(runs), median_of(runs, "engine_reads_per_request"),
-            median_of(runs, "switches_per_request"),
-            f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
-            sum(r["errors"] + r.get("non2xx", 0) for r in runs),
-        ])  # fmt: skip
+        cells.append(
+            [
+                *key,
+                spread([r["throughput"] for r in runs], "{:,.0f}"),
+                ratio(pairs, "throughput"),
+                f"{statistics.median(r['p99_us'] for r in runs) / 1e3:.2f}",
+                spread([r["cpu_s_per_1000"] for r in runs], "{:.3f}"),
+                ratio(pairs, "cpu_s_per_1000"),
+                engine_part(runs),
+                median_of(runs, "engine_reads_per_request"),
+                median_of(runs, "switches_per_request"),
+                f"{statistics.median(r['avg_batch'] for r in runs):.1f}",
+                sum(r["errors"] + r.get("non2xx", 0) for r in runs),
+            ]
+        )
     lines += markdown_table(columns, cells)
     return "\n".join(lines) + "\n"
 

@@ -165,11 +165,24 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     help="How long the --serve-cmd server may take to get ready at each start.",
 )
 def tune(
-    url: str, model: str, slo_p99_ms: float, protocol: str, grpc_url: str | None,
-    budget_s: float, out: Path, ramp: str, trial_s: int, cores: int | None, batch_size: int,
-    max_error_fraction: float, api_keys: tuple[str, ...], timeout_s: float,
-    serve_cmd: str | None, workers_range: str | None, serve_ready_timeout_s: float,
-) -> None:  # fmt: skip
+    url: str,
+    model: str,
+    slo_p99_ms: float,
+    protocol: str,
+    grpc_url: str | None,
+    budget_s: float,
+    out: Path,
+    ramp: str,
+    trial_s: int,
+    cores: int | None,
+    batch_size: int,
+    max_error_fraction: float,
+    api_keys: tuple[str, ...],
+    timeout_s: float,
+    serve_cmd: str | None,
+    workers_range: str | None,
+    serve_ready_timeout_s: float,
+) -> None:
     """Tune a model's batching, instances and threads for throughput within a p99 SLO.
 
     Reloads the model with candidate configs through the repository API of a server started
@@ -184,10 +197,16 @@ def tune(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--ramp") from None
     settings: dict[str, Any] = {
-        "url": url.rstrip("/"), "model": model, "protocol": protocol,
-        "slo_p99_ms": slo_p99_ms, "budget_s": budget_s, "users": users, "trial_s": trial_s,
-        "cores": cores or os.cpu_count() or 1, "batch_size": batch_size,
-    }  # fmt: skip
+        "url": url.rstrip("/"),
+        "model": model,
+        "protocol": protocol,
+        "slo_p99_ms": slo_p99_ms,
+        "budget_s": budget_s,
+        "users": users,
+        "trial_s": trial_s,
+        "cores": cores or os.cpu_count() or 1,
+        "batch_size": batch_size,
+    }
     server = None
     if serve_cmd is not None:
         try:
@@ -214,11 +233,19 @@ def tune(
     headers = {"Authorization": f"Bearer {api_keys[0]}"} if api_keys else {}
     control = ServerControl(url, model, headers)
     load = LoadTestConfig(
-        url=settings["url"], model=model, protocol=protocol, users=users, duration_s=trial_s,
-        out=out, grpc_target=(grpc_url or default_grpc_target(url)) if protocol == "grpc" else None,
-        batch_size=batch_size, api_keys=api_keys, slo_p99_ms=slo_p99_ms,
-        max_error_fraction=max_error_fraction, timeout_s=timeout_s,
-    )  # fmt: skip
+        url=settings["url"],
+        model=model,
+        protocol=protocol,
+        users=users,
+        duration_s=trial_s,
+        out=out,
+        grpc_target=(grpc_url or default_grpc_target(url)) if protocol == "grpc" else None,
+        batch_size=batch_size,
+        api_keys=api_keys,
+        slo_p99_ms=slo_p99_ms,
+        max_error_fraction=max_error_fraction,
+        timeout_s=timeout_s,
+    )
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         code = _run(console, control, load, settings, out, server)
@@ -255,10 +282,14 @@ def _run(
         else:
             original, done = control.original(), []
         space = build_space(
-            original.config, control.triton_config(), settings["cores"],
-            settings["slo_p99_ms"], settings["batch_size"],
-            workers=settings.get("workers", ()), served_workers=settings.get("served_workers"),
-        )  # fmt: skip
+            original.config,
+            control.triton_config(),
+            settings["cores"],
+            settings["slo_p99_ms"],
+            settings["batch_size"],
+            workers=settings.get("workers", ()),
+            served_workers=settings.get("served_workers"),
+        )
     except (LoadTestError, ResumeError) as exc:
         console.print(Text("tune failed: ", style="bold red") + Text(str(exc)))
         return EXIT_FAILED
@@ -269,13 +300,16 @@ def _run(
         settings=settings,
         original=original,
         space={
-            "batch_sizes": list(space.batch_sizes), "delays": list(space.delays),
-            "preferred": list(space.preferred), "instances": list(space.instances),
-            "cores": space.cores, "grid_size": space.grid_size(),
+            "batch_sizes": list(space.batch_sizes),
+            "delays": list(space.delays),
+            "preferred": list(space.preferred),
+            "instances": list(space.instances),
+            "cores": space.cores,
+            "grid_size": space.grid_size(),
             "workers": list(space.workers),
         },
         baseline=space.baseline.key,
-    )  # fmt: skip
+    )
 
     def saved_trial(trial: Trial) -> None:
         run.trials = list(search.trials)
@@ -311,8 +345,9 @@ def _run(
                 control.restore(original)
                 console.print("original config restored")
         except LoadTestError as exc:
-            console.print(Text("could not restore the original config: ", style="bold red")
-                          + Text(str(exc)))  # fmt: skip
+            console.print(
+                Text("could not restore the original config: ", style="bold red") + Text(str(exc))
+            )
             failure = failure or f"restore failed: {exc}"
     run.trials = list(search.trials)
     run.reused = search.reused

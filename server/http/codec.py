@@ -100,8 +100,11 @@ def _bounds(dtype: np.dtype[Any]) -> tuple[float, float]:
     return int(np.iinfo(dtype.str).min), int(np.iinfo(dtype.str).max)  # exact: 2^64 - 1 too
 
 
-_SIMPLE = {name: (dtype, *_bounds(dtype)) for name, dtype in datatypes.NUMPY_DTYPES.items()
-           if dtype.kind in "iuf"}  # fmt: skip
+_SIMPLE = {
+    name: (dtype, *_bounds(dtype))
+    for name, dtype in datatypes.NUMPY_DTYPES.items()
+    if dtype.kind in "iuf"
+}
 """The datatypes `simple_request` decodes: each one's numpy dtype and least and greatest value."""
 
 

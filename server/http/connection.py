@@ -69,10 +69,18 @@ writing its next request gets it answered, one that is not writing is closed lik
 
 def _canned(status: bytes, extra: bytes = b"") -> bytes:
     body = b'{"error":"' + status.split(b" ", 1)[1].lower() + b'"}'
-    return b"".join([
-        b"HTTP/1.1 ", status, b"\r\ncontent-type: application/json\r\nconnection: close\r\n",
-        extra, b"content-length: ", str(len(body)).encode(), b"\r\n\r\n", body,
-    ])  # fmt: skip
+    return b"".join(
+        [
+            b"HTTP/1.1 ",
+            status,
+            b"\r\ncontent-type: application/json\r\nconnection: close\r\n",
+            extra,
+            b"content-length: ",
+            str(len(body)).encode(),
+            b"\r\n\r\n",
+            body,
+        ]
+    )
 
 
 REQUEST_TIMEOUT = _canned(b"408 Request Timeout")
@@ -400,8 +408,10 @@ class HttpProtocol(HttpToolsProtocol):
             return False
         log.info(
             "closing connection from %s: %d bytes of answers not read in %.1f s",
-            self.client, left, self.policy.write_timeout_s,
-        )  # fmt: skip
+            self.client,
+            left,
+            self.policy.write_timeout_s,
+        )
         self._cancel_deadlines()
         self.transport.abort()  # close() would wait for the buffer to be written
         return True

@@ -55,8 +55,14 @@ NEUTRAL: dict[str, tuple[object, ...]] = {
 `text_output` never repeats the prompt, one sequence per request, no log probabilities, no
 penalties)."""
 
-IGNORED = ("stream", "end_id", "pad_id", "return_finish_reason", "return_num_input_tokens",
-           "return_num_output_tokens")  # fmt: skip
+IGNORED = (
+    "stream",
+    "end_id",
+    "pad_id",
+    "return_finish_reason",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+)
 """Fields accepted with any value: the route decides streaming, the finish reason and the token
 counts are always answered, padding does not change the answer, and generation ends at the
 model's own end-of-text token."""

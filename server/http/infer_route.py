@@ -64,10 +64,18 @@ class InferRoute:
             body = _error_body("Method Not Allowed")
             sent = dict(scope["headers"]).get(b"x-request-id")
             rid = choose_request_id(sent.decode("latin-1") if sent is not None else None)
-            await send({"type": "http.response.start", "status": 405, "headers": [
-                (b"content-type", b"application/json"), (b"allow", b"POST"),
-                (b"x-request-id", rid.encode()),
-                (b"content-length", str(len(body)).encode())]})  # fmt: skip
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 405,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"allow", b"POST"),
+                        (b"x-request-id", rid.encode()),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
 
     async def handle(

@@ -78,8 +78,13 @@ class Completion:
         return self._object(kind, []) | {"usage": self.usage(completion_tokens)}
 
     def _object(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": choices}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
 
 
 async def refused_grammar(streams: list[Peeked]) -> None:

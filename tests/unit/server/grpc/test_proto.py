@@ -1,58 +1,18 @@
-"""The committed protocol modules match their .proto files, and the .proto files match the
-protocol tritonclient speaks (names, field numbers, types)."""
+"""The .proto files match the protocol tritonclient speaks (names, field numbers, types).
+(proto/test_generate.py: the committed modules match the .proto files; proto/test_pool.py: they
+load beside tritonclient's.)"""
 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
-from importlib import metadata
-from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import descriptor_pb2
 
-from server.grpc.proto import generate, grpc_service_pb2, model_config_pb2
-
-# Lines that embed the generator's version (protobuf gencode and grpcio release).
-_VERSION_LINES = (
-    re.compile(rb"^# Protobuf Python Version: .*$", re.M),
-    re.compile(rb"ValidateProtobufRuntimeVersion\(\n(?:.*\n)*?\)", re.M),
-    re.compile(rb"^GRPC_GENERATED_VERSION = .*$", re.M),
-)
-
-
-def _without_versions(text: bytes) -> bytes:
-    for pattern in _VERSION_LINES:
-        text = pattern.sub(b"<version>", text)
-    return text
-
-
-def test_regenerated_modules_match_committed(tmp_path: Path) -> None:
-    written = generate.generate(tmp_path)
-    assert sorted(p.name for p in written) == sorted(generate.generated_names())
-    same_generator = metadata.version("grpcio-tools") == generate.GENERATOR_VERSION
-    for path in written:
-        fresh = path.read_bytes()
-        committed = (generate.PROTO_DIR / path.name).read_bytes()
-        if not same_generator:
-            # Another grpcio-tools release only changes the embedded versions; compare the rest.
-            fresh, committed = _without_versions(fresh), _without_versions(committed)
-        assert fresh == committed, (
-            f"{path.name} is stale: run `python -m server.grpc.proto.generate` "
-            "and commit the result"
-        )
-
-
-def test_version_normalisation_removes_only_versions() -> None:
-    committed = (generate.PROTO_DIR / "grpc_service_pb2_grpc.py").read_bytes()
-    version = generate.GENERATOR_VERSION.encode()
-    assert version in committed
-    normalised = _without_versions(committed)
-    assert version not in normalised
-    assert b"class GRPCInferenceServiceServicer" in normalised
+from server.grpc.proto import grpc_service_pb2, model_config_pb2
 
 
 def _describe(files: list[descriptor_pb2.FileDescriptorProto]) -> dict[str, Any]:
@@ -169,27 +129,3 @@ def test_model_config_is_a_field_exact_subset(
         assert theirs["enums"][enum] == values, enum
     assert ours["messages"]["inference.ModelConfig"]["max_batch_size"] == [4, 5, 1, ""]
     assert ours["messages"]["inference.ModelConfig"]["dynamic_batching"][0] == 11
-
-
-@pytest.mark.parametrize("first", ["sluice", "tritonclient"])
-def test_sluice_and_tritonclient_protocol_modules_load_in_one_process(first: str) -> None:
-    # Both define `inference.*`; in one descriptor pool the second import failed with
-    # "duplicate symbol 'inference.DataType'". The bytes on the wire are the same.
-    imports = {
-        "sluice": "from server.grpc.proto import grpc_service_pb2 as ours",
-        "tritonclient": "from tritonclient.grpc import service_pb2 as theirs",
-    }
-    second = imports["tritonclient" if first == "sluice" else "sluice"]
-    code = f"""
-{imports[first]}
-{second}
-import tritonclient.grpc.aio
-request = dict(model_name="m", id="7")
-print(ours.ModelInferRequest(**request).SerializeToString()
-      == theirs.ModelInferRequest(**request).SerializeToString())
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "True"
