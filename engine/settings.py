@@ -92,7 +92,8 @@ class Settings(BaseSettings):
     load_models: list[str] = Field(default_factory=list)
     """Models to load at start in `explicit` mode (`*` for all)."""
     poll_interval_s: float = Field(5.0, gt=0)
-    """Repository rescan interval in `poll` mode."""
+    """Repository rescan interval in `poll` mode; in `on_demand` mode, how often the loaded
+    models' files are checked (a resident model whose files changed is reloaded)."""
     max_request_bytes: int = Field(80 * MiB, gt=0)
     """Largest HTTP request body; larger bodies get 413."""
     grpc_max_message_bytes: int = Field(80 * MiB, gt=0)

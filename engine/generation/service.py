@@ -25,6 +25,7 @@ from engine.generation.sampling import sampling_params
 from engine.generation.sequence import Chunk, GenSequence
 from engine.limits import Limiter
 from engine.limits.limiter import Admission
+from engine.model import LoadedModel
 from engine.registry import ModelRegistry
 
 ANONYMOUS = "anonymous"
@@ -129,13 +130,36 @@ class GenerationService:
         self._settling: set[asyncio.Task[None]] = set()
 
     def generative_models(self) -> list[str]:
-        return sorted({m.name for m in self._engine.registry.all() if m.generator is not None})
+        registry = self._engine.registry
+        names = {m.name for m in registry.all() if m.generator is not None}
+        if registry.on_demand is not None:  # and those a request would load
+            names |= registry.on_demand.generative
+        return sorted(names)
 
     async def generate(self, request: GenerateRequest) -> LocalStream:
         engine = self._engine
         if engine.draining:
             raise ShuttingDown()
-        model = engine.registry.resolve(request.model, None)
+        registry, on_demand = engine.registry, engine.registry.on_demand
+        if on_demand is None:
+            return await self._generate(registry.resolve(request.model, None), request, None)
+        # on_demand: a generative model not resident is loaded (bounded as any load), and the
+        # stream holds it from here to its end, so it is never evicted under a sequence.
+        if not registry.has(request.model) and not on_demand.is_generative(request.model):
+            raise ModelNotFound(request.model, available=self.generative_models())
+        wait_s = registry.settings.model_memory.load_wait_s
+        model = await registry.acquire(request.model, None, wait_s)
+        release = on_demand.hold(model.name)
+        try:
+            return await self._generate(model, request, release)
+        except BaseException:
+            release()
+            raise
+
+    async def _generate(
+        self, model: LoadedModel, request: GenerateRequest, release: Callable[[], None] | None
+    ) -> LocalStream:
+        engine = self._engine
         generator = model.generator
         if generator is None:
             raise ModelNotFound(request.model, available=self.generative_models())
@@ -175,7 +199,9 @@ class GenerationService:
             if in_tokens:
                 await admission.refund(admission.charged)  # refused: no token was used
             raise
-        return LocalStream(generator, sequence, admission, self._spawn if in_tokens else None)
+        return LocalStream(
+            generator, sequence, admission, self._spawn if in_tokens else None, release
+        )
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -209,7 +235,8 @@ class LocalStream:
     """A sequence of this process's scheduler and its admission. When it ends the admission's
     slots are released and, when `spawn` is given (`unit: tokens`), the charge not used
     (prompt + generated tokens) is refunded: before the final chunk is handed on (a client
-    that has seen the end may count on it), or in a task `spawn` keeps when cancelled."""
+    that has seen the end may count on it), or in a task `spawn` keeps when cancelled. With
+    `release`, it is called then too (the model's hold, on_demand)."""
 
     def __init__(
         self,
@@ -217,8 +244,10 @@ class LocalStream:
         sequence: GenSequence,
         admission: Admission,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self._generator = generator
+        self._release = release
         self._sequence = sequence
         self._admission = admission
         self._spawn = spawn
@@ -266,6 +295,8 @@ class LocalStream:
         if self._settled:
             return None
         self._settled = True
+        if self._release is not None:
+            self._release()
         admission = self._admission
         admission.release()
         if self._spawn is None:
