@@ -207,7 +207,6 @@ class OnDemandLoader(NotResidentAnswers):
         """Load `name` (or, `reload`, load its changed files while its old version serves)."""
         started = time.monotonic()  # waiting for a load slot is part of a cold start
         async with self._slots:
-            self._loaded_files[name] = await asyncio.to_thread(self._files, name)
             try:
                 await self.make_room(name)
             except EngineError:
@@ -331,6 +330,11 @@ class OnDemandLoader(NotResidentAnswers):
 
     # -- the model's files -----------------------------------------------------------------------
 
+    async def note_files(self, name: str) -> None:
+        """Called as any load of `name` begins (on demand, pinned, by API): its files then are
+        what the check compares with (a change during the load is seen by the next check)."""
+        self._loaded_files[name] = await asyncio.to_thread(self._files, name)
+
     def _files(self, name: str) -> object:
         try:
             return self._registry.repository.files(name)
@@ -366,7 +370,6 @@ class OnDemandLoader(NotResidentAnswers):
         now = await asyncio.to_thread(lambda: {name: self._files(name) for name in names})
         self.generative = await asyncio.to_thread(self._generative)
         for name in names:
-            # A model loaded by API or pinned at start is first seen here.
             if name in self._loads or now[name] == self._loaded_files.setdefault(name, now[name]):
                 continue  # loading (it reads the files itself), or unchanged
             if name in registry._models:

@@ -285,6 +285,8 @@ class ModelRegistry:
         async with self._lock(name):
             self._loading.add(name)
             try:
+                if self.on_demand is not None:  # what its check for changed files compares
+                    await self.on_demand.note_files(name)
                 try:
                     entry = self.repository.entry(name, self._configs.get(name))
                 except SettingsError as exc:  # e.g. a config.yaml saved half-edited

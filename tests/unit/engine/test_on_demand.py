@@ -92,12 +92,13 @@ def repo(tmp_path: Path) -> Path:
 async def start(repo: Path) -> AsyncIterator[StartEngine]:
     engines: list[Engine] = []
 
-    async def start_engine(**memory: Any) -> Engine:
+    async def start_engine(poll_interval_s: float = 5.0, **memory: Any) -> Engine:
         settings = load_settings(
             model_repository=repo,
             model_control_mode="on_demand",
             model_memory=memory,
             allow_python_models=True,
+            poll_interval_s=poll_interval_s,
         )
         engine = Engine(settings)
         engines.append(engine)
@@ -491,3 +492,54 @@ async def test_a_model_that_failed_then_loaded_by_api_loads_on_demand_again_afte
     with pytest.raises(ModelNotReady, match="failed to load"):
         await engine.infer(request("a"))
     assert engine.registry.budget.of("a").load_failures == 2
+
+
+def answer_of(model: onnx.ModelProto) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": X})[0])
+
+
+async def test_a_resident_models_changed_files_are_reloaded_and_the_next_request_sees_them(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    engine = await start(poll_interval_s=0.05, pinned=["b"])
+    old = (await engine.infer(request("a"))).outputs["probabilities"]
+    new_model = mlp_model((64, WIDTH // 4, 4), seed=7)  # a quarter of the weights
+    expected = answer_of(new_model)
+    assert not np.allclose(old, expected)
+    onnx.save(new_model, repo / "a" / "1" / "model.onnx")
+    onnx.save(mlp_model((64, WIDTH // 4, 4), seed=8), repo / "b" / "1" / "model.onnx")
+    usage = engine.registry.budget.of
+    await until(lambda: usage("a").loads == 2, "the reload of a")
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    await until(lambda: not on_demand.loading("a"), "the reload of a to settle")
+    answer = await engine.infer(request("a"))
+    np.testing.assert_allclose(answer.outputs["probabilities"], expected, rtol=1e-5)
+    assert engine.registry.budget.of("a").evictions == {}  # reloaded in place, not evicted
+    # The books hold the new version's measured bytes, not the old one's beside them.
+    assert engine.registry.budget.resident_bytes("a", "1") < model_bytes / 2
+    # A pinned model (loaded at start, not by a request) is checked too.
+    await until(lambda: engine.registry.budget.resident_bytes("b", "1") < model_bytes / 2, "b")
+
+
+async def test_an_evicted_models_changed_files_are_what_its_next_request_answers(
+    start: StartEngine, repo: Path
+) -> None:
+    (repo / "a" / "config.yaml").write_text("max_batch_size: 8\ncache: {enabled: true}\n")
+    engine = await start()
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    old = (await engine.infer(request("a"))).outputs["probabilities"]
+    await on_demand.evict("a", "idle")
+    new_model = mlp_model((64, WIDTH // 4, 4), seed=7)
+    onnx.save(new_model, repo / "a" / "1" / "model.onnx")
+    await on_demand.check_files()  # what the check every poll_interval_s does
+    # Not the cached answer of the old files: the model loads again and answers anew.
+    answer = await engine.infer(request("a"))
+    assert answer.parameters["cache_hit"] is False
+    np.testing.assert_allclose(answer.outputs["probabilities"], answer_of(new_model), rtol=1e-5)
+    assert not np.allclose(answer.outputs["probabilities"], old)
+    assert engine.registry.budget.of("a").loads == 2
