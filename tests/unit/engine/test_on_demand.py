@@ -5,6 +5,7 @@ slow and too-large loads, idle unload, and what readiness, metadata and the inde
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -80,12 +81,18 @@ async def until(check: Callable[[], bool], what: str, timeout_s: float = 10) -> 
         await asyncio.sleep(0.005)
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "models"
+@pytest.fixture(scope="module")
+def three_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("on-demand") / "models"
     for index, name in enumerate(("a", "b", "c")):
         write_mlp(root, name, seed=index)
     return root
+
+
+@pytest.fixture
+def repo(tmp_path: Path, three_models: Path) -> Path:
+    """Models a, b and c for the test to change: a copy (writing them takes 20x longer)."""
+    return Path(shutil.copytree(three_models, tmp_path / "models"))
 
 
 @pytest.fixture
@@ -110,14 +117,20 @@ async def start(repo: Path) -> AsyncIterator[StartEngine]:
         await engine.close()
 
 
+_MEASURED: list[int] = []
+
+
 @pytest.fixture
 async def model_bytes(start: StartEngine) -> int:
-    """What one of the test's MLPs measures here (it differs with the CPU's pre-packing)."""
-    engine = await start()
-    await engine.infer(request("a"))
-    cost = engine.registry.budget.resident_bytes("a", "1")
-    assert cost > 2 * 64 * WIDTH * 4 // 2  # at least the weights: a measurement, not a guess
-    return cost
+    """What one of the test's MLPs measures here (it differs with the CPU's pre-packing):
+    measured once for the module (the same on every load, tests/integration/test_on_demand.py)."""
+    if not _MEASURED:
+        engine = await start()
+        await engine.infer(request("a"))
+        cost = engine.registry.budget.resident_bytes("a", "1")
+        assert cost > 2 * 64 * WIDTH * 4 // 2  # at least the weights: measured, not a guess
+        _MEASURED.append(cost)
+    return _MEASURED[0]
 
 
 def states(engine: Engine) -> dict[str, tuple[str, str]]:
