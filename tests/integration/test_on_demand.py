@@ -260,3 +260,36 @@ async def test_grpc_requests_load_on_demand_and_a_model_too_large_is_unavailable
         found = await metrics(client)
     loaded = (("model", "small_grpc"), ("outcome", "loaded"))
     assert found[("sluice_model_loads_total", loaded)] == 1  # one load for the 8 requests
+
+
+async def test_a_generative_model_loads_on_its_first_completion_under_workers(
+    tmp_path: Path, start_server: Callable[..., ServerProcess], tiny_gpt2_built: tuple[Path, Path]
+) -> None:
+    from tests.generative import copy_tiny
+
+    _, repo = copy_tiny(tiny_gpt2_built, tmp_path)
+    config = repo / "tiny" / "config.yaml"  # a 16 MiB cache: it fits beside nothing else
+    config.write_text(
+        config.read_text().replace("generative:", "generative:\n  kv_cache_bytes: 16777216")
+    )
+    write_mlp(repo, "m0", width=8192)  # ~3-4 MB measured
+    server = serve(start_server, repo, "--workers", "2", host_bytes=20 * MiB)
+    prompt = [1, 2, 3, 4]
+    completion = {"model": "tiny", "prompt": prompt, "max_tokens": 5, "temperature": 0}
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        listed = (await client.get("/v1/models")).json()["data"]
+        assert "tiny" in [m["id"] for m in listed]  # listed before its first load
+        answer = await client.post("/v1/completions", json=completion)
+        assert answer.status_code == 200, answer.text
+        assert 0 < answer.json()["usage"]["completion_tokens"] <= 5
+        found = await metrics(client)
+        tiny_bytes = found[("sluice_model_resident_bytes", (("model", "tiny"), ("version", "1")))]
+        assert 16 * MiB < tiny_bytes < 20 * MiB  # its session plus its 16 MiB cache
+        # m0 does not fit beside it: tiny, idle, is evicted; its next completion loads it again.
+        assert (await client.post("/v2/models/m0/infer", json=body())).status_code == 200
+        again = await client.post("/v1/completions", json=completion)
+        assert again.json()["choices"][0]["text"] == answer.json()["choices"][0]["text"]
+        found = await metrics(client)
+    tiny = (("model", "tiny"), ("outcome", "loaded"))
+    assert found[("sluice_model_loads_total", tiny)] == 2
+    assert found[("sluice_model_evictions_total", (("model", "tiny"), ("reason", "budget")))] == 1
