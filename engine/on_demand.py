@@ -43,6 +43,7 @@ log = logging.getLogger("sluice.on_demand")
 EVICTED = {
     "budget": "evicted: least recently used, to make room for another load",
     "idle": "evicted: idle for idle_unload_s",
+    "changed": "evicted: its files changed (too large to reload beside its old version)",
 }
 
 
@@ -162,8 +163,7 @@ class OnDemandLoader(NotResidentAnswers):
             if failed and self._failed_files.get(name) == self._files(name):
                 return registry.resolve(name, version)  # the failure, until its files change
             self._failed_files.pop(name, None)
-            task = self._loads[name] = asyncio.create_task(self._load(name), name=f"load-{name}")
-            task.add_done_callback(lambda done: self._loaded(name, done))
+            task = self._start(name)
         usage = self.budget.of(name)
         if usage.waiting >= self._memory.load_queue_size:
             raise Overloaded(
@@ -189,6 +189,14 @@ class OnDemandLoader(NotResidentAnswers):
             usage.waiting -= 1
         return registry.resolve(name, version)
 
+    def _start(self, name: str, reload: bool = False) -> asyncio.Task[None]:
+        kind = "reload" if reload else "load"
+        task = self._loads[name] = asyncio.create_task(
+            self._load(name, reload), name=f"{kind}-{name}"
+        )
+        task.add_done_callback(functools.partial(self._loaded, name))
+        return task
+
     def _loaded(self, name: str, task: asyncio.Task[None]) -> None:
         if self._loads.get(name) is task:
             del self._loads[name]
@@ -211,8 +219,7 @@ class OnDemandLoader(NotResidentAnswers):
                 await self.make_room(name)
             except EngineError:
                 self.budget.of(name).load_failures += 1
-                self._loaded_files.pop(name, None)  # a reload is tried again at the next check
-                raise
+                raise  # (a reload: tried again at the next check, its files noted unchanged)
             await self._registry._load(name)
             await self.settle(name)
             usage = self.budget.of(name)
@@ -280,8 +287,8 @@ class OnDemandLoader(NotResidentAnswers):
             finally:
                 self.waiting_for_room.pop(keep, None)
 
-    def _idle(self, keep: str | None) -> list[str]:
-        """Resident models that may be evicted now."""
+    def _idle(self, keep: str | None, pinned: bool = False) -> list[str]:
+        """Resident models that may be evicted now (with `pinned`, pinned ones too)."""
         models = self._registry._models
         steps = {
             step.model
@@ -293,7 +300,9 @@ class OnDemandLoader(NotResidentAnswers):
         idle = []
         for name, versions in models.items():
             usage = self.budget.of(name)
-            if name == keep or name in self.pinned or name in steps or name in self._loads:
+            if name == keep or (name in self.pinned and not pinned) or name in steps:
+                continue
+            if name in self._loads:
                 continue
             if usage.in_use or usage.waiting or name in self._registry._loading:
                 continue
@@ -372,12 +381,18 @@ class OnDemandLoader(NotResidentAnswers):
         for name in names:
             if name in self._loads or now[name] == self._loaded_files.setdefault(name, now[name]):
                 continue  # loading (it reads the files itself), or unchanged
-            if name in registry._models:
-                log.info("model '%s' changed on disk; reloading it", name)
-                task = self._loads[name] = asyncio.create_task(
-                    self._load(name, reload=True), name=f"reload-{name}"
-                )
-                task.add_done_callback(functools.partial(self._loaded, name))
-            else:
+            if name not in registry._models:
                 registry._known.pop(name, None)
                 self._loaded_files.pop(name, None)
+                continue
+            cost = self.budget.model_cost(name)
+            if self.budget.too_large(cost + cost) is None:  # old and new fit together
+                log.info("model '%s' changed on disk; reloading it", name)
+                self._start(name, reload=True)
+            elif name in self._idle(None, pinned=True):
+                # Not beside its old version: unloaded, and loaded anew by its next request
+                # (a pinned one at once). In use, it is tried again at the next check.
+                await self.evict(name, "changed")
+                registry._known.pop(name, None)
+                if name in self.pinned:
+                    self._start(name)

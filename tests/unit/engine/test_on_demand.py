@@ -18,6 +18,7 @@ import pytest
 from engine.demo import mlp_model
 from engine.engine import Engine
 from engine.errors import InvalidInput, ModelNotReady, Overloaded, RateLimited
+from engine.on_demand import EVICTED
 from engine.settings import load_settings
 from engine.types import InferRequest
 
@@ -556,3 +557,21 @@ async def test_an_evicted_models_changed_files_are_what_its_next_request_answers
     np.testing.assert_allclose(answer.outputs["probabilities"], answer_of(new_model), rtol=1e-5)
     assert not np.allclose(answer.outputs["probabilities"], old)
     assert engine.registry.budget.of("a").loads == 2
+
+
+async def test_a_changed_model_that_cannot_fit_beside_itself_is_evicted_and_loads_anew(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    engine = await start(host_bytes=int(1.5 * model_bytes))  # a once, not twice
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    await engine.infer(request("a"))
+    new_model = mlp_model((64, WIDTH // 4, 4), seed=7)
+    onnx.save(new_model, repo / "a" / "1" / "model.onnx")
+    await on_demand.check_files()
+    assert not engine.registry.has("a")  # not a reload waiting for room that never comes
+    assert states(engine)["a"] == ("UNAVAILABLE", EVICTED["changed"])
+    answer = await engine.infer(request("a"))
+    np.testing.assert_allclose(answer.outputs["probabilities"], answer_of(new_model), rtol=1e-5)
+    assert engine.registry.budget.of("a").evictions == {"changed": 1}
+    assert engine.registry.budget.host_used() <= int(1.5 * model_bytes)
