@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.datatypes import past_64_bits, received, shown
-from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
+from engine.errors import EngineError, InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.context import completion_budget
 from engine.generation.generator import TextGenerator
-from engine.generation.sampling import sampling_params
+from engine.generation.sampling import SamplingParams, sampling_params
 from engine.generation.sequence import Chunk, GenSequence
 from engine.limits import Limiter
 from engine.limits.limiter import Admission
@@ -145,21 +145,62 @@ class GenerationService:
             return await self._generate(registry.resolve(request.model, None), request, None)
         # on_demand: a generative model not resident is loaded (bounded as any load), and the
         # stream holds it from here to its end, so it is never evicted under a sequence.
-        if not registry.has(request.model) and not on_demand.is_generative(request.model):
-            raise ModelNotFound(request.model, available=self.generative_models())
+        admitted = None
+        if not registry.has(request.model):
+            if not on_demand.is_generative(request.model):
+                raise ModelNotFound(request.model, available=self.generative_models())
+            if engine.limiter.unit != "tokens":
+                # A request its tenant may not send now never loads a model, as for inference.
+                # (Counted in tokens, it is admitted once loaded: its tokenizer counts them.)
+                tenant = request.tenant or ANONYMOUS
+                admitted = await engine.limiter.admit(tenant, request.model, 1)
         wait_s = registry.settings.model_memory.load_wait_s
-        model = await registry.acquire(request.model, None, wait_s)
+        try:
+            model = await registry.acquire(request.model, None, wait_s)
+        except BaseException as exc:
+            await _refused(admitted, exc)
+            raise
         release = on_demand.hold(model.name)
         try:
-            return await self._generate(model, request, release)
+            return await self._generate(model, request, release, admitted)
         except BaseException:
             release()
             raise
 
     async def _generate(
-        self, model: LoadedModel, request: GenerateRequest, release: Callable[[], None] | None
+        self,
+        model: LoadedModel,
+        request: GenerateRequest,
+        release: Callable[[], None] | None = None,
+        admitted: Admission | None = None,
     ) -> LocalStream:
+        """Check, admit (unless `admitted` before its model loaded) and start a sequence."""
+        try:
+            generator, prompt, params, tokens = await self._checked(model, request)
+        except BaseException as exc:
+            await _refused(admitted, exc)
+            raise
         engine = self._engine
+        in_tokens = engine.limiter.unit == "tokens"
+        cost = tokens if in_tokens else 1
+        tenant = request.tenant or ANONYMOUS
+        admission = admitted or await engine.limiter.admit(tenant, request.model, cost)
+        try:
+            sequence = generator.start(prompt, params)
+        except BaseException:
+            admission.release()
+            if in_tokens:
+                await admission.refund(admission.charged)  # refused: no token was used
+            raise
+        return LocalStream(
+            generator, sequence, admission, self._spawn if in_tokens else None, release
+        )
+
+    async def _checked(
+        self, model: LoadedModel, request: GenerateRequest
+    ) -> tuple[TextGenerator, list[int], SamplingParams, int]:
+        """The request's generator, prompt, sampling and tokens (prompt + completion), or the
+        EngineError refusing it (before admission: a refusal charges nothing)."""
         generator = model.generator
         if generator is None:
             raise ModelNotFound(request.model, available=self.generative_models())
@@ -188,25 +229,21 @@ class GenerationService:
             requested=requested and request.refuse_past_context,
             chat=chat,
         )
-        tokens = len(prompt) + completion
-        in_tokens = engine.limiter.unit == "tokens"
-        cost = tokens if in_tokens else 1
-        admission = await engine.limiter.admit(request.tenant or ANONYMOUS, request.model, cost)
-        try:
-            sequence = generator.start(prompt, params)
-        except BaseException:
-            admission.release()
-            if in_tokens:
-                await admission.refund(admission.charged)  # refused: no token was used
-            raise
-        return LocalStream(
-            generator, sequence, admission, self._spawn if in_tokens else None, release
-        )
+        return generator, prompt, params, len(prompt) + completion
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+
+
+async def _refused(admitted: Admission | None, exc: BaseException) -> None:
+    """A request admitted before its model loaded, refused before it ran: its slots go back,
+    and its charge too unless it was cancelled (as for inference, engine/engine.py)."""
+    if admitted is not None:
+        admitted.release()
+        if isinstance(exc, EngineError):
+            await admitted.refund(admitted.charged)
 
 
 async def prompt_ids(generator: TextGenerator, prompt: object) -> list[int]:

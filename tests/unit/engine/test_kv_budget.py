@@ -19,7 +19,7 @@ import pytest
 from engine.budget import Cost
 from engine.demo import mlp_model
 from engine.engine import Engine
-from engine.errors import ModelNotFound, ModelNotReady, Overloaded
+from engine.errors import ModelNotFound, ModelNotReady, Overloaded, RateLimited
 from engine.generation.genai import sequence_bytes
 from engine.generation.service import GenerateRequest, LocalStream
 from engine.kv_budget import kv_cost, kv_estimate
@@ -52,9 +52,14 @@ def repo(tmp_path_factory: pytest.TempPathFactory, tiny_gpt2_built: tuple[Path, 
 async def start(repo: Path) -> AsyncIterator[StartEngine]:
     engines: list[Engine] = []
 
-    async def start_engine(root: Path = repo, **memory: Any) -> Engine:
+    async def start_engine(
+        root: Path = repo, server: dict[str, Any] | None = None, **memory: Any
+    ) -> Engine:
         settings = load_settings(
-            model_repository=root, model_control_mode="on_demand", model_memory=memory
+            model_repository=root,
+            model_control_mode="on_demand",
+            model_memory=memory,
+            **(server or {}),
         )
         engine = Engine(settings)
         engines.append(engine)
@@ -103,6 +108,18 @@ async def test_a_generative_model_whose_kv_budget_cannot_fit_is_refused_before_l
         await generate(engine)
     assert not engine.registry.has("tiny")
     assert engine.registry.budget.host_used() == 0  # never loaded: refused on its estimate
+
+
+async def test_a_tenant_over_its_rate_never_loads_a_generative_model(start: StartEngine) -> None:
+    engine = await start(server={"rate_limit": {"default": {"rate_per_s": 0.001, "burst": 1}}})
+    with pytest.raises(ModelNotFound):  # not generative: refused before any charge
+        await generate(engine, "a")
+    x = np.ones((1, 64), np.float32)
+    await engine.infer(InferRequest("a", {"x": x}, {"x": "FP32"}, timeout_s=10))  # the burst
+    with pytest.raises(RateLimited):
+        await generate(engine)
+    assert not engine.registry.has("tiny")
+    assert engine.registry.budget.of("tiny").loads == 0
 
 
 async def test_a_streaming_model_is_never_evicted_and_an_idle_one_is(start: StartEngine) -> None:
