@@ -19,7 +19,7 @@ streams would pass it."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sized
+from collections.abc import Callable, Sized
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from engine.backends.base import CPU_PROVIDER
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from engine.model import LoadedModel
-    from engine.repository import ModelEntry
+    from engine.repository import ModelEntry, Repository
 
 
 class _Cache(Protocol):
@@ -93,6 +93,41 @@ def is_generative(entry: ModelEntry) -> bool:
     if entry.config.generative is not None:
         return True
     return any(is_genai_folder(path.parent) for path in entry.versions.values())
+
+
+class GenerativeScan:
+    """Which models of a repository are generative, reading again only the configs of folders
+    whose listing or times changed since the last scan (a scan runs every check interval)."""
+
+    def __init__(self, repository: Repository, entry: Callable[[str], ModelEntry | None]) -> None:
+        self._repository = repository
+        self._entry = entry  # None for a folder that is no model (its load says why)
+        self._scanned: dict[str, tuple[object, bool]] = {}  # name -> (folder key, generative)
+
+    def scan(self) -> frozenset[str]:
+        """The generative models now (blocking)."""
+        found, scanned = set(), {}
+        for name in self._repository.names():
+            key = self._folder_key(name)
+            known = self._scanned.get(name)
+            if known is None or key is None or known[0] != key:
+                entry = self._entry(name)
+                known = (key, entry is not None and is_generative(entry))
+            scanned[name] = known
+            if known[1]:
+                found.add(name)
+        self._scanned = scanned
+        return frozenset(found)
+
+    def _folder_key(self, name: str) -> object:
+        """What changes when a model's config or versions do: the times and sizes of its
+        folder and of what is in it (a version folder's time changes with its files)."""
+        folder = self._repository.root / name
+        try:
+            paths = [folder, *folder.iterdir()]
+            return tuple((p.name, p.stat().st_mtime_ns, p.stat().st_size) for p in paths)
+        except OSError:
+            return None
 
 
 def _genai_device(folder: Path) -> int:

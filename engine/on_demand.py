@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from engine.budget import Cost, MemoryBudget
 from engine.errors import EngineError, ModelNotFound, ModelNotReady, Overloaded, ShuttingDown
-from engine.kv_budget import generating, is_generative, kv_estimate
+from engine.kv_budget import GenerativeScan, generating, is_generative, kv_estimate
 from engine.memory import release_free_memory
 from engine.on_demand_answers import NotResidentAnswers
 from engine.repository import MODEL_FILES, check_name
@@ -67,6 +67,7 @@ class OnDemandLoader(NotResidentAnswers):
         self._loaded_files: dict[str, object] = {}  # name -> its files when its last load began
         self.generative: frozenset[str] = frozenset()
         """The repository's generative models, resident or not (rescanned with the files)."""
+        self._generative = GenerativeScan(registry.repository, self._entry)
         self.pinned = set(memory.pinned)
         """Never evicted: `model_memory.pinned`, and models loaded by API until unloaded."""
         self.evicted: dict[str, str] = {}
@@ -78,7 +79,7 @@ class OnDemandLoader(NotResidentAnswers):
         """Loads waiting for a resident model to be left idle, and why (for the index)."""
 
     async def start(self) -> None:
-        self.generative = await asyncio.to_thread(self._generative)
+        self.generative = await asyncio.to_thread(self._generative.scan)
         if self._memory.idle_unload_s is not None:
             self._idle_task = asyncio.create_task(self._unload_idle(), name="idle-unload")
         self._files_task = asyncio.create_task(self._check_files(), name="check-files")
@@ -103,10 +104,6 @@ class OnDemandLoader(NotResidentAnswers):
             return True
         entry = self._entry(name)  # one added since the last scan
         return entry is not None and is_generative(entry)
-
-    def _generative(self) -> frozenset[str]:
-        entries = (self._entry(name) for name in self._registry.repository.names())
-        return frozenset(e.name for e in entries if e is not None and is_generative(e))
 
     def loading(self, name: str) -> bool:
         return name in self._loads
@@ -377,7 +374,7 @@ class OnDemandLoader(NotResidentAnswers):
         registry = self._registry
         names = sorted(registry._known)
         now = await asyncio.to_thread(lambda: {name: self._files(name) for name in names})
-        self.generative = await asyncio.to_thread(self._generative)
+        self.generative = await asyncio.to_thread(self._generative.scan)
         for name in names:
             if name in self._loads or now[name] == self._loaded_files.setdefault(name, now[name]):
                 continue  # loading (it reads the files itself), or unchanged

@@ -22,7 +22,8 @@ from engine.engine import Engine
 from engine.errors import ModelNotFound, ModelNotReady, Overloaded, RateLimited
 from engine.generation.genai import sequence_bytes
 from engine.generation.service import GenerateRequest, LocalStream
-from engine.kv_budget import kv_cost, kv_estimate
+from engine.kv_budget import GenerativeScan, kv_cost, kv_estimate
+from engine.repository import ModelEntry, Repository
 from engine.settings import load_settings
 from engine.types import InferRequest
 from tests.genai_models import CONTEXT, publish_genai
@@ -161,3 +162,25 @@ async def test_an_onnxruntime_genai_model_loads_on_demand_with_its_computed_kv_b
     assert kv_cost(model, folder) == Cost(batch * one)  # the loaded scheduler's, the same
     cost = engine.registry.budget.resident_bytes("llama", "1")
     assert batch * one < cost < batch * one + 16 * MiB, cost
+
+
+def test_the_generative_scan_reads_again_only_the_folders_that_changed(
+    repo: Path, tmp_path: Path
+) -> None:
+    root = Path(shutil.copytree(repo, tmp_path / "models"))
+    repository = Repository(root)
+    read: list[str] = []
+
+    def entry(name: str) -> ModelEntry | None:
+        read.append(name)
+        return repository.entry(name)
+
+    scan = GenerativeScan(repository, entry)
+    assert (scan.scan(), sorted(read)) == (frozenset({"tiny"}), ["a", "tiny"])
+    read.clear()
+    assert (scan.scan(), read) == (
+        frozenset({"tiny"}),
+        [],
+    )  # every check interval: no config re-read
+    (root / "a" / "config.yaml").write_text("max_batch_size: 8\ngenerative: {}\n")
+    assert (scan.scan(), read) == (frozenset({"a", "tiny"}), ["a"])
