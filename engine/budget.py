@@ -38,6 +38,12 @@ class Cost:
         gpu = {d: max(0, b - before.gpu_bytes.get(d, 0)) for d, b in self.gpu_bytes.items()}
         return Cost(max(0, self.host_bytes - before.host_bytes), gpu)
 
+    def __add__(self, other: Cost) -> Cost:
+        gpu = dict(self.gpu_bytes)
+        for device, size in other.gpu_bytes.items():
+            gpu[device] = gpu.get(device, 0) + size
+        return Cost(self.host_bytes + other.host_bytes, gpu)
+
 
 @dataclass(slots=True)
 class Usage:
@@ -106,9 +112,7 @@ class MemoryBudget:
         total = Cost()
         for (model, _), cost in self.costs.items():
             if model == name:
-                total.host_bytes += cost.host_bytes
-                for device, size in cost.gpu_bytes.items():
-                    total.gpu_bytes[device] = total.gpu_bytes.get(device, 0) + size
+                total += cost
         return total
 
     def excess(self, need: Cost, adding: str | None = None) -> str | None:

@@ -34,7 +34,7 @@ def memory_families(memory: dict[str, Any] | None) -> Iterator[Metric]:
     evictions = CounterMetricFamily(
         "sluice_model_evictions",
         "Models unloaded by the memory budget, by reason (budget: room for another load; "
-        "idle: idle_unload_s).",
+        "idle: idle_unload_s; changed: files changed, too large to reload beside the old).",
         labels=["model", "reason"],
     )
     cold = HistogramMetricFamily(

@@ -6,25 +6,33 @@ load opens sessions in threads), at most `max_concurrent_loads` at once; a reque
 its own timeout (or `load_wait_s`), behind at most `load_queue_size` others, and past either is
 answered 503 with Retry-After. A failed load answers its waiters with the reason and is tried
 again once the model's files change. Never evicted: a model with requests holding it (queued,
-running, in a cache lookup), one loading, a pinned one (`model_memory.pinned`, or loaded by
-API), a step of a resident pipeline, a generative model (its streams are not counted here)."""
+running, in a cache lookup, a generation's stream until it ends), one loading, a pinned one
+(`model_memory.pinned`, or loaded by API), a step of a resident pipeline.
+
+Generative models live under the same rule: a generate request loads its model (the same load,
+bounds and 503), and a generative version's cost adds the key/value cache it may hold
+(engine.kv_budget). Every `poll_interval_s` the files of the models loaded are checked (size
+and modification time, as `poll` mode does, engine.repository): a resident model whose files
+changed is reloaded in place (its old version serves until the new one does), an evicted one's
+last load is forgotten, so its next request loads the new files."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from engine.budget import Cost, MemoryBudget
 from engine.errors import EngineError, ModelNotFound, ModelNotReady, Overloaded, ShuttingDown
+from engine.kv_budget import GenerativeScan, generating, is_generative, kv_estimate
 from engine.memory import release_free_memory
-from engine.model_file import declared_specs
-from engine.repository import MODEL_FILES, ModelEntry, check_name
-from engine.settings import ModelMemorySettings, SettingsError
-from engine.types import ModelMetadata
+from engine.on_demand_answers import NotResidentAnswers
+from engine.repository import MODEL_FILES, check_name
+from engine.settings import ModelMemorySettings
 
 if TYPE_CHECKING:
     from engine.model import LoadedModel
@@ -32,18 +40,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.on_demand")
 
-NOT_LOADED = "not loaded; loads on its first inference request (on_demand)"
 EVICTED = {
     "budget": "evicted: least recently used, to make room for another load",
     "idle": "evicted: idle for idle_unload_s",
+    "changed": "evicted: its files changed (too large to reload beside its old version)",
 }
 
 
-class OnDemandLoader:
+class OnDemandLoader(NotResidentAnswers):
     """Loads, evicts and pins for one registry in `on_demand` mode."""
 
     def __init__(
-        self, registry: ModelRegistry, memory: ModelMemorySettings, budget: MemoryBudget
+        self,
+        registry: ModelRegistry,
+        memory: ModelMemorySettings,
+        budget: MemoryBudget,
+        check_files_s: float,
     ) -> None:
         self._registry = registry
         self._memory = memory
@@ -51,40 +63,47 @@ class OnDemandLoader:
         self._slots = asyncio.Semaphore(memory.max_concurrent_loads)
         self._loads: dict[str, asyncio.Task[None]] = {}
         self._failed_files: dict[str, object] = {}  # name -> its files when its load failed
+        self._check_files_s = check_files_s
+        self._loaded_files: dict[str, object] = {}  # name -> its files when its last load began
+        self.generative: frozenset[str] = frozenset()
+        """The repository's generative models, resident or not (rescanned with the files)."""
+        self._generative = GenerativeScan(registry.repository, self._entry)
         self.pinned = set(memory.pinned)
         """Never evicted: `model_memory.pinned`, and models loaded by API until unloaded."""
         self.evicted: dict[str, str] = {}
         """Why a model that was resident is not (for the repository index)."""
         self._idle_task: asyncio.Task[None] | None = None
+        self._files_task: asyncio.Task[None] | None = None
         self._released = asyncio.Event()  # set when a model's last holding request leaves
         self.waiting_for_room: dict[str, str] = {}
         """Loads waiting for a resident model to be left idle, and why (for the index)."""
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        self.generative = await asyncio.to_thread(self._generative.scan)
         if self._memory.idle_unload_s is not None:
             self._idle_task = asyncio.create_task(self._unload_idle(), name="idle-unload")
+        self._files_task = asyncio.create_task(self._check_files(), name="check-files")
 
     def stop(self) -> None:
-        """No more idle unloads (a drain began). Loads under way go on: the requests waiting
-        for them were accepted, and are answered once the model serves."""
-        if self._idle_task is not None:
-            self._idle_task.cancel()
+        """No more idle unloads nor reloads (a drain began). Loads under way go on: the
+        requests waiting for them were accepted, and are answered once the model serves."""
+        for task in (self._idle_task, self._files_task):
+            if task is not None:
+                task.cancel()
 
     def close(self) -> None:
         self.stop()
         for task in self._loads.values():
             task.cancel()  # its waiters are answered ShuttingDown
 
-    def pin_generative(self) -> list[str]:
-        """Pin the repository's generative models (loaded at start): their streams are served
-        by the generation scheduler, which does not load models on demand."""
-        found = []
-        for name in self._registry.repository.names():
-            entry = self._entry(name)
-            if entry is not None and entry.config.generative is not None:
-                found.append(name)
-        self.pinned.update(found)
-        return found
+    def is_generative(self, name: str) -> bool:
+        """Whether `name` is a generative model of the repository (ModelNotFound for a name
+        that is no model): a generate request loads only those."""
+        self.exists(name)
+        if name in self.generative:
+            return True
+        entry = self._entry(name)  # one added since the last scan
+        return entry is not None and is_generative(entry)
 
     def loading(self, name: str) -> bool:
         return name in self._loads
@@ -96,16 +115,30 @@ class OnDemandLoader:
     @contextlib.contextmanager
     def held(self, name: str) -> Iterator[None]:
         """A request holds `name` while inside: the model is not evicted under it."""
-        usage = self.budget.of(name)
-        usage.in_use += 1
-        usage.last_used = time.monotonic()
+        release = self.hold(name)
         try:
             yield
         finally:
-            usage.in_use -= 1
-            usage.last_used = time.monotonic()
-            if not usage.in_use:
-                self._released.set()
+            release()
+
+    def hold(self, name: str) -> Callable[[], None]:
+        """Hold `name` until the returned function is called (once; later calls do nothing):
+        what a generation's stream does from its start to its end."""
+        usage = self.budget.of(name)
+        usage.in_use += 1
+        usage.last_used = time.monotonic()
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                usage.in_use -= 1
+                usage.last_used = time.monotonic()
+                if not usage.in_use:
+                    self._released.set()
+
+        return release
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -127,8 +160,7 @@ class OnDemandLoader:
             if failed and self._failed_files.get(name) == self._files(name):
                 return registry.resolve(name, version)  # the failure, until its files change
             self._failed_files.pop(name, None)
-            task = self._loads[name] = asyncio.create_task(self._load(name), name=f"load-{name}")
-            task.add_done_callback(lambda done: self._loaded(name, done))
+            task = self._start(name)
         usage = self.budget.of(name)
         if usage.waiting >= self._memory.load_queue_size:
             raise Overloaded(
@@ -154,6 +186,14 @@ class OnDemandLoader:
             usage.waiting -= 1
         return registry.resolve(name, version)
 
+    def _start(self, name: str, reload: bool = False) -> asyncio.Task[None]:
+        kind = "reload" if reload else "load"
+        task = self._loads[name] = asyncio.create_task(
+            self._load(name, reload), name=f"{kind}-{name}"
+        )
+        task.add_done_callback(functools.partial(self._loaded, name))
+        return task
+
     def _loaded(self, name: str, task: asyncio.Task[None]) -> None:
         if self._loads.get(name) is task:
             del self._loads[name]
@@ -168,29 +208,33 @@ class OnDemandLoader:
         starts = self.budget.cold_start
         return max(1.0, starts.total / starts.count) if starts.count else 1.0
 
-    async def _load(self, name: str) -> None:
+    async def _load(self, name: str, reload: bool = False) -> None:
+        """Load `name` (or, `reload`, load its changed files while its old version serves)."""
         started = time.monotonic()  # waiting for a load slot is part of a cold start
         async with self._slots:
             try:
                 await self.make_room(name)
             except EngineError:
                 self.budget.of(name).load_failures += 1
-                raise
+                raise  # (a reload: tried again at the next check, its files noted unchanged)
             await self._registry._load(name)
             await self.settle(name)
             usage = self.budget.of(name)
-            if name in self._registry._models:
+            failed = any(n == name for n, _ in self._registry._failed)
+            if name in self._registry._models and not (reload and failed):
                 usage.loads += 1
                 usage.last_used = time.monotonic()
                 self.evicted.pop(name, None)
-                self.budget.cold_start.observe(time.monotonic() - started)
-            else:
+                if not reload:
+                    self.budget.cold_start.observe(time.monotonic() - started)
+            else:  # (a reload that failed keeps its old version serving)
                 usage.load_failures += 1
 
     async def make_room(self, name: str) -> None:
         """Evict idle models until `name`'s expected cost fits: its last measured cost, or
-        (never loaded) the size of its files. One that cannot fit even alone is refused."""
-        need = self.budget.measured.get(name) or Cost(self._file_bytes(name))
+        (never loaded) the size of its files plus the key/value cache its config implies. One
+        that cannot fit even alone is refused."""
+        need = self.budget.measured.get(name) or Cost(await asyncio.to_thread(self._estimate, name))
         too_large = self.budget.too_large(need)
         if too_large is not None:
             raise self._refuse(name, too_large)
@@ -240,8 +284,8 @@ class OnDemandLoader:
             finally:
                 self.waiting_for_room.pop(keep, None)
 
-    def _idle(self, keep: str | None) -> list[str]:
-        """Resident models that may be evicted now."""
+    def _idle(self, keep: str | None, pinned: bool = False) -> list[str]:
+        """Resident models that may be evicted now (with `pinned`, pinned ones too)."""
         models = self._registry._models
         steps = {
             step.model
@@ -253,11 +297,13 @@ class OnDemandLoader:
         idle = []
         for name, versions in models.items():
             usage = self.budget.of(name)
-            if name == keep or name in self.pinned or name in steps or name in self._loads:
+            if name == keep or (name in self.pinned and not pinned) or name in steps:
+                continue
+            if name in self._loads:
                 continue
             if usage.in_use or usage.waiting or name in self._registry._loading:
                 continue
-            if any(m.generator is not None or m.batcher.queue.requests for m in versions.values()):
+            if any(generating(m) or m.batcher.queue.requests for m in versions.values()):
                 continue
             idle.append(name)
         return idle
@@ -288,67 +334,62 @@ class OnDemandLoader:
                 if idle and time.monotonic() - self.budget.of(name).last_used >= idle_s:
                     await self.evict(name, "idle")
 
-    # -- answers without loading -----------------------------------------------------------------
-
-    def loadable(self, name: str, version: str | None) -> bool:
-        """Readiness of a model not resident: its folder serves the version asked for (any,
-        without one) and its last load did not fail; a request would load it."""
-        if any(n == name for n, _ in self._registry._failed):
-            return False
-        entry = self._entry(name)
-        if entry is None or not entry.versions:
-            return False
-        return not version or (version.isdigit() and int(version) in entry.versions)
-
-    def not_loaded(self, name: str, version: str | None) -> ModelNotReady:
-        """What a config request for a model never loaded answers: why it is not."""
-        failed = [r for (n, _), r in sorted(self._registry._failed.items()) if n == name]
-        return ModelNotReady(
-            name, version or "latest", f"failed to load: {failed[0]}" if failed else NOT_LOADED
-        )
-
-    async def metadata(self, name: str, version: str | None) -> ModelMetadata:
-        """The metadata of a model never loaded, from its model file's declared inputs and
-        outputs (engine.model_file: the weights are not read). ONNX models only; others answer
-        why they cannot be described before their first load."""
-        check_name("model", name)
-        entry = self._entry(name)
-        if entry is None or not entry.versions:
-            raise self.not_loaded(name, version) if entry else ModelNotFound(name)
-        served = sorted(entry.versions)
-        chosen = max(served) if not version else int(version) if version.isdigit() else None
-        if chosen not in entry.versions:
-            check_name("version", version or "")
-            raise ModelNotFound(name, version, available=[str(v) for v in served])
-        if entry.config.backend != "onnxruntime" or entry.config.pipeline is not None:
-            raise self.not_loaded(name, version)
-        try:
-            inputs, outputs = await asyncio.to_thread(declared_specs, entry.versions[chosen])
-        except (OSError, ValueError) as exc:
-            raise ModelNotReady(name, str(chosen), f"its model file cannot be read: {exc}") from exc
-        versions = tuple(str(v) for v in served)
-        return ModelMetadata(name, versions, "onnxruntime_onnx", inputs, outputs)
-
-    def _entry(self, name: str) -> ModelEntry | None:
-        try:
-            return self._registry.repository.entry(name, self._registry._configs.get(name))
-        except (SettingsError, EngineError, OSError):
-            return None
-
     # -- the model's files -----------------------------------------------------------------------
 
+    async def note_files(self, name: str) -> None:
+        """Called as any load of `name` begins (on demand, pinned, by API): its files then are
+        what the check compares with (a change during the load is seen by the next check)."""
+        self._loaded_files[name] = await asyncio.to_thread(self._files, name)
+
     def _files(self, name: str) -> object:
-        folder = self._registry.repository.root / name
         try:
-            return tuple(sorted((str(p), p.stat().st_mtime_ns) for p in folder.rglob("*")))
+            return self._registry.repository.files(name)
         except OSError:
             return None
 
-    def _file_bytes(self, name: str) -> int:
-        """The size of the files of the versions the model's policy serves: the estimate of
-        a model never loaded (its measured cost replaces it after its first load)."""
+    def _estimate(self, name: str) -> int:
+        """The host bytes of a model never loaded (its measured cost replaces it after its
+        first load): the size of the files of the versions its policy serves, plus the
+        key/value cache of a generative one (blocking)."""
         entry = self._entry(name)  # None: the load reports why
         if entry is None or entry.config.backend not in MODEL_FILES:
             return 0
         files = [p for path in entry.versions.values() for p in path.parent.rglob("*")]
-        return sum(p.stat().st_size for p in files if p.is_file())
+        return sum(p.stat().st_size for p in files if p.is_file()) + kv_estimate(entry)
+
+    async def _check_files(self) -> None:
+        while True:
+            await asyncio.sleep(self._check_files_s)
+            try:
+                await self.check_files()
+            except Exception:  # a file vanished mid-scan, say: check again next interval
+                log.exception("checking the loaded models' files failed; trying again")
+
+    async def check_files(self) -> None:
+        """Reload each resident model whose files changed since its load began (in place:
+        its old version serves until the new one loads; a reload that fails keeps it); forget
+        the last load of an evicted one whose files changed (its metadata and cached answers
+        were the old files'), so its next request loads the new ones. Also rescans which
+        models are generative. Only loaded models' files are read: bounded by what is loaded."""
+        registry = self._registry
+        names = sorted(registry._known)
+        now = await asyncio.to_thread(lambda: {name: self._files(name) for name in names})
+        self.generative = await asyncio.to_thread(self._generative.scan)
+        for name in names:
+            if name in self._loads or now[name] == self._loaded_files.setdefault(name, now[name]):
+                continue  # loading (it reads the files itself), or unchanged
+            if name not in registry._models:
+                registry._known.pop(name, None)
+                self._loaded_files.pop(name, None)
+                continue
+            cost = self.budget.model_cost(name)
+            if self.budget.too_large(cost + cost) is None:  # old and new fit together
+                log.info("model '%s' changed on disk; reloading it", name)
+                self._start(name, reload=True)
+            elif name in self._idle(None, pinned=True):
+                # Not beside its old version: unloaded, and loaded anew by its next request
+                # (a pinned one at once). In use, it is tried again at the next check.
+                await self.evict(name, "changed")
+                registry._known.pop(name, None)
+                if name in self.pinned:
+                    self._start(name)

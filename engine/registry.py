@@ -12,9 +12,11 @@ from engine import memory
 from engine.backends.python_model import refuse
 from engine.budget import Cost, MemoryBudget
 from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
+from engine.kv_budget import kv_cost
 from engine.model import LoadedModel, load_model
 from engine.model_config import ModelConfig, load_model_config
-from engine.on_demand import NOT_LOADED, OnDemandLoader
+from engine.on_demand import OnDemandLoader
+from engine.on_demand_answers import NOT_LOADED
 from engine.pipeline import load_pipeline
 from engine.repository import ModelEntry, Repository, check_name
 from engine.settings import EngineSettings, SettingsError
@@ -49,7 +51,7 @@ class ModelRegistry:
         """Every loaded version's measured bytes (in every mode; a budget only in on_demand)."""
         self._gpu = memory.GpuMemory() if budget.gpu_bytes is not None else None
         self.on_demand = (
-            OnDemandLoader(self, budget, self.budget)
+            OnDemandLoader(self, budget, self.budget, settings.poll_interval_s)
             if settings.model_control_mode == "on_demand"
             else None
         )
@@ -72,9 +74,8 @@ class ModelRegistry:
             memory.map_large_blocks()
             gpus = self._gpu.devices if self._gpu is not None else 0
             await asyncio.to_thread(memory.prime_runtime, gpus)
-            self.on_demand.start()
+            await self.on_demand.start()
             names = [check_name("model", n) for n in self.settings.model_memory.pinned]
-            names += [n for n in self.on_demand.pin_generative() if n not in names]
         for name in sorted(names, key=self.repository.is_pipeline):  # steps before pipelines
             await self._load(name)
         if mode == "poll":
@@ -284,6 +285,8 @@ class ModelRegistry:
         async with self._lock(name):
             self._loading.add(name)
             try:
+                if self.on_demand is not None:  # what its check for changed files compares
+                    await self.on_demand.note_files(name)
                 try:
                     entry = self.repository.entry(name, self._configs.get(name))
                 except SettingsError as exc:  # e.g. a config.yaml saved half-edited
@@ -353,7 +356,11 @@ class ModelRegistry:
                     )
                 after = await asyncio.to_thread(self._measure)
                 fresh[str(version)] = model
-                self.budget.record(entry.name, str(version), after - before)
+                # A generative version's key/value cache is reserved as sequences run, not at
+                # load: the most it may take is added to what the load measured.
+                self.budget.record(
+                    entry.name, str(version), after - before + kv_cost(model, path.parent)
+                )
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
                 self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
@@ -384,7 +391,7 @@ class ModelRegistry:
                         await model.generator.drain()
             await model.close()
 
-    async def _poll(self, seen: dict[str, tuple[tuple[str, float], ...]]) -> None:
+    async def _poll(self, seen: dict[str, tuple[tuple[str, int, int], ...]]) -> None:
         while True:
             await asyncio.sleep(self.settings.poll_interval_s)
             try:
@@ -402,9 +409,5 @@ class ModelRegistry:
                         self._failed[(name, "")] = f"{type(exc).__name__}: {exc}"
             seen = now
 
-    def _fingerprints(self) -> dict[str, tuple[tuple[str, float], ...]]:
-        prints = {}
-        for name in self.repository.names():
-            files = [p for p in (self.repository.root / name).rglob("*") if p.is_file()]
-            prints[name] = tuple(sorted((str(p), p.stat().st_mtime) for p in files))
-        return prints
+    def _fingerprints(self) -> dict[str, tuple[tuple[str, int, int], ...]]:
+        return {name: self.repository.files(name) for name in self.repository.names()}

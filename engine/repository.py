@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +82,21 @@ class Repository:
             return load_model_config(self.root / check_name("model", name)).pipeline is not None
         except (SettingsError, InvalidInput):
             return False
+
+    def files(self, name: str) -> tuple[tuple[str, int, int], ...]:
+        """The cheap fingerprint of a model's folder: every file's path, size and modification
+        time (ns), without reading the files (blocking: call it off the event loop). What `poll`
+        mode and `on_demand`'s check of loaded models compare; a rewrite within the clock's
+        granularity that keeps the size is not seen (engine/model.py's content hash would be)."""
+        prints = []
+        for path in (self.root / name).rglob("*"):
+            try:
+                found = path.stat()
+            except FileNotFoundError:  # removed during the walk: not there any more
+                continue
+            if stat.S_ISREG(found.st_mode):
+                prints.append((str(path), found.st_size, found.st_mtime_ns))
+        return tuple(sorted(prints))
 
     def scan(self) -> dict[str, ModelEntry]:
         entries = {}

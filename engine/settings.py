@@ -64,7 +64,8 @@ class EngineSettings(BaseModel):
     load_models: list[str] = Field(default_factory=list)
     """Models to load at start in `explicit` mode (`*` for all)."""
     poll_interval_s: float = Field(5.0, gt=0)
-    """Repository rescan interval in `poll` mode."""
+    """Repository rescan interval in `poll` mode; in `on_demand` mode, how often the loaded
+    models' files are checked (a resident model whose files changed is reloaded)."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On SIGTERM, how long queued and running requests may take to finish."""
     strict_readiness: bool = True

@@ -67,16 +67,8 @@ class GenaiGenerator(TextGenerator):
         import onnxruntime_genai as og
 
         genai = json.loads((folder / GENAI_CONFIG).read_text())
-        context = int(genai["model"]["context_length"])
-        eos = genai["model"].get("eos_token_id", [])
-        eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
-        given = section.model_dump(exclude_unset=True) if section is not None else {}
-        if given.pop("context_length", 0) > 1:
-            context = min(context, section.context_length)  # type: ignore[union-attr]
-        given.pop("eos_token_ids", None)
-        # No max_tokens: the rest of the context, as OpenAI's API and vLLM default it.
-        given.setdefault("default_max_tokens", context)
-        self.options = GenerativeOptions(context_length=context, eos_token_ids=eos_ids, **given)
+        self.options = genai_options(genai, section)
+        context = self.options.context_length
         self.text = ModelText(folder)
         batch = self.options.max_running_sequences
         config = og.Config(str(folder))
@@ -88,6 +80,31 @@ class GenaiGenerator(TextGenerator):
         self.scheduler: GenaiScheduler = GenaiScheduler(
             model, self.options, batch, sequence_bytes(folder, genai["model"], context), label
         )
+
+
+def genai_options(genai: dict[str, Any], section: GenerativeOptions | None) -> GenerativeOptions:
+    """The options a model runs with: its genai_config.json's context (lowered by the section's
+    context_length) and end-of-text tokens, and the section's other fields."""
+    context = int(genai["model"]["context_length"])
+    eos = genai["model"].get("eos_token_id", [])
+    eos_ids = [int(e) for e in (eos if isinstance(eos, list) else [eos])]
+    given = section.model_dump(exclude_unset=True) if section is not None else {}
+    if given.pop("context_length", 0) > 1:
+        context = min(context, section.context_length)  # type: ignore[union-attr]
+    given.pop("eos_token_ids", None)
+    # No max_tokens: the rest of the context, as OpenAI's API and vLLM default it.
+    given.setdefault("default_max_tokens", context)
+    return GenerativeOptions(context_length=context, eos_token_ids=eos_ids, **given)
+
+
+def kv_budget_bytes(folder: Path, section: GenerativeOptions | None) -> int:
+    """The key/value cache the model's config implies, before loading it (blocking: it reads
+    the decoder's header): a whole context per place of the decode batch, as GenaiScheduler's
+    `cache.budget_bytes` reports it once loaded."""
+    genai = json.loads((folder / GENAI_CONFIG).read_text())
+    options = genai_options(genai, section)
+    one = sequence_bytes(folder, genai["model"], options.context_length)
+    return one * options.max_running_sequences
 
 
 def sequence_bytes(folder: Path, model: dict[str, Any], context: int) -> int:

@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.datatypes import past_64_bits, received, shown
-from engine.errors import InvalidInput, ModelNotFound, ShuttingDown
+from engine.errors import EngineError, InvalidInput, ModelNotFound, ShuttingDown
 from engine.generation.context import completion_budget
 from engine.generation.generator import TextGenerator
-from engine.generation.sampling import sampling_params
+from engine.generation.sampling import SamplingParams, sampling_params
 from engine.generation.sequence import Chunk, GenSequence
 from engine.limits import Limiter
 from engine.limits.limiter import Admission
+from engine.model import LoadedModel
 from engine.registry import ModelRegistry
 
 ANONYMOUS = "anonymous"
@@ -134,13 +135,77 @@ class GenerationService:
         self._settling: set[asyncio.Task[None]] = set()
 
     def generative_models(self) -> list[str]:
-        return sorted({m.name for m in self._engine.registry.all() if m.generator is not None})
+        registry = self._engine.registry
+        names = {m.name for m in registry.all() if m.generator is not None}
+        if registry.on_demand is not None:  # and those a request would load
+            names |= registry.on_demand.generative
+        return sorted(names)
 
     async def generate(self, request: GenerateRequest) -> LocalStream:
         engine = self._engine
         if engine.draining:
             raise ShuttingDown()
-        model = engine.registry.resolve(request.model, None)
+        registry, on_demand = engine.registry, engine.registry.on_demand
+        if on_demand is None:
+            return await self._generate(registry.resolve(request.model, None), request, None)
+        # on_demand: a generative model not resident is loaded (bounded as any load), and the
+        # stream holds it from here to its end, so it is never evicted under a sequence.
+        admitted = None
+        if not registry.has(request.model):
+            if not on_demand.is_generative(request.model):
+                raise ModelNotFound(request.model, available=self.generative_models())
+            if engine.limiter.unit != "tokens":
+                # A request its tenant may not send now never loads a model, as for inference.
+                # (Counted in tokens, it is admitted once loaded: its tokenizer counts them.)
+                tenant = request.tenant or ANONYMOUS
+                admitted = await engine.limiter.admit(tenant, request.model, 1)
+        wait_s = registry.settings.model_memory.load_wait_s
+        try:
+            model = await registry.acquire(request.model, None, wait_s)
+        except BaseException as exc:
+            await _refused(admitted, exc)
+            raise
+        release = on_demand.hold(model.name)
+        try:
+            return await self._generate(model, request, release, admitted)
+        except BaseException:
+            release()
+            raise
+
+    async def _generate(
+        self,
+        model: LoadedModel,
+        request: GenerateRequest,
+        release: Callable[[], None] | None = None,
+        admitted: Admission | None = None,
+    ) -> LocalStream:
+        """Check, admit (unless `admitted` before its model loaded) and start a sequence."""
+        try:
+            generator, prompt, params, tokens = await self._checked(model, request)
+        except BaseException as exc:
+            await _refused(admitted, exc)
+            raise
+        engine = self._engine
+        in_tokens = engine.limiter.unit == "tokens"
+        cost = tokens if in_tokens else 1
+        tenant = request.tenant or ANONYMOUS
+        admission = admitted or await engine.limiter.admit(tenant, request.model, cost)
+        try:
+            sequence = generator.start(prompt, params)
+        except BaseException:
+            admission.release()
+            if in_tokens:
+                await admission.refund(admission.charged)  # refused: no token was used
+            raise
+        return LocalStream(
+            generator, sequence, admission, self._spawn if in_tokens else None, release
+        )
+
+    async def _checked(
+        self, model: LoadedModel, request: GenerateRequest
+    ) -> tuple[TextGenerator, list[int], SamplingParams, int]:
+        """The request's generator, prompt, sampling and tokens (prompt + completion), or the
+        EngineError refusing it (before admission: a refusal charges nothing)."""
         generator = model.generator
         if generator is None:
             raise ModelNotFound(request.model, available=self.generative_models())
@@ -169,23 +234,21 @@ class GenerationService:
             requested=requested and request.refuse_past_context,
             chat=chat,
         )
-        tokens = len(prompt) + completion
-        in_tokens = engine.limiter.unit == "tokens"
-        cost = tokens if in_tokens else 1
-        admission = await engine.limiter.admit(request.tenant or ANONYMOUS, request.model, cost)
-        try:
-            sequence = generator.start(prompt, params)
-        except BaseException:
-            admission.release()
-            if in_tokens:
-                await admission.refund(admission.charged)  # refused: no token was used
-            raise
-        return LocalStream(generator, sequence, admission, self._spawn if in_tokens else None)
+        return generator, prompt, params, len(prompt) + completion
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._settling.add(task)
         task.add_done_callback(self._settling.discard)
+
+
+async def _refused(admitted: Admission | None, exc: BaseException) -> None:
+    """A request admitted before its model loaded, refused before it ran: its slots go back,
+    and its charge too unless it was cancelled (as for inference, engine/engine.py)."""
+    if admitted is not None:
+        admitted.release()
+        if isinstance(exc, EngineError):
+            await admitted.refund(admitted.charged)
 
 
 async def prompt_ids(generator: TextGenerator, prompt: object) -> list[int]:
@@ -214,7 +277,8 @@ class LocalStream:
     """A sequence of this process's scheduler and its admission. When it ends the admission's
     slots are released and, when `spawn` is given (`unit: tokens`), the charge not used
     (prompt + generated tokens) is refunded: before the final chunk is handed on (a client
-    that has seen the end may count on it), or in a task `spawn` keeps when cancelled."""
+    that has seen the end may count on it), or in a task `spawn` keeps when cancelled. With
+    `release`, it is called then too (the model's hold, on_demand)."""
 
     def __init__(
         self,
@@ -222,8 +286,10 @@ class LocalStream:
         sequence: GenSequence,
         admission: Admission,
         spawn: Callable[[Coroutine[Any, Any, None]], None] | None,
+        release: Callable[[], None] | None = None,
     ) -> None:
         self._generator = generator
+        self._release = release
         self._sequence = sequence
         self._admission = admission
         self._spawn = spawn
@@ -271,6 +337,8 @@ class LocalStream:
         if self._settled:
             return None
         self._settled = True
+        if self._release is not None:
+            self._release()
         admission = self._admission
         admission.release()
         if self._spawn is None:

@@ -62,7 +62,7 @@ class HostControl:
         state = {
             "draining": engine.draining,
             "models": sorted({m.name for m in models}),
-            "generative": sorted({m.name for m in models if m.generator is not None}),
+            "generative": engine.generation.generative_models() if _started(engine) else [],
             "generation": zlib.crc32(marks),
             "server": engine.server_metadata(),
         }

@@ -5,6 +5,7 @@ slow and too-large loads, idle unload, and what readiness, metadata and the inde
 from __future__ import annotations
 
 import asyncio
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from engine.demo import mlp_model
 from engine.engine import Engine
 from engine.errors import InvalidInput, ModelNotReady, Overloaded, RateLimited
+from engine.on_demand import EVICTED
 from engine.types import InferRequest
 from server.settings import load_settings
 
@@ -80,24 +82,31 @@ async def until(check: Callable[[], bool], what: str, timeout_s: float = 10) -> 
         await asyncio.sleep(0.005)
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    root = tmp_path / "models"
+@pytest.fixture(scope="module")
+def three_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("on-demand") / "models"
     for index, name in enumerate(("a", "b", "c")):
         write_mlp(root, name, seed=index)
     return root
 
 
 @pytest.fixture
+def repo(tmp_path: Path, three_models: Path) -> Path:
+    """Models a, b and c for the test to change: a copy (writing them takes 20x longer)."""
+    return Path(shutil.copytree(three_models, tmp_path / "models"))
+
+
+@pytest.fixture
 async def start(repo: Path) -> AsyncIterator[StartEngine]:
     engines: list[Engine] = []
 
-    async def start_engine(**memory: Any) -> Engine:
+    async def start_engine(poll_interval_s: float = 5.0, **memory: Any) -> Engine:
         settings = load_settings(
             model_repository=repo,
             model_control_mode="on_demand",
             model_memory=memory,
             allow_python_models=True,
+            poll_interval_s=poll_interval_s,
         )
         engine = Engine(settings)
         engines.append(engine)
@@ -109,14 +118,20 @@ async def start(repo: Path) -> AsyncIterator[StartEngine]:
         await engine.close()
 
 
+_MEASURED: list[int] = []
+
+
 @pytest.fixture
 async def model_bytes(start: StartEngine) -> int:
-    """What one of the test's MLPs measures here (it differs with the CPU's pre-packing)."""
-    engine = await start()
-    await engine.infer(request("a"))
-    cost = engine.registry.budget.resident_bytes("a", "1")
-    assert cost > 2 * 64 * WIDTH * 4 // 2  # at least the weights: a measurement, not a guess
-    return cost
+    """What one of the test's MLPs measures here (it differs with the CPU's pre-packing):
+    measured once for the module (the same on every load, tests/integration/test_on_demand.py)."""
+    if not _MEASURED:
+        engine = await start()
+        await engine.infer(request("a"))
+        cost = engine.registry.budget.resident_bytes("a", "1")
+        assert cost > 2 * 64 * WIDTH * 4 // 2  # at least the weights: measured, not a guess
+        _MEASURED.append(cost)
+    return _MEASURED[0]
 
 
 def states(engine: Engine) -> dict[str, tuple[str, str]]:
@@ -491,3 +506,72 @@ async def test_a_model_that_failed_then_loaded_by_api_loads_on_demand_again_afte
     with pytest.raises(ModelNotReady, match="failed to load"):
         await engine.infer(request("a"))
     assert engine.registry.budget.of("a").load_failures == 2
+
+
+def answer_of(model: onnx.ModelProto) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.asarray(session.run(None, {"x": X})[0])
+
+
+async def test_a_resident_models_changed_files_are_reloaded_and_the_next_request_sees_them(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    engine = await start(poll_interval_s=0.05, pinned=["b"])
+    old = (await engine.infer(request("a"))).outputs["probabilities"]
+    new_model = mlp_model((64, WIDTH // 4, 4), seed=7)  # a quarter of the weights
+    expected = answer_of(new_model)
+    assert not np.allclose(old, expected)
+    onnx.save(new_model, repo / "a" / "1" / "model.onnx")
+    onnx.save(mlp_model((64, WIDTH // 4, 4), seed=8), repo / "b" / "1" / "model.onnx")
+    usage = engine.registry.budget.of
+    await until(lambda: usage("a").loads == 2, "the reload of a")
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    await until(lambda: not on_demand.loading("a"), "the reload of a to settle")
+    answer = await engine.infer(request("a"))
+    np.testing.assert_allclose(answer.outputs["probabilities"], expected, rtol=1e-5)
+    assert engine.registry.budget.of("a").evictions == {}  # reloaded in place, not evicted
+    # The books hold the new version's measured bytes, not the old one's beside them.
+    assert engine.registry.budget.resident_bytes("a", "1") < model_bytes / 2
+    # A pinned model (loaded at start, not by a request) is checked too.
+    await until(lambda: engine.registry.budget.resident_bytes("b", "1") < model_bytes / 2, "b")
+
+
+async def test_an_evicted_models_changed_files_are_what_its_next_request_answers(
+    start: StartEngine, repo: Path
+) -> None:
+    (repo / "a" / "config.yaml").write_text("max_batch_size: 8\ncache: {enabled: true}\n")
+    engine = await start()
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    old = (await engine.infer(request("a"))).outputs["probabilities"]
+    await on_demand.evict("a", "idle")
+    new_model = mlp_model((64, WIDTH // 4, 4), seed=7)
+    onnx.save(new_model, repo / "a" / "1" / "model.onnx")
+    await on_demand.check_files()  # what the check every poll_interval_s does
+    # Not the cached answer of the old files: the model loads again and answers anew.
+    answer = await engine.infer(request("a"))
+    assert answer.parameters["cache_hit"] is False
+    np.testing.assert_allclose(answer.outputs["probabilities"], answer_of(new_model), rtol=1e-5)
+    assert not np.allclose(answer.outputs["probabilities"], old)
+    assert engine.registry.budget.of("a").loads == 2
+
+
+async def test_a_changed_model_that_cannot_fit_beside_itself_is_evicted_and_loads_anew(
+    start: StartEngine, repo: Path, model_bytes: int
+) -> None:
+    engine = await start(host_bytes=int(1.5 * model_bytes))  # a once, not twice
+    on_demand = engine.registry.on_demand
+    assert on_demand is not None
+    await engine.infer(request("a"))
+    new_model = mlp_model((64, WIDTH // 4, 4), seed=7)
+    onnx.save(new_model, repo / "a" / "1" / "model.onnx")
+    await on_demand.check_files()
+    assert not engine.registry.has("a")  # not a reload waiting for room that never comes
+    assert states(engine)["a"] == ("UNAVAILABLE", EVICTED["changed"])
+    answer = await engine.infer(request("a"))
+    np.testing.assert_allclose(answer.outputs["probabilities"], answer_of(new_model), rtol=1e-5)
+    assert engine.registry.budget.of("a").evictions == {"changed": 1}
+    assert engine.registry.budget.host_used() <= int(1.5 * model_bytes)
