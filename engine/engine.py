@@ -18,7 +18,7 @@ from typing import Any
 from batching.errors import BatchingError, DeadlinePassed, QueueFull
 from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import CachedResult, ResultCache, build_cache, cache_requested
-from engine.cached import CachedInference
+from engine.cache.inference import CachedInference
 from engine.errors import (
     EngineError,
     Forbidden,
