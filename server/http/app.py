@@ -65,15 +65,15 @@ def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
     """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
     hot path skips FastAPI's layers (see server/http/infer_route.py), both over one data plane."""
     plane = DataPlane(engine, settings)
-    bounded = BodyLimit(fastapi_app(settings, plane), settings.max_request_bytes)
-    return InferRoute(bounded, plane, settings)
+    routes = InferRoute(fastapi_app(settings, plane), plane, settings)
+    return BodyLimit(routes, settings.max_request_bytes)
 
 
 class BodyLimit:
     """ASGI middleware: a request body past `limit` bytes is PayloadTooLarge (413) when the app
-    reads it, as soon as its Content-Length or the bytes received pass the limit. The infer
-    route bounds its own body (server/http/infer_route.py); this bounds every other route's: a
-    prompt, a generate request, a repository load."""
+    reads it, as soon as its Content-Length or the bytes received pass the limit. The one bound
+    of every route's body: an inference request, a prompt, a generate request, a repository
+    load."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
