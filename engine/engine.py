@@ -15,17 +15,15 @@ import shutil
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from batching.errors import BatchingError, DeadlinePassed, QueueFull
+from engine.accepted import Accepted, clock_start, first_axis, priority_level
 from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import CachedResult, ResultCache, build_cache, cache_requested
 from engine.cache.inference import CachedInference
-from engine.errors import EngineError, Forbidden, InvalidInput, from_batching
+from engine.errors import EngineError, from_batching
 from engine.generation.service import GenerationService
 from engine.limits import Limiter, build_limiter
 from engine.limits.limiter import Admission
@@ -42,43 +40,8 @@ from engine.types import InferRequest, InferResponse
 
 log = logging.getLogger("sluice.engine")
 
-MAX_FRONT_END_S = 3600.0
-"""A request's `arrived` older than this (or later than the engine took it) is not believed."""
 NEVER_RAN = (QueueFull, DeadlinePassed)
 """What the batcher refuses before running a request: its admission charge is refunded."""
-
-
-def _arrived(given: float | None) -> float:
-    """When the request's clock started: when the data plane took it (`arrived`), or now for
-    a request without one, or with one that the front-end cannot have taken (later than now,
-    or more than MAX_FRONT_END_S ago: it may come from another process). Its deadline, its
-    latency target and its time in the model's statistics count from there."""
-    now = time.monotonic()
-    return given if given is not None and now - MAX_FRONT_END_S <= given <= now else now
-
-
-def _first_axis(request: InferRequest) -> int:
-    """The rows of a request whose model was never loaded (on_demand), for its admission: its
-    first input's first axis."""
-    first: np.ndarray | None = next(iter(request.inputs.values()), None)
-    return len(first) if first is not None and first.ndim else 1
-
-
-@dataclass(slots=True)
-class Accepted:
-    """A request past every check that can refuse it, as admission and the stages after it
-    take it."""
-
-    model: LoadedModel
-    request: InferRequest
-    tenant: str
-    rows: int
-    priority: int
-    arrived: float
-    """When its clock started (`_arrived`)."""
-    use_cache: bool
-    load: Callable[[], Awaitable[LoadedModel]] | None = None
-    """On_demand: gives the version to run, `model` being an evicted version's last load."""
 
 
 class Engine(ModelQueries):
@@ -196,7 +159,7 @@ class Engine(ModelQueries):
     async def _infer(self, request: InferRequest) -> InferResponse:
         # Draining is the data plane's to refuse, before it decodes the request: one it let in
         # is answered (Batcher.drain serves requests still arriving).
-        arrived = _arrived(request.arrived)
+        arrived = clock_start(request.arrived)
         model = self._checked_model(request)
         on_demand = self.registry.on_demand
         if on_demand is not None:
@@ -235,7 +198,7 @@ class Engine(ModelQueries):
             last = registry.describe(name, version)
         else:
             on_demand.exists(name)  # an unknown name is refused before any charge
-        rows = _first_axis(request) if last is None else last.rows(request)
+        rows = first_axis(request) if last is None else last.rows(request)
         tenant = request.tenant or ANONYMOUS_TENANT
         wait_s = request.timeout_s or self.settings.model_memory.load_wait_s
         with await self.limiter.admit(tenant, name, rows) as admission:
@@ -300,34 +263,9 @@ class Engine(ModelQueries):
         tenant = request.tenant or ANONYMOUS_TENANT
         rows = model.rows(request) if rows is None else rows
         own = self.limiter.limits_for(tenant).priority
-        priority = self._priority(model, request.priority, tenant, own)
+        priority = priority_level(model, request.priority, tenant, own, self.authenticator.open)
         use_cache = self._may_hit(model, request)
         return Accepted(model, request, tenant, rows, priority, arrived, use_cache, load)
-
-    def _priority(
-        self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
-    ) -> int:
-        """The request's batching level, numbered as in Triton (1 is the highest): as asked, or
-        else the tenant's own level, or else the model's default_priority_level; 0 asks for the
-        default. A tenant level past the model's lowest is its lowest. With API keys configured,
-        no tenant may ask for a higher level (a smaller number) than its own."""
-        batching = model.config.dynamic_batching
-        lowest = batching.priority_levels
-        own = min(tenant_priority, lowest) if tenant_priority else batching.default_level
-        if not asked:
-            return own
-        if asked > lowest:
-            raise InvalidInput(
-                f"priority {asked} is out of range for {model.label}: its priority levels are "
-                f"1 (highest) to {lowest} (lowest), and 0 or none means its default level "
-                f"{batching.default_level}"
-            )
-        if not self.authenticator.open and asked < own:
-            raise Forbidden(
-                f"tenant '{tenant}' may use priority levels {own} to {lowest} of {model.label} "
-                f"(1 is the highest); asked for {asked}"
-            )
-        return asked
 
     async def _charged(self, accepted: Accepted, admission: Admission) -> InferResponse:
         """The answer; a request the queue refused unrun gets its admission's charge back."""
