@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -18,13 +19,25 @@ MAX_FRONT_END_S = 3600.0
 """A request's `arrived` older than this (or later than the engine took it) is not believed."""
 
 
-def clock_start(given: float | None) -> float:
-    """When the request's clock started: when the data plane took it (`arrived`), or now for
-    a request without one, or with one that the front-end cannot have taken (later than now,
-    or more than MAX_FRONT_END_S ago: it may come from another process). Its deadline, its
-    latency target and its time in the model's statistics count from there."""
-    now = time.monotonic()
-    return given if given is not None and now - MAX_FRONT_END_S <= given <= now else now
+class Clock(NamedTuple):
+    """A request's two times, on time.monotonic()."""
+
+    arrived: float
+    """When its clock started: its deadline and its latency target count from there."""
+    received: float
+    """When the engine received it: its time in the model's statistics counts from there
+    (Triton's `success`: decoding and encoding are the front-end's)."""
+
+
+def request_clock(given: float | None) -> Clock:
+    """The request's clock: it started when the data plane took it (`arrived`, `given`), or
+    when the engine received it for a request without one, or with one the front-end cannot
+    have taken (later than that, or more than MAX_FRONT_END_S before: it may come from
+    another process)."""
+    received = time.monotonic()
+    if given is not None and received - MAX_FRONT_END_S <= given <= received:
+        return Clock(given, received)
+    return Clock(received, received)
 
 
 def first_axis(request: InferRequest) -> int:
@@ -44,8 +57,7 @@ class Accepted:
     tenant: str
     rows: int
     priority: int
-    arrived: float
-    """When its clock started (`clock_start`)."""
+    clock: Clock
     use_cache: bool
     load: Callable[[], Awaitable[LoadedModel]] | None = None
     """On_demand: gives the version to run, `model` being an evicted version's last load."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from batching.errors import BatchingError, DeadlinePassed, QueueFull
-from engine.accepted import Accepted, clock_start, first_axis, priority_level
+from engine.accepted import Accepted, Clock, first_axis, priority_level, request_clock
 from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import CachedResult, ResultCache, build_cache, cache_requested
 from engine.cache.inference import CachedInference
@@ -159,14 +159,14 @@ class Engine(ModelQueries):
     async def _infer(self, request: InferRequest) -> InferResponse:
         # Draining is the data plane's to refuse, before it decodes the request: one it let in
         # is answered (Batcher.drain serves requests still arriving).
-        arrived = clock_start(request.arrived)
+        clock = request_clock(request.arrived)
         model = self._checked_model(request)
         on_demand = self.registry.on_demand
         if on_demand is not None:
-            return await self._infer_on_demand(request, arrived, model, on_demand)
+            return await self._infer_on_demand(request, clock, model, on_demand)
         if model is None:
             model = self.registry.resolve(request.model_name, request.model_version)
-        return await self._serve(model, request, arrived)
+        return await self._serve(model, request, clock)
 
     def _checked_model(self, request: InferRequest) -> LoadedModel | None:
         """The version that the front-end's input check resolved and checked the request
@@ -182,7 +182,7 @@ class Engine(ModelQueries):
     async def _infer_on_demand(
         self,
         request: InferRequest,
-        arrived: float,
+        clock: Clock,
         model: LoadedModel | None,
         on_demand: OnDemandLoader,
     ) -> InferResponse:
@@ -190,7 +190,7 @@ class Engine(ModelQueries):
         if model is not None or registry.has(name):
             model = model or registry.resolve(name, version)
             with on_demand.held(model.name):  # never evicted while this request holds it
-                return await self._serve(model, request, arrived)
+                return await self._serve(model, request, clock)
         # Not resident. The tenant is admitted first: a request its tenant may not send now
         # never loads a model (nor evicts one). A model loaded before checks the request now.
         last = None
@@ -207,14 +207,14 @@ class Engine(ModelQueries):
                 # (once for the requests that miss together).
                 with on_demand.held(name):
                     load = functools.partial(registry.acquire, name, version, wait_s)
-                    return await self._serve(last, request, arrived, admission, load, rows)
+                    return await self._serve(last, request, clock, admission, load, rows)
             try:
                 model = await registry.acquire(name, version, wait_s)
             except EngineError:  # never ran: the charge goes back
                 await admission.refund(admission.charged)
                 raise
             with on_demand.held(model.name):
-                return await self._serve(model, request, arrived, admission)
+                return await self._serve(model, request, clock, admission)
 
     def _may_hit(self, model: LoadedModel, request: InferRequest) -> bool:
         """Whether the result cache may answer the request."""
@@ -228,7 +228,7 @@ class Engine(ModelQueries):
         self,
         model: LoadedModel,
         request: InferRequest,
-        arrived: float,
+        clock: Clock,
         admitted: Admission | None = None,
         load: Callable[[], Awaitable[LoadedModel]] | None = None,
         rows: int | None = None,
@@ -238,7 +238,7 @@ class Engine(ModelQueries):
         that counted the request's `rows`, and `load` gives the version to run when the answer
         is not in the result cache."""
         try:
-            accepted = self._accept(model, request, arrived, load, rows)
+            accepted = self._accept(model, request, clock, load, rows)
         except EngineError:
             if admitted is not None:  # charged before its model could check it: refunded
                 await admitted.refund(admitted.charged)
@@ -255,7 +255,7 @@ class Engine(ModelQueries):
         self,
         model: LoadedModel,
         request: InferRequest,
-        arrived: float,
+        clock: Clock,
         load: Callable[[], Awaitable[LoadedModel]] | None,
         rows: int | None,
     ) -> Accepted:
@@ -265,7 +265,7 @@ class Engine(ModelQueries):
         own = self.limiter.limits_for(tenant).priority
         priority = priority_level(model, request.priority, tenant, own, self.authenticator.open)
         use_cache = self._may_hit(model, request)
-        return Accepted(model, request, tenant, rows, priority, arrived, use_cache, load)
+        return Accepted(model, request, tenant, rows, priority, clock, use_cache, load)
 
     async def _charged(self, accepted: Accepted, admission: Admission) -> InferResponse:
         """The answer; a request the queue refused unrun gets its admission's charge back."""
@@ -280,7 +280,7 @@ class Engine(ModelQueries):
         """The answer from the result cache or the model, counted in the model's statistics."""
         model, request = accepted.model, accepted.request
         timeout_s = request.timeout_s or model.config.dynamic_batching.default_timeout_s
-        deadline = accepted.arrived + timeout_s if timeout_s else None
+        deadline = accepted.clock.arrived + timeout_s if timeout_s else None
         parameters: dict[str, Any] = {}  # the answer's: a pipeline's, and whether it hit
         compute = functools.partial(self._compute, accepted, admission, parameters)
         try:
@@ -294,9 +294,9 @@ class Engine(ModelQueries):
             else:
                 result = await compute(deadline, None)
         except EngineError:
-            model.stats.request_done(time.monotonic() - accepted.arrived, ok=False)
+            model.stats.request_done(time.monotonic() - accepted.clock.received, ok=False)
             raise
-        model.stats.request_done(time.monotonic() - accepted.arrived, ok=True)
+        model.stats.request_done(time.monotonic() - accepted.clock.received, ok=True)
         # Positional: keywords cost twice as much (the field order is InferResponse's).
         outputs, datatypes = dict(result.outputs), dict(result.datatypes)
         return InferResponse(model.name, model.version, outputs, datatypes, request.id, parameters)
@@ -326,7 +326,7 @@ class Engine(ModelQueries):
             accepted.priority,
             accepted.tenant,
             deadline,
-            accepted.arrived,
+            accepted.clock.arrived,
             on_run,
             admission.hold(),
         )
