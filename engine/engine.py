@@ -177,7 +177,9 @@ class Engine(ModelQueries):
         if type(check) is not ModelCheck:
             return None
         model = check.model
-        return model if model.name == request.model_name and self.registry.serves(model) else None
+        if model is None or model.name != request.model_name or not self.registry.serves(model):
+            return None
+        return model
 
     async def _infer_on_demand(
         self,

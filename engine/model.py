@@ -7,6 +7,7 @@ import functools
 import hashlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -264,18 +265,27 @@ class LoadedModel:
         self.backend.close()
 
 
-@dataclass(frozen=True, eq=False, slots=True)
 class ModelCheck:
-    """One version's InputCheck (`check_inputs` against its inputs), which knows its version:
-    the engine serves a request its front-end checked with the version that checked it."""
+    """One version's InputCheck (`check_inputs` against its inputs), which knows its version
+    (weakly: the version keeps its check, and a cycle would outlive an unload until the
+    collector ran): the engine serves a request its front-end checked with the version that
+    checked it."""
 
-    model: LoadedModel
+    __slots__ = ("_model", "inputs", "label", "max_batch_size")
+
+    def __init__(self, model: LoadedModel) -> None:
+        self._model = weakref.ref(model)
+        self.inputs = model.backend.inputs
+        self.max_batch_size = model.max_batch_size
+        self.label = model.label
+
+    @property
+    def model(self) -> LoadedModel | None:
+        """The version, or None once it is gone."""
+        return self._model()
 
     def __call__(self, shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> int:
-        model = self.model
-        return check_inputs(
-            shapes, datatypes, model.backend.inputs, model.max_batch_size, model.label
-        )
+        return check_inputs(shapes, datatypes, self.inputs, self.max_batch_size, self.label)
 
 
 async def load_model(
