@@ -343,7 +343,14 @@ class DataPlane:
                     engine.regions, principal.tenant, request, response
                 )
             served = response.model_version
-            return await self._encode(call, response)
+            encode_started = time.monotonic()
+            # Checked here, not in off_loop: a coroutine per call costs more than this test.
+            if sum(array.nbytes for array in response.outputs.values()) <= OFFLOAD_BYTES:
+                answer = call.encode(response)
+            else:
+                answer = await asyncio.to_thread(call.encode, response)
+            self._encoded(call.protocol, encode_started)
+            return answer
         except EngineError as exc:
             status = http_status(exc)
             if status == 500:
@@ -378,21 +385,12 @@ class DataPlane:
             await shared_tensors.read_inputs(engine.regions, tenant, request, self._request_bytes)
         return request
 
-    async def _encode(self, call: InferCall[W], response: InferResponse) -> W:
-        """The wire answer, encoded in a worker thread when the outputs are large; timed."""
-        encode_started = time.monotonic()
-        size = sum(array.nbytes for array in response.outputs.values())
-        # Checked here, not in off_loop: a coroutine per call costs more than this test.
-        answer = (
-            call.encode(response)
-            if size <= OFFLOAD_BYTES
-            else await asyncio.to_thread(call.encode, response)
-        )
+    def _encoded(self, protocol: str, started: float) -> None:
+        """An answer encoded since `started`: timed in the metrics and the trace."""
         encoded = time.monotonic()
-        self.engine.metrics.encoded(call.protocol, encoded - encode_started)
+        self.engine.metrics.encoded(protocol, encoded - started)
         if self.engine.tracing is not None:
-            self.engine.tracing.record("encode", encode_started, encoded)
-        return answer
+            self.engine.tracing.record("encode", started, encoded)
 
     def _count(
         self, call: InferCall[W], served: str, status: int, elapsed: float, span: RequestSpan | None
