@@ -124,19 +124,28 @@ class Batcher:
         now = time.monotonic()
         start = now if arrived is None else arrived
         limit = "timeout"
+        if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
+            deadline, limit = start + self.policy.latency_target_s, "latency target"
         try:
             if self._closing:
                 raise BatcherClosed()
-            if deadline is None and self.policy.auto and self.policy.latency_target_s is not None:
-                deadline, limit = start + self.policy.latency_target_s, "latency target"
             if deadline is not None and deadline <= now:
                 raise DeadlinePassed(
                     f"request reached {self.label} past its {limit}; it was not run"
                 )
             group = group_key(inputs, self.policy.padding, self.policy.pad_bucket_ratio)
-            item = Pending(inputs, rows, priority, tenant, group, now,
-                           self._loop.create_future(), deadline,
-                           on_run=on_run, on_leave=on_leave)  # fmt: skip
+            item = Pending(
+                inputs,
+                rows,
+                priority,
+                tenant,
+                group,
+                now,
+                self._loop.create_future(),
+                deadline,
+                on_run=on_run,
+                on_leave=on_leave,
+            )
             self.queue.put(item)
         except BaseException:
             if on_leave is not None:
@@ -148,6 +157,25 @@ class Batcher:
         try:
             if deadline is None:
                 return await item.future
+            return await self._within(item, deadline, start, limit)
+        except asyncio.CancelledError:
+            # The client left: a queued request is withdrawn and never computed (a running one
+            # leaves the batcher with its batch).
+            self._former.withdraw(item)
+            item.future.cancel()
+            if item.state != RUNNING:
+                leave(item)
+            raise
+        finally:
+            # An error raised from the future keeps this frame in its traceback: not the item,
+            # whose future holds the error (a cycle only the collector would break).
+            del item
+
+    async def _within(self, item: Pending, deadline: float, start: float, limit: str) -> Tensors:
+        """The answer of a queued request with a deadline: past it while the request still
+        waits, DeadlinePassed, and it is withdrawn unrun (one already running is waited for).
+        `start` is where its `limit` (its timeout, or the latency target) counts from."""
+        try:
             try:
                 async with asyncio.timeout(deadline - time.monotonic()):
                     return await asyncio.shield(item.future)
@@ -161,22 +189,13 @@ class Batcher:
                 return await asyncio.shield(item.future)
             self._former.withdraw(item)
             leave(item)
+            waited = time.monotonic() - item.enqueued
             raise DeadlinePassed(
-                f"request waited {time.monotonic() - now:.3f} s in the queue of {self.label}, "
+                f"request waited {waited:.3f} s in the queue of {self.label}, "
                 f"past its {limit} of {deadline - start:.3f} s; it was not run"
             )
-        except asyncio.CancelledError:
-            # The client left: a queued request is withdrawn and never computed (a running one
-            # leaves the batcher with its batch).
-            self._former.withdraw(item)
-            item.future.cancel()
-            if item.state != RUNNING:
-                leave(item)
-            raise
         finally:
-            # An error raised from the future keeps this frame in its traceback: not the item,
-            # whose future holds the error (a cycle only the collector would break).
-            del item
+            del item  # as in submit: not in the traceback of the future's error
 
     def pause(self) -> None:
         """Test hook: stop forming batches (queued requests wait) until resume()."""

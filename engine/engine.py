@@ -1,6 +1,9 @@
 """The engine facade: the only thing front-ends talk to.
 
-infer: resolve model -> validate -> (admission) -> (result cache) -> batcher -> backend."""
+infer: resolve model -> validate -> (admission) -> (result cache) -> batcher -> backend. A
+request the data plane decoded comes resolved and validated: its front-end ran the model
+version's input check on the shapes it declared (`InferRequest.checked`), and while that
+version serves, the engine neither resolves nor validates the inputs again."""
 
 from __future__ import annotations
 
@@ -16,21 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from batching.errors import BatchingError, DeadlinePassed, QueueFull
+from engine.accepted import Accepted, Clock, first_axis, priority_level, request_clock
 from engine.auth import ANONYMOUS_TENANT, Authenticator
 from engine.cache import CachedResult, ResultCache, build_cache, cache_requested
-from engine.cached import CachedInference
-from engine.errors import (
-    EngineError,
-    Forbidden,
-    InvalidInput,
-    ShuttingDown,
-    from_batching,
-)
+from engine.cache.inference import CachedInference
+from engine.errors import EngineError, from_batching
 from engine.generation.service import GenerationService
 from engine.limits import Limiter, build_limiter
 from engine.limits.limiter import Admission
 from engine.metrics import Metrics
-from engine.model import LoadedModel
+from engine.model import LoadedModel, ModelCheck
 from engine.on_demand import OnDemandLoader
 from engine.queries import ModelQueries
 from engine.regions import SystemRegions
@@ -39,14 +37,9 @@ from engine.repository import Repository
 from engine.settings import EngineSettings
 from engine.tracing import build_tracing
 from engine.types import InferRequest, InferResponse
-from engine.validate import (
-    check_request,
-)
 
 log = logging.getLogger("sluice.engine")
 
-MAX_FRONT_END_S = 3600.0
-"""A request's `arrived` older than this (or later than the engine took it) is not believed."""
 NEVER_RAN = (QueueFull, DeadlinePassed)
 """What the batcher refuses before running a request: its admission charge is refunded."""
 
@@ -164,23 +157,42 @@ class Engine(ModelQueries):
                 self._idle.set()
 
     async def _infer(self, request: InferRequest) -> InferResponse:
-        started = time.monotonic()
-        if self._draining:
-            raise ShuttingDown()
+        # Draining is the data plane's to refuse, before it decodes the request: one it let in
+        # is answered (Batcher.drain serves requests still arriving).
+        clock = request_clock(request.arrived)
+        model = self._checked_model(request)
         on_demand = self.registry.on_demand
-        if on_demand is None:
+        if on_demand is not None:
+            return await self._infer_on_demand(request, clock, model, on_demand)
+        if model is None:
             model = self.registry.resolve(request.model_name, request.model_version)
-            return await self._serve(model, request, started)
-        return await self._infer_on_demand(request, started, on_demand)
+        return await self._serve(model, request, clock)
+
+    def _checked_model(self, request: InferRequest) -> LoadedModel | None:
+        """The version that the front-end's input check resolved and checked the request
+        against, while it still serves: the request is not resolved again (after a reload or
+        an unload meanwhile, it is)."""
+        checked = request.checked
+        check = None if checked is None else checked.check
+        if type(check) is not ModelCheck:
+            return None
+        model = check.model
+        if model is None or model.name != request.model_name or not self.registry.serves(model):
+            return None
+        return model
 
     async def _infer_on_demand(
-        self, request: InferRequest, started: float, on_demand: OnDemandLoader
+        self,
+        request: InferRequest,
+        clock: Clock,
+        model: LoadedModel | None,
+        on_demand: OnDemandLoader,
     ) -> InferResponse:
         registry, name, version = self.registry, request.model_name, request.model_version
-        if registry.has(name):
-            model = registry.resolve(name, version)
+        if model is not None or registry.has(name):
+            model = model or registry.resolve(name, version)
             with on_demand.held(model.name):  # never evicted while this request holds it
-                return await self._serve(model, request, started)
+                return await self._serve(model, request, clock)
         # Not resident. The tenant is admitted first: a request its tenant may not send now
         # never loads a model (nor evicts one). A model loaded before checks the request now.
         last = None
@@ -188,7 +200,7 @@ class Engine(ModelQueries):
             last = registry.describe(name, version)
         else:
             on_demand.exists(name)  # an unknown name is refused before any charge
-        rows = self._rows(request, last)
+        rows = first_axis(request) if last is None else last.rows(request)
         tenant = request.tenant or ANONYMOUS_TENANT
         wait_s = request.timeout_s or self.settings.model_memory.load_wait_s
         with await self.limiter.admit(tenant, name, rows) as admission:
@@ -197,31 +209,20 @@ class Engine(ModelQueries):
                 # (once for the requests that miss together).
                 with on_demand.held(name):
                     load = functools.partial(registry.acquire, name, version, wait_s)
-                    return await self._serve(last, request, started, load, admission)
+                    return await self._serve(last, request, clock, admission, load, rows)
             try:
                 model = await registry.acquire(name, version, wait_s)
             except EngineError:  # never ran: the charge goes back
                 await admission.refund(admission.charged)
                 raise
             with on_demand.held(model.name):
-                return await self._serve(model, request, started, admitted=admission)
+                return await self._serve(model, request, clock, admission)
 
-    @staticmethod
-    def _rows(request: InferRequest, last: LoadedModel | None) -> int:
-        """The request's rows, for admission before its model is loaded: checked against the
-        model's last load, or (never loaded) the first input's first axis."""
-        if last is not None:
-            return check_request(
-                request, last.backend.inputs, last.backend.outputs, last.max_batch_size, last.label
-            )
-        first = next(iter(request.inputs.values()), None)
-        return len(first) if first is not None and first.ndim else 1
-
-    def _may_hit(self, last: LoadedModel, request: InferRequest) -> bool:
-        """Whether the result cache may answer a request of a model loaded before."""
+    def _may_hit(self, model: LoadedModel, request: InferRequest) -> bool:
+        """Whether the result cache may answer the request."""
         return (
             self._cached is not None
-            and last.config.cache.enabled
+            and model.config.cache.enabled
             and cache_requested(request.parameters)
         )
 
@@ -229,161 +230,123 @@ class Engine(ModelQueries):
         self,
         model: LoadedModel,
         request: InferRequest,
-        started: float,
-        load: Callable[[], Awaitable[LoadedModel]] | None = None,
+        clock: Clock,
         admitted: Admission | None = None,
+        load: Callable[[], Awaitable[LoadedModel]] | None = None,
+        rows: int | None = None,
     ) -> InferResponse:
-        """Answer the request with `model`. With `load`, `model` is an evicted version's last
-        load, and `load` gives the version to run when the answer is not in the result cache;
-        with `admitted`, the tenant was admitted before the model was loaded (on_demand)."""
-        tenant = request.tenant or ANONYMOUS_TENANT
+        """Answer the request with `model`. With `admitted`, the tenant was admitted before the
+        model was loaded (on_demand); with `load` too, `model` is an evicted version's last load
+        that counted the request's `rows`, and `load` gives the version to run when the answer
+        is not in the result cache."""
         try:
-            rows = check_request(
-                request,
-                model.backend.inputs,
-                model.backend.outputs,
-                model.max_batch_size,
-                model.label,
-            )
-            # Everything that can refuse a request is checked before admission charges for it.
-            priority = self._priority(
-                model, request.priority, tenant, self.limiter.limits_for(tenant).priority
-            )
+            accepted = self._accept(model, request, clock, load, rows)
         except EngineError:
             if admitted is not None:  # charged before its model could check it: refunded
                 await admitted.refund(admitted.charged)
             raise
-        use_cache = (
-            self._cached is not None
-            and model.config.cache.enabled
-            and cache_requested(request.parameters)
-        )
         if admitted is not None:
-            return await self._charged(
-                model, request, rows, priority, started, use_cache, admitted, load
-            )
-        admit = self.limiter.admit(tenant, model.name, rows)
+            return await self._charged(accepted, admitted)
+        admit = self.limiter.admit(accepted.tenant, model.name, accepted.rows)
         if self.tracing is not None:
             admit = self.tracing.stage("admission", admit)
         with await admit as admission:  # released on the way out (a coroutine pair less)
-            return await self._charged(
-                model, request, rows, priority, started, use_cache, admission, load
-            )
+            return await self._charged(accepted, admission)
 
-    async def _charged(
+    def _accept(
         self,
         model: LoadedModel,
         request: InferRequest,
-        rows: int,
-        priority: int,
-        started: float,
-        use_cache: bool,
-        admission: Admission,
+        clock: Clock,
         load: Callable[[], Awaitable[LoadedModel]] | None,
-    ) -> InferResponse:
+        rows: int | None,
+    ) -> Accepted:
+        """Everything that can refuse the request, checked before admission charges for it."""
+        tenant = request.tenant or ANONYMOUS_TENANT
+        rows = model.rows(request) if rows is None else rows
+        own = self.limiter.limits_for(tenant).priority
+        priority = priority_level(model, request.priority, tenant, own, self.authenticator.open)
+        use_cache = self._may_hit(model, request)
+        return Accepted(model, request, tenant, rows, priority, clock, use_cache, load)
+
+    async def _charged(self, accepted: Accepted, admission: Admission) -> InferResponse:
+        """The answer; a request the queue refused unrun gets its admission's charge back."""
         try:
-            return await self._admitted(
-                model, request, rows, priority, started, use_cache, admission, load
-            )
+            return await self._admitted(accepted, admission)
         except EngineError as exc:
             if isinstance(exc.__cause__, NEVER_RAN):  # refused by the queue: nothing used
                 await admission.refund(admission.charged)
             raise
 
-    def _priority(
-        self, model: LoadedModel, asked: int | None, tenant: str, tenant_priority: int
-    ) -> int:
-        """The request's batching level, numbered as in Triton (1 is the highest): as asked, or
-        else the tenant's own level, or else the model's default_priority_level; 0 asks for the
-        default. A tenant level past the model's lowest is its lowest. With API keys configured,
-        no tenant may ask for a higher level (a smaller number) than its own."""
-        batching = model.config.dynamic_batching
-        lowest = batching.priority_levels
-        own = min(tenant_priority, lowest) if tenant_priority else batching.default_level
-        if not asked:
-            return own
-        if asked > lowest:
-            raise InvalidInput(
-                f"priority {asked} is out of range for {model.label}: its priority levels are "
-                f"1 (highest) to {lowest} (lowest), and 0 or none means its default level "
-                f"{batching.default_level}"
-            )
-        if not self.authenticator.open and asked < own:
-            raise Forbidden(
-                f"tenant '{tenant}' may use priority levels {own} to {lowest} of {model.label} "
-                f"(1 is the highest); asked for {asked}"
-            )
-        return asked
-
-    async def _admitted(
-        self,
-        model: LoadedModel,
-        request: InferRequest,
-        rows: int,
-        priority: int,
-        started: float,
-        use_cache: bool,
-        admission: Admission,
-        load: Callable[[], Awaitable[LoadedModel]] | None = None,
-    ) -> InferResponse:
-        batching = model.config.dynamic_batching
-        timeout_s = request.timeout_s or batching.default_timeout_s
-        arrived = request.arrived
-        if arrived is None or not started - MAX_FRONT_END_S <= arrived <= started:
-            arrived = started  # none given, or not a time the front-end can have taken it
-        deadline = arrived + timeout_s if timeout_s else None
-        names = request.outputs or [spec.name for spec in model.backend.outputs]
-        types = {s.name: s.datatype for s in model.backend.outputs if s.name in names}
-        parameters: dict[str, Any] = {}
-
-        async def compute(
-            deadline: float | None = deadline, on_run: Callable[[], None] | None = None
-        ) -> CachedResult:
-            tenant = request.tenant or ANONYMOUS_TENANT
-            try:
-                runner = model if load is None else await load()
-            except EngineError:  # never ran: the admission's charge goes back
-                await admission.refund(admission.charged)
-                raise
-            # The admission's slots are held while the batcher holds the request: a caller who
-            # leaves while it runs does not free a place for another run of the tenant's.
-            submit = runner.batcher.submit(
-                request.inputs, rows, priority, tenant, deadline, arrived, on_run, admission.hold()
-            )
-            if self.tracing is not None:
-                submit = self.tracing.batched(submit, runner.last_run)
-            try:
-                outputs = await submit
-            except BatchingError as exc:
-                raise from_batching(exc) from exc
-            finish = getattr(runner.backend, "finish_request", None)  # e.g. a tokenizer's
-            if finish is not None:  # padding cut back to this request's own rows
-                outputs = finish(outputs)
-            # A pipeline's answer says e.g. how many rows were truncated (not kept in the cache).
-            parameters.update(getattr(outputs, "parameters", None) or {})
-            return CachedResult({name: outputs[name] for name in names}, types)
-
+    async def _admitted(self, accepted: Accepted, admission: Admission) -> InferResponse:
+        """The answer from the result cache or the model, counted in the model's statistics."""
+        model, request = accepted.model, accepted.request
+        timeout_s = request.timeout_s or model.config.dynamic_batching.default_timeout_s
+        deadline = accepted.clock.arrived + timeout_s if timeout_s else None
+        parameters: dict[str, Any] = {}  # the answer's: a pipeline's, and whether it hit
+        compute = functools.partial(self._compute, accepted, admission, parameters)
         try:
-            if use_cache:
+            if accepted.use_cache:
                 assert self._cached is not None
+                rows, priority = accepted.rows, accepted.priority
                 result, hit = await self._cached.result(
                     model, request, rows, compute, deadline, priority, self.tracing
                 )
                 parameters["cache_hit"] = hit
             else:
-                result = await compute()
+                result = await compute(deadline, None)
         except EngineError:
-            model.stats.request_done(time.monotonic() - started, ok=False)
+            model.stats.request_done(time.monotonic() - accepted.clock.received, ok=False)
             raise
-        model.stats.request_done(time.monotonic() - started, ok=True)
-        return InferResponse(
-            model_name=model.name,
-            model_version=model.version,
-            outputs=dict(result.outputs),
-            datatypes=dict(result.datatypes),
-            id=request.id,
-            parameters=parameters,
+        model.stats.request_done(time.monotonic() - accepted.clock.received, ok=True)
+        # Positional: keywords cost twice as much (the field order is InferResponse's).
+        outputs, datatypes = dict(result.outputs), dict(result.datatypes)
+        return InferResponse(model.name, model.version, outputs, datatypes, request.id, parameters)
+
+    async def _compute(
+        self,
+        accepted: Accepted,
+        admission: Admission,
+        parameters: dict[str, Any],
+        deadline: float | None,
+        on_run: Callable[[], None] | None,
+    ) -> CachedResult:
+        """Run the request in its model's batcher (loading an evicted version first): the
+        result cache's `Compute`, which gives the deadline it keeps in the queue and what to
+        call when its batch starts; the answer's `parameters` are added to."""
+        model, request = accepted.model, accepted.request
+        try:
+            runner = model if accepted.load is None else await accepted.load()
+        except EngineError:  # never ran: the admission's charge goes back
+            await admission.refund(admission.charged)
+            raise
+        # The admission's slots are held while the batcher holds the request: a caller who
+        # leaves while it runs does not free a place for another run of the tenant's.
+        submit = runner.batcher.submit(
+            request.inputs,
+            accepted.rows,
+            accepted.priority,
+            accepted.tenant,
+            deadline,
+            accepted.clock.arrived,
+            on_run,
+            admission.hold(),
         )
+        if self.tracing is not None:
+            submit = self.tracing.batched(submit, runner.last_run)
+        try:
+            outputs = await submit
+        except BatchingError as exc:
+            raise from_batching(exc) from exc
+        finish = getattr(runner.backend, "finish_request", None)  # e.g. a tokenizer's
+        if finish is not None:  # padding cut back to this request's own rows
+            outputs = finish(outputs)
+        # A pipeline's answer says e.g. how many rows were truncated (not kept in the cache).
+        parameters.update(getattr(outputs, "parameters", None) or {})
+        specs = model.backend.outputs
+        names = request.outputs or [spec.name for spec in specs]
+        types = {spec.name: spec.datatype for spec in specs if spec.name in names}
+        return CachedResult({name: outputs[name] for name in names}, types)
 
     # -- internals -------------------------------------------------------------------------------
 

@@ -83,7 +83,8 @@ class EngineFacade(Protocol):
         inference asks this first, so a request costs no await for its check."""
 
     async def input_check(self, name: str, version: str | None = None) -> InputCheck:
-        """The check of declared shapes and datatypes run before any tensor is decoded."""
+        """The check of declared shapes and datatypes run before any tensor is decoded (the
+        data plane passes what it found to `infer`: InferRequest.checked)."""
 
     def server_metadata(self) -> dict[str, Any]:
         """The server's name, version and protocol extensions."""

@@ -7,7 +7,8 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from engine.generation.generator import Generator, TextGenerator
 from engine.model_config import ModelConfig, PadSpec, effective_batching
 from engine.settings import BatchingDefaults
 from engine.stats import ModelStats
-from engine.types import TensorSpec
-from engine.validate import InputCheck, check_inputs
+from engine.types import InferRequest, TensorSpec
+from engine.validate import check_inputs, check_outputs
 
 log = logging.getLogger("sluice.model")
 
@@ -232,15 +233,24 @@ class LoadedModel:
         return f"model '{self.name}' version {self.version}"
 
     @functools.cached_property
-    def input_check(self) -> InputCheck:
+    def input_check(self) -> ModelCheck:
         """The check front-ends run on the shapes and datatypes a request declares, before
-        decoding any tensor data (the engine checks the decoded arrays again)."""
-        return functools.partial(
-            check_inputs,
-            inputs=self.backend.inputs,
-            max_batch_size=self.max_batch_size,
-            label=self.label,
-        )
+        decoding any tensor data: `rows` takes its answer instead of checking them again."""
+        return ModelCheck(self)
+
+    def rows(self, request: InferRequest) -> int:
+        """The request's rows (1 if unbatched), checked against this version: its inputs, unless
+        its front-end ran this version's `input_check` on them (the decoded arrays have the
+        shapes and datatypes they declared), then the outputs it asks for; else InvalidInput."""
+        checked = request.checked
+        if checked is not None and checked.check is self.input_check and type(checked.rows) is int:
+            rows = checked.rows
+        else:
+            shapes = {name: array.shape for name, array in request.inputs.items()}
+            rows = self.input_check(shapes, request.datatypes)
+        if request.outputs is not None:
+            check_outputs(request.outputs, self.backend.outputs, self.label)
+        return rows
 
     def inputs(self) -> tuple[TensorSpec, ...]:
         return self.backend.inputs
@@ -255,6 +265,29 @@ class LoadedModel:
         await self.batcher.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
         self.backend.close()
+
+
+class ModelCheck:
+    """One version's InputCheck (`check_inputs` against its inputs), which knows its version
+    (weakly: the version keeps its check, and a cycle would outlive an unload until the
+    collector ran): the engine serves a request its front-end checked with the version that
+    checked it."""
+
+    __slots__ = ("_model", "inputs", "label", "max_batch_size")
+
+    def __init__(self, model: LoadedModel) -> None:
+        self._model = weakref.ref(model)
+        self.inputs = model.backend.inputs
+        self.max_batch_size = model.max_batch_size
+        self.label = model.label
+
+    @property
+    def model(self) -> LoadedModel | None:
+        """The version, or None once it is gone."""
+        return self._model()
+
+    def __call__(self, shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> int:
+        return check_inputs(shapes, datatypes, self.inputs, self.max_batch_size, self.label)
 
 
 async def load_model(

@@ -131,6 +131,11 @@ class ModelRegistry:
     def has(self, name: str) -> bool:
         return name in self._models
 
+    def serves(self, model: LoadedModel) -> bool:
+        """Whether `model` is still loaded (not retired by a reload or an unload since)."""
+        versions = self._models.get(model.name)
+        return versions is not None and versions.get(model.version) is model
+
     def config_loaded(self, name: str) -> bool:
         """Whether a load request's config replaces the folder's config.yaml of `name`."""
         return name in self._configs

@@ -87,7 +87,7 @@ class ModelStats:
     As in Triton, `success` counts every answered request (cache hits included) and the compute
     stages count each request that ran once, with its batch's time; a cache hit has no compute.
     `queue` counts every success too: a request the batcher ran, a cache hit, and a request that
-    joined an identical one in flight (engine/cached.py counts those two).
+    joined an identical one in flight (engine/cache/inference.py counts those two).
     """
 
     def __init__(self) -> None:

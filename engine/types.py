@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,25 @@ class InferRequest:
     latency target count from there (None: from when the engine took it)."""
     shared_inputs: dict[str, SharedTensor] | None = None
     shared_outputs: dict[str, SharedTensor] | None = None
+    checked: Checked | None = None
+    """The input check its front-end ran on the declared shapes and datatypes (the data plane
+    sets it): the engine neither resolves the model nor checks the inputs again when that check
+    is of the model version that serves the request."""
+
+
+class Checked:
+    """An input check as the data plane hands it to one request's decoder (in place of the
+    check itself): what `check` returned, kept with the request it checked."""
+
+    __slots__ = ("check", "rows")
+
+    def __init__(self, check: Callable[..., object]) -> None:
+        self.check = check
+        self.rows: object = None
+        """What `check` returned (a model's check: the request's rows); None until it ran."""
+
+    def __call__(self, shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> None:
+        self.rows = self.check(shapes, datatypes)
 
 
 @dataclass(slots=True)

@@ -33,15 +33,21 @@ def check_request(
     shapes = {name: array.shape for name, array in request.inputs.items()}
     rows = check_inputs(shapes, request.datatypes, inputs, max_batch_size, label)
     if request.outputs is not None:
-        known = [spec.name for spec in outputs]
-        for name in request.outputs:
-            if name not in known:
-                raise InvalidInput(
-                    f"unknown output '{name}' requested from {label}; it has: {', '.join(known)}"
-                )
-        if len(set(request.outputs)) != len(request.outputs):
-            raise InvalidInput(f"an output is requested twice: {', '.join(request.outputs)}")
+        check_outputs(request.outputs, outputs, label)
     return rows
+
+
+def check_outputs(names: Sequence[str], outputs: Sequence[TensorSpec], label: str) -> None:
+    """The outputs a request asks for by name: InvalidInput for one the model lacks or one
+    asked twice."""
+    known = [spec.name for spec in outputs]
+    for name in names:
+        if name not in known:
+            raise InvalidInput(
+                f"unknown output '{name}' requested from {label}; it has: {', '.join(known)}"
+            )
+    if len(set(names)) != len(names):
+        raise InvalidInput(f"an output is requested twice: {', '.join(names)}")
 
 
 def unchecked(shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> None:

@@ -31,7 +31,8 @@ from engine.auth import Principal, admin_action, log_admin_action
 from engine.errors import BackendError, EngineError, ModelNotFound, ShuttingDown
 from engine.facade import EngineFacade
 from engine.generation.service import GenerateRequest, TokenStream
-from engine.types import InferRequest, InferResponse, ModelMetadata
+from engine.tracing import RequestSpan, Tracing
+from engine.types import Checked, InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server import shared_tensors
 from server.auth_headers import authenticate_headers
@@ -329,20 +330,13 @@ class DataPlane:
     async def infer(self, call: InferCall[W], principal: Principal | None = None) -> W:
         """Answer one inference call (authenticating it unless `principal` is given, as for
         each message of a stream), counted in the metrics, logged at debug level and traced.
-        Errors reach the transport as EngineErrors: a bug is logged here with its traceback
-        and becomes BackendError(INTERNAL_ERROR)."""
+        The plane owns the call's door and clock: it refuses it while draining, before it is
+        decoded, and its start is the request's `arrived`. Errors reach the transport as
+        EngineErrors: a bug is logged here with its traceback and becomes
+        BackendError(INTERNAL_ERROR)."""
         started = time.monotonic()
         engine = self.engine
-        tracing = engine.tracing
-        span = None
-        if tracing is not None:
-            headers = call.headers
-            carrier = (
-                headers
-                if isinstance(headers, Mapping)
-                else {key: value for key, value in headers if isinstance(value, str)}
-            )
-            span = tracing.begin(call.span_name, call.protocol, call.model, carrier)
+        span = None if engine.tracing is None else _begin(engine.tracing, call)
         status, served = 200, ""
         try:
             if engine.draining:  # refuse before reading and decoding the request
@@ -351,16 +345,7 @@ class DataPlane:
                 principal = self.authenticate(call.headers, call.model)
             else:
                 principal.check_model(call.model)
-            check = engine.cached_input_check(call.model, call.version)
-            if check is None:  # a worker's first request for this model (generation)
-                check = await engine.input_check(call.model, call.version)
-            request = await call.decode(check)
-            request.tenant = principal.tenant
-            request.arrived = started  # its deadline counts from here, decoding included
-            if request.shared_inputs is not None:
-                await shared_tensors.read_inputs(
-                    engine.regions, principal.tenant, request, self._request_bytes
-                )
+            request = await self._decode(call, principal.tenant, started)
             response = await call.wait(engine.infer(request))
             if request.shared_outputs is not None:
                 response = await shared_tensors.write_outputs(
@@ -368,17 +353,12 @@ class DataPlane:
                 )
             served = response.model_version
             encode_started = time.monotonic()
-            size = sum(array.nbytes for array in response.outputs.values())
             # Checked here, not in off_loop: a coroutine per call costs more than this test.
-            answer = (
-                call.encode(response)
-                if size <= OFFLOAD_BYTES
-                else await asyncio.to_thread(call.encode, response)
-            )
-            encoded = time.monotonic()
-            engine.metrics.encoded(call.protocol, encoded - encode_started)
-            if tracing is not None:
-                tracing.record("encode", encode_started, encoded)
+            if sum(array.nbytes for array in response.outputs.values()) <= OFFLOAD_BYTES:
+                answer = call.encode(response)
+            else:
+                answer = await asyncio.to_thread(call.encode, response)
+            self._encoded(call.protocol, encode_started)
             return answer
         except EngineError as exc:
             status = http_status(exc)
@@ -395,14 +375,53 @@ class DataPlane:
             _LOGS[call.protocol].error("unhandled error in inference", exc_info=exc)
             raise BackendError(INTERNAL_ERROR) from exc
         finally:
-            elapsed = time.monotonic() - started
-            engine.metrics.request(
-                engine.label_for(call.model), served, call.protocol, status, elapsed
-            )
-            log = _LOGS[call.protocol]
-            if log.isEnabledFor(logging.DEBUG):
-                duration_ms = round(elapsed * 1e3, 3)
-                fields = {"model": call.model, "status": status, "duration_ms": duration_ms}
-                log.debug("%s -> %d in %.3f ms", call.access, status, duration_ms, extra=fields)
-            if span is not None and tracing is not None:
-                tracing.end(span, status)
+            self._count(call, served, status, time.monotonic() - started, span)
+
+    async def _decode(self, call: InferCall[W], tenant: str, started: float) -> InferRequest:
+        """The call's request, checked by the engine's input check of its model as it is
+        decoded (`InferRequest.checked`: the engine does not check it again), its inputs in
+        shared memory read."""
+        engine = self.engine
+        check = engine.cached_input_check(call.model, call.version)
+        if check is None:  # a worker's first request for this model (generation)
+            check = await engine.input_check(call.model, call.version)
+        checked = Checked(check)
+        request = await call.decode(checked)
+        request.checked = checked
+        request.tenant = tenant
+        request.arrived = started  # its deadline counts from here, decoding included
+        if request.shared_inputs is not None:
+            await shared_tensors.read_inputs(engine.regions, tenant, request, self._request_bytes)
+        return request
+
+    def _encoded(self, protocol: str, started: float) -> None:
+        """An answer encoded since `started`: timed in the metrics and the trace."""
+        encoded = time.monotonic()
+        self.engine.metrics.encoded(protocol, encoded - started)
+        if self.engine.tracing is not None:
+            self.engine.tracing.record("encode", started, encoded)
+
+    def _count(
+        self, call: InferCall[W], served: str, status: int, elapsed: float, span: RequestSpan | None
+    ) -> None:
+        """The call's metrics, debug log line and span end, once, whatever became of it."""
+        engine = self.engine
+        engine.metrics.request(engine.label_for(call.model), served, call.protocol, status, elapsed)
+        log = _LOGS[call.protocol]
+        if log.isEnabledFor(logging.DEBUG):
+            duration_ms = round(elapsed * 1e3, 3)
+            fields = {"model": call.model, "status": status, "duration_ms": duration_ms}
+            log.debug("%s -> %d in %.3f ms", call.access, status, duration_ms, extra=fields)
+        if span is not None and engine.tracing is not None:
+            engine.tracing.end(span, status)
+
+
+def _begin(tracing: Tracing, call: InferCall[W]) -> RequestSpan:
+    """The call's root span, continuing the W3C trace context its headers carry."""
+    headers = call.headers
+    carrier = (
+        headers
+        if isinstance(headers, Mapping)
+        else {key: value for key, value in headers if isinstance(value, str)}
+    )
+    return tracing.begin(call.span_name, call.protocol, call.model, carrier)

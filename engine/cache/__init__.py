@@ -1,6 +1,7 @@
 """Result cache: keys, the binary value codec, memory / Redis / tiered backends and in-flight
 coalescing. The engine builds one cache with `build_cache(settings.cache)` and one `Coalescer`,
-and looks requests up after admission and validation, before the batcher."""
+and looks requests up after admission and validation, before the batcher; `inference.py` is that
+path of a request (`CachedInference`: the lookup, coalescing and storing around its computation)."""
 
 from typing import TYPE_CHECKING
 

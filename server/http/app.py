@@ -65,15 +65,15 @@ def create_app(settings: Settings, engine: EngineFacade) -> ASGIApp:
     """The ASGI application serving `engine`: the inference route in front of FastAPI, so the
     hot path skips FastAPI's layers (see server/http/infer_route.py), both over one data plane."""
     plane = DataPlane(engine, settings)
-    bounded = BodyLimit(fastapi_app(settings, plane), settings.max_request_bytes)
-    return InferRoute(bounded, plane, settings)
+    routes = InferRoute(fastapi_app(settings, plane), plane, settings)
+    return BodyLimit(routes, settings.max_request_bytes)
 
 
 class BodyLimit:
     """ASGI middleware: a request body past `limit` bytes is PayloadTooLarge (413) when the app
-    reads it, as soon as its Content-Length or the bytes received pass the limit. The infer
-    route bounds its own body (server/http/infer_route.py); this bounds every other route's: a
-    prompt, a generate request, a repository load."""
+    reads it, as soon as its Content-Length or the bytes received pass the limit. The one bound
+    of every route's body: an inference request, a prompt, a generate request, a repository
+    load."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
@@ -84,8 +84,17 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         limit = self.limit
-        length = next((v for k, v in scope["headers"] if k == b"content-length"), b"")
-        declared = int(length) if length.isdigit() else 0
+        declared = -1
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                declared = int(value) if value.isdigit() else -1
+                break
+        if 0 <= declared <= limit:
+            # The server reads no more body than a Content-Length declares (HTTP/1.1 framing;
+            # httptools refuses one sent with Transfer-Encoding too): only a body without
+            # one, or one declared past the limit, is bounded as it is read.
+            await self.app(scope, receive, send)
+            return
         size = 0
 
         async def bounded() -> Message:

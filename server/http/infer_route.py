@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.errors import EngineError, InvalidInput, PayloadTooLarge, ShuttingDown
+from engine.errors import EngineError, InvalidInput, ShuttingDown
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import raw_tensors
@@ -50,7 +50,7 @@ class InferRoute:
     def __init__(self, app: ASGIApp, plane: DataPlane, settings: Settings) -> None:
         self.app = app
         self.plane = plane
-        self.limit = settings.max_request_bytes
+        self.limit = settings.max_request_bytes  # of an inflated body: the sent one is BodyLimit's
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.plane.draining:
@@ -192,20 +192,14 @@ class HttpCall:
         return await _unless_gone(self._when_gone, answer)
 
     async def read_body(self) -> bytes:
-        """The whole body, or PayloadTooLarge as soon as it passes the limit."""
-        declared = self._mapped.get("content-length", "")
-        if declared.isdigit() and int(declared) > self._limit:
-            raise PayloadTooLarge(int(declared), self._limit)
-        chunks, size = [], 0
+        """The whole body; past `max_request_bytes` the receive of server.http.app.BodyLimit,
+        in front of this route, raises PayloadTooLarge as soon as it is declared or arrives."""
+        chunks = []
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
                 raise ClientGone
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self._limit:
-                raise PayloadTooLarge(size, self._limit)
-            chunks.append(chunk)
+            chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 

@@ -80,8 +80,7 @@ def error_body(
     message: str, status: int, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
     """OpenAI's error object for a refusal that is not an engine error."""
-    return {"error": {"message": message, "type": error_type(status), "param": param,
-                      "code": code}}  # fmt: skip
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
 def unknown_model(name: str) -> str:

@@ -102,8 +102,10 @@ class RemoteEngine(RemoteControl):
     # -- inference -------------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        if self.draining:
-            raise errors.ShuttingDown()
+        """The engine process's answer. Draining is the data plane's to refuse: a request it
+        let in is sent, unless the connection it would go on is gone."""
+        if self.engine_gone.is_set():  # nothing would answer it (as EngineChannel._call)
+            raise errors.ShuttingDown("the engine process is gone")
         arrays = request.inputs
         size = slot_bytes(arrays)
         if size <= WRITE_OFF_LOOP_BYTES:  # no coroutine to place them: most requests
@@ -115,8 +117,33 @@ class RemoteEngine(RemoteControl):
             if self.engine_gone.is_set():  # while the tensors were copied
                 self.allocator.free(offset)
                 raise errors.ShuttingDown("the engine process is gone")
+        call_id = next(self._ids)
+        self._send_infer(call_id, offset, size, described, request)
+        # From here the slot is the engine's until it says FREE_IN.
+        assert self._loop is not None
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        self._pending[call_id] = future
+        if not self._infers:
+            self._idle.clear()
+        self._infers += 1
         try:
-            call_id = next(self._ids)
+            result = await future  # as _answer does, without its coroutine
+        except asyncio.CancelledError:
+            if self._pending.pop(call_id, None) is not None:
+                self._send(Kind.CANCEL, {"id": call_id})
+            raise
+        finally:
+            self._infers -= 1
+            if not self._infers:
+                self._idle.set()
+        return self._response(result)
+
+    def _send_infer(
+        self, call_id: int, offset: int, size: int, described: Any, request: InferRequest
+    ) -> None:
+        """Queue the INFER frame item of a request whose inputs are in the in-slot at `offset`
+        (one INFER frame for all of this flush's); a request never sent frees its slot."""
+        try:
             message = [  # frames.py INFER_ITEMS
                 call_id,
                 offset,
@@ -140,32 +167,18 @@ class RemoteEngine(RemoteControl):
         except BaseException:
             self.allocator.free(offset)  # never sent: the slot is still this worker's
             raise
-        # From here the slot is the engine's until it says FREE_IN.
-        assert self._loop is not None
-        future: asyncio.Future[list[Any]] = self._loop.create_future()
-        self._pending[call_id] = future
-        self._outbox.items.append(data)  # one INFER frame for all of this flush's
+        self._outbox.items.append(data)
         if not self._flush_scheduled:
             self._schedule_flush(INFER_FLUSH_TURNS)
-        if not self._infers:
-            self._idle.clear()
-        self._infers += 1
-        try:
-            result = await future  # as _answer does, without its coroutine
-        except asyncio.CancelledError:
-            if self._pending.pop(call_id, None) is not None:
-                self._send(Kind.CANCEL, {"id": call_id})
-            raise
-        finally:
-            self._infers -= 1
-            if not self._infers:
-                self._idle.set()
-        # The answer a RESULT frame (frames.py RESULT_ITEMS) describes, here rather than
-        # in a call of its own.
+
+    def _response(self, result: list[Any]) -> InferResponse:
+        """The answer a RESULT frame item (frames.py RESULT_ITEMS) describes: arrays viewing its
+        out-slot, which is freed once they are all gone."""
         _, at, nbytes, described, model_name, model_version, datatypes, id_, parameters = result
         slot = self.outputs.slot(at, nbytes)
         watcher = self._watcher
         if watcher is None:
+            assert self._loop is not None
             watcher = self._watcher = SlotWatcher(self._loop, self._free_out_slot)
         watcher.watch(slot, at)
         outputs = view_tensors(slot, described)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import shutil
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -15,7 +16,8 @@ import pytest
 from engine.demo import write_demo_repository
 from engine.engine import Engine
 from engine.errors import DeadlineExceeded, InvalidInput, Overloaded, RateLimited
-from engine.types import InferRequest
+from engine.types import Checked, InferRequest
+from engine.validate import check_inputs
 from server.settings import load_settings
 
 
@@ -254,3 +256,82 @@ async def test_a_concurrency_slot_is_held_until_a_left_request_s_batch_is_over(
         assert held.runs == 2
     finally:
         await engine.close()
+
+
+# -- each per-request check once ------------------------------------------------------------------
+
+
+def checked_request(check: object, x: np.ndarray, version: str | None = None) -> InferRequest:
+    """A request as the data plane hands it over: its inputs' declared shapes and datatypes
+    run through `check` on the way (InferRequest.checked)."""
+    checked = Checked(check)  # type: ignore[arg-type]
+    checked({"x": x.shape}, {"x": "FP32"})
+    asked = InferRequest("demo", {"x": x}, {"x": "FP32"}, model_version=version)
+    asked.checked = checked
+    return asked
+
+
+async def test_a_request_is_served_by_the_version_its_check_resolved(tmp_path: Path) -> None:
+    """The front-end's input check resolved the model: the engine does not resolve it again
+    while that version serves (two versions served: the check of version 1 for a request for
+    the latest is answered by version 1; resolving again, by version 2)."""
+    repo = write_demo_repository(tmp_path / "models")
+    shutil.copytree(repo / "demo" / "1", repo / "demo" / "2")
+    config = repo / "demo" / "config.yaml"
+    config.write_text(config.read_text() + "version_policy: {all: true}\n")
+    engine = Engine(load_settings(model_repository=repo))
+    await engine.start()
+    try:
+        first = engine.registry.resolve("demo", "1")
+        x = np.ones((1, 16), np.float32)
+        assert (await engine.infer(request(x))).model_version == "2"  # the latest
+        assert (await engine.infer(checked_request(first.input_check, x))).model_version == "1"
+        # A check of another model, or none that ran, resolves the request as before.
+        other = checked_request(lambda shapes, types: None, x)
+        assert (await engine.infer(other)).model_version == "2"
+    finally:
+        await engine.close()
+
+
+async def test_inputs_its_check_passed_are_not_checked_again(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shapes and datatypes are checked once: by the model's input check as the front-end
+    decodes them, or by the engine for a request that comes without one."""
+    calls: list[object] = []
+
+    def counted(*args: object) -> int:
+        calls.append(args)
+        return check_inputs(*args)  # type: ignore[arg-type]
+
+    model = engine.registry.resolve("demo", None)
+    x = np.zeros((2, 16), np.float32)
+    stamped = checked_request(model.input_check, x)  # the front-end's check: before counting
+    monkeypatch.setattr("engine.model.check_inputs", counted)
+    monkeypatch.setattr("engine.validate.check_inputs", counted)
+    assert (await engine.infer(stamped)).outputs["probabilities"].shape == (2, 10)
+    assert calls == []
+    assert (await engine.infer(request(x))).outputs["probabilities"].shape == (2, 10)
+    assert len(calls) == 1
+
+
+async def test_the_engine_serves_a_request_the_data_plane_let_in_before_a_drain(
+    engine: Engine,
+) -> None:
+    """Draining is refused once, by the data plane before it decodes a request: one it let in
+    is answered, not refused again by the engine."""
+    engine.stop_accepting()
+    answer = await engine.infer(request(np.zeros((1, 16), np.float32)))
+    assert answer.outputs["probabilities"].shape == (1, 10)
+
+
+async def test_a_request_s_statistics_count_from_the_engine_s_receipt(engine: Engine) -> None:
+    """The request's clock starts when the data plane took it (`arrived`: its deadline counts
+    from there); the model's statistics count from the engine's receipt, as Triton's `success`
+    does (decoding is the front-end's: docs/protocol/triton-extensions.md)."""
+    stats = engine.registry.resolve("demo", None).stats
+    before = stats.success.as_dict()["ns"]
+    late = request(np.full((1, 16), 7.0, np.float32), timeout_s=5)
+    late.arrived = time.monotonic() - 0.5
+    await engine.infer(late)
+    assert 0 < stats.success.as_dict()["ns"] - before < 0.5e9

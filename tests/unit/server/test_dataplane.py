@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 from typing import Any, NoReturn
 
@@ -146,6 +147,21 @@ async def test_a_cancelled_call_is_499(plane: DataPlane, engine: FakeEngine) -> 
     with pytest.raises(asyncio.CancelledError):
         await call
     assert counted(engine) == {("slow", "", "grpc", "499"): 1.0}
+
+
+async def test_the_request_carries_its_check_and_its_arrival_to_the_engine(
+    plane: DataPlane, engine: FakeEngine
+) -> None:
+    """The plane runs the engine's input check as the request is decoded and hands the engine
+    what it found (InferRequest.checked: the engine checks it no more), and its start time
+    (`arrived`: the engine's clock for the request starts there)."""
+    before = time.monotonic()
+    await plane.infer(Call())
+    sent = engine.requests[-1]
+    assert sent.checked is not None
+    assert sent.checked.rows == 2  # what the engine's check of double said of x [2, 4]
+    assert sent.arrived is not None
+    assert before <= sent.arrived <= time.monotonic()
 
 
 async def test_draining_refuses_before_decoding(plane: DataPlane, engine: FakeEngine) -> None:

@@ -13,6 +13,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from engine.errors import Overloaded
 from server.dataplane import DataPlane
+from server.http.app import BodyLimit
 from server.http.cycle import RESPOND, WHEN_GONE
 from server.http.infer_route import InferRoute
 from server.settings import Settings
@@ -160,7 +161,9 @@ async def test_a_declared_length_past_the_limit_is_413_before_reading(
 ) -> None:
     headers = [("content-type", "application/json"), ("content-length", str(LIMIT + 1))]
     # No body message is given: reading one would fail the test (pop from an empty list).
-    answer = await _answer(route, _scope("/v2/models/double/infer", headers=headers))
+    # The bound is BodyLimit's, in front of every route (server/http/app.py).
+    bounded = BodyLimit(route, LIMIT)
+    answer = await _answer(bounded, _scope("/v2/models/double/infer", headers=headers))  # type: ignore[arg-type]
     assert answer.status == 413
     assert answer.json() == {
         "error": f"request body of {LIMIT + 1} bytes exceeds the limit of {LIMIT} bytes"
@@ -172,7 +175,8 @@ async def test_a_streamed_body_past_the_limit_is_413_at_the_chunk_that_passes_it
     route: InferRoute,
 ) -> None:
     chunk = b" " * 1000
-    answer = await _answer(route, _scope("/v2/models/double/infer"), *[chunk] * 5, DOUBLE)
+    bounded = BodyLimit(route, LIMIT)
+    answer = await _answer(bounded, _scope("/v2/models/double/infer"), *[chunk] * 5, DOUBLE)  # type: ignore[arg-type]
     assert answer.status == 413
     assert answer.json() == {
         "error": f"request body of 5000 bytes exceeds the limit of {LIMIT} bytes"

@@ -98,6 +98,16 @@ async def test_every_field_of_a_request_and_of_its_answer_crosses(rig: Rig) -> N
     assert seen[0].arrived is None
 
 
+async def test_a_request_the_data_plane_let_in_is_sent_while_the_worker_drains(rig: Rig) -> None:
+    """Draining is the data plane's to refuse, before it decodes a request (it asks
+    `draining`): the worker's RemoteEngine sends one it let in, and the engine answers it."""
+    remote = await rig.remote()
+    remote.stop_accepting()
+    assert remote.draining
+    answer = await remote.infer(request(np.ones((1, 16), np.float32)))
+    assert answer.outputs["probabilities"].shape == (1, 10)
+
+
 async def test_engine_errors_keep_their_class_message_and_retry_after(rig: Rig) -> None:
     remote = await rig.remote()
     with pytest.raises(ModelNotFound, match="unknown model 'nope'"):

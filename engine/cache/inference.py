@@ -56,28 +56,9 @@ class CachedInference:
         shared computation has no deadline of its own: each caller's timeout counts while it is
         queued (it is withdrawn when the last caller leaves); once it runs, a caller waits for
         it, as for a request without the cache."""
-        cache = self.cache
-        parameters = request.parameters
-        if not self.settings.shared_across_tenants:  # one tenant's entries are its own
-            parameters = {**parameters, "sluice.tenant": request.tenant or ANONYMOUS_TENANT}
-        key = await cache_key_async(
-            self.settings.namespace, model.name, model.version, model.content_fingerprint,
-            request.inputs, request.datatypes, request.outputs, parameters,
-        )  # fmt: skip
-        # Redis is untrusted: an entry is served only if it is what this model computes here.
-        expected = Expected.for_outputs(
-            model.backend.outputs, request.outputs or None, rows if model.max_batch_size else None
-        )
-        looked_up = time.monotonic()
-        lookup = cache.get(key, expected)
-        hit = await (lookup if tracing is None else tracing.stage("cache", lookup))
-        missed = time.monotonic()
+        key, hit, missed = await self._lookup(model, request, rows, tracing)
         if hit is not None:
-            model.stats.cache_hit_served(missed - looked_up)
             return hit, True
-        # Every lookup that missed is a miss, a caller that joins a computation in flight too;
-        # the one that computes adds the insert's time, as Triton counts a miss.
-        model.stats.cache_miss.add(missed - looked_up)
 
         # Callers join a computation queued at their own priority level: one queued at a lower
         # level would make a higher-priority caller wait behind that level's backlog.
@@ -95,7 +76,7 @@ class CachedInference:
                 if self._running_flights.get(flight) is run:
                     del self._running_flights[flight]
             stored = time.monotonic()
-            await cache.put(key, result, model.config.cache.ttl_s)
+            await self.cache.put(key, result, model.config.cache.ttl_s)
             model.stats.cache_miss.add(time.monotonic() - stored, count=0)
             return result, run.started_at if run.started_at is not None else stored
 
@@ -106,6 +87,40 @@ class CachedInference:
             # counted the computation's own request when it ran).
             model.stats.request_dequeued(max(0.0, started_at - missed))
         return result, False
+
+    async def _lookup(
+        self, model: LoadedModel, request: InferRequest, rows: int, tracing: Tracing | None
+    ) -> tuple[bytes, CachedResult | None, float]:
+        """The request's key, its cached result (None: a miss) and when the lookup ended; the
+        lookup counted in the model's statistics (a hit served, or a miss)."""
+        parameters = request.parameters
+        if not self.settings.shared_across_tenants:  # one tenant's entries are its own
+            parameters = {**parameters, "sluice.tenant": request.tenant or ANONYMOUS_TENANT}
+        key = await cache_key_async(
+            self.settings.namespace,
+            model.name,
+            model.version,
+            model.content_fingerprint,
+            request.inputs,
+            request.datatypes,
+            request.outputs,
+            parameters,
+        )
+        # Redis is untrusted: an entry is served only if it is what this model computes here.
+        expected = Expected.for_outputs(
+            model.backend.outputs, request.outputs or None, rows if model.max_batch_size else None
+        )
+        looked_up = time.monotonic()
+        lookup = self.cache.get(key, expected)
+        hit = await (lookup if tracing is None else tracing.stage("cache", lookup))
+        missed = time.monotonic()
+        if hit is not None:
+            model.stats.cache_hit_served(missed - looked_up)
+        else:
+            # Every lookup that missed is a miss, a caller that joins a computation in flight
+            # too; the one that computes adds the insert's time, as Triton counts a miss.
+            model.stats.cache_miss.add(missed - looked_up)
+        return key, hit, missed
 
     async def _shared(
         self,

@@ -1,5 +1,5 @@
-"""The result-cache path (engine/cached.py) on a real demo model with the memory cache: how its
-requests count in the model's Triton statistics."""
+"""The result-cache path (engine/cache/inference.py) on a real demo model with the memory cache:
+how its requests count in the model's Triton statistics."""
 
 from __future__ import annotations
 
