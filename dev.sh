@@ -57,9 +57,12 @@ lock_sources() {
 # Make .venv exactly what lock file $1 lists (sync) or add what it lists (install), then sluice
 # itself, editable, with no dependencies of its own to resolve.
 install_locked() {
-  local how=$1 lock=$2
+  local how=$1 lock=$2 from=()
+  # `uv pip sync` takes the file as an argument; `uv pip install` takes it with -r (an argument
+  # there is a package or an archive).
+  if [ "$how" = install ]; then from=(-r "$lock"); else from=("$lock"); fi
   # shellcheck disable=SC2046  # one option a word
-  uv pip "$how" --quiet --python .venv/bin/python --require-hashes $(lock_sources) "$lock"
+  uv pip "$how" --quiet --python .venv/bin/python --require-hashes $(lock_sources) "${from[@]}"
   uv pip install --quiet --python .venv/bin/python --no-deps -e .
 }
 

@@ -6,6 +6,7 @@ in pyproject.toml without `./dev.sh lock`, an extra nobody locks, a pin without 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tomllib
@@ -110,3 +111,47 @@ def test_the_cpu_image_installs_the_serve_lock_with_hashes() -> None:
     run = " ".join(i.text for i in build.all("RUN"))
     assert "--require-hashes --no-deps -r requirements/serve.txt" in run
     assert "pip install --no-deps /src" in run
+
+
+FAKE_UV = """#!/usr/bin/env bash
+# uv's contract for lock files: `pip sync FILE...`, `pip install -r FILE` (an argument given to
+# `pip install` is a package or an archive, and a .txt one is refused as uv refuses it).
+echo "$*" >> "$LOG"
+if [ "$1 $2" = "pip install" ]; then
+  previous=
+  for arg in "${@:3}"; do
+    if [[ $arg == *.txt && $previous != -r ]]; then
+      echo "error: Failed to parse: \\`$arg\\`" >&2; exit 2
+    fi
+    previous=$arg
+  done
+fi
+"""
+
+
+def test_dev_sh_serve_installs_the_serve_lock_and_serves(tmp_path: Path) -> None:
+    # A fresh machine's first command: the .venv exists (pip answers), uv and sluice are
+    # stand-ins that record what dev.sh asked of them.
+    (tmp_path / "dev.sh").write_text((ROOT / "dev.sh").read_text())
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    scripts = {"python": "#!/bin/sh\nexit 0\n", "uv": FAKE_UV, "sluice": 'echo "$*" >> "$LOG"\n'}
+    for name, text in scripts.items():
+        (bin_dir / name).write_text(text if text.startswith("#!") else "#!/bin/sh\n" + text)
+        (bin_dir / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    result = subprocess.run(
+        ["bash", "dev.sh", "serve", "--http-port", "1"],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], "LOG": str(log), "PIP_FIND_LINKS": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("pip install ")
+    assert calls[0].endswith("-r requirements/serve.txt")
+    assert "--require-hashes" in calls[0]
+    assert calls[-1] == "serve --http-port 1"
