@@ -61,8 +61,11 @@ install_locked() {
   # `uv pip sync` takes the file as an argument; `uv pip install` takes it with -r (an argument
   # there is a package or an archive).
   if [ "$how" = install ]; then from=(-r "$lock"); else from=("$lock"); fi
+  # --compile-bytecode: as pip does at install (uv does not by default); without it every
+  # process the tests start compiles torch's and transformers' modules until their .pyc exist.
   # shellcheck disable=SC2046  # one option a word
-  uv pip "$how" --quiet --python .venv/bin/python --require-hashes $(lock_sources) "${from[@]}"
+  uv pip "$how" --quiet --compile-bytecode --python .venv/bin/python --require-hashes \
+    $(lock_sources) "${from[@]}"
   uv pip install --quiet --python .venv/bin/python --no-deps -e .
 }
 
