@@ -32,8 +32,8 @@ import asyncio
 import ctypes
 import logging
 import threading
-from collections.abc import Callable, Collection
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -52,6 +52,37 @@ MAX_NAME_CHARS = 256
 Room = Callable[[str, str, int], None]
 """`(tenant, name, byte_size)`: raises InvalidInput unless the tenant may hold one more region
 of that name and size (called under the registry's lock)."""
+
+
+class _Leased(Protocol):
+    byte_size: int
+    users: int
+
+
+L = TypeVar("L", bound=_Leased)
+
+
+def lease(
+    lock: threading.Lock,
+    regions: Mapping[tuple[str, str], L],
+    tenant: str,
+    ref: SharedTensor,
+    nbytes: int,
+    what: str,
+) -> L:
+    """The tenant's region `ref` names, its use counted, once `nbytes` from `ref.offset` lie
+    within the region as registered (system and CUDA regions alike)."""
+    with lock:
+        region = regions.get((tenant, ref.region))
+        if region is None:
+            raise RegionNotFound(ref.region)
+        if ref.offset + nbytes > region.byte_size:
+            raise InvalidInput(
+                f"{what}: {nbytes} bytes at shared_memory_offset {ref.offset} pass the end "
+                f"of region '{ref.region}' ({region.byte_size} bytes)"
+            )
+        region.users += 1
+        return region
 
 
 class _Mapping:
@@ -302,17 +333,7 @@ class CudaRegions:
 
     def _lease(self, tenant: str, ref: SharedTensor, nbytes: int, what: str) -> CudaRegion:
         self.require_enabled()
-        with self._lock:
-            region = self._regions.get((tenant, ref.region))
-            if region is None:
-                raise RegionNotFound(ref.region)
-            if ref.offset + nbytes > region.byte_size:
-                raise InvalidInput(
-                    f"{what}: {nbytes} bytes at shared_memory_offset {ref.offset} pass the end "
-                    f"of region '{ref.region}' ({region.byte_size} bytes)"
-                )
-            region.users += 1
-            return region
+        return lease(self._lock, self._regions, tenant, ref, nbytes, what)
 
     def _release(self, region: CudaRegion) -> None:
         with self._lock:

@@ -40,7 +40,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.cuda_regions import CudaRegions
+from engine.cuda_regions import CudaRegions, lease
 from engine.errors import Forbidden, InvalidInput, RegionNotFound
 from engine.settings import SharedMemorySettings
 from engine.types import SharedTensor
@@ -294,17 +294,7 @@ class SystemRegions:
         """The region `ref` names, its use counted, once `nbytes` from `ref.offset` lie within
         the region as registered."""
         self.require_enabled()
-        with self._lock:
-            region = self._regions.get((tenant, ref.region))
-            if region is None:
-                raise RegionNotFound(ref.region)
-            if ref.offset + nbytes > region.byte_size:
-                raise InvalidInput(
-                    f"{what}: {nbytes} bytes at shared_memory_offset {ref.offset} pass the end "
-                    f"of region '{ref.region}' ({region.byte_size} bytes)"
-                )
-            region.users += 1
-            return region
+        return lease(self._lock, self._regions, tenant, ref, nbytes, what)
 
     def _release(self, region: Region) -> None:
         with self._lock:
