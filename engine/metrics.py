@@ -6,7 +6,9 @@ limiter's counters) and cache counters. Front-ends add request counts and latenc
 counts under the HTTP equivalent of its status code (OK 200, INVALID_ARGUMENT 400, NOT_FOUND 404,
 RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, ...; a client that went away 499), so one query covers
 both front-ends. `version` is the version that answered, empty for a failed request (a client
-cannot grow the label set by naming versions that do not exist)."""
+cannot grow the label set by naming versions that do not exist) and for a generation (its routes
+name no version). A generation request counts once, when its last stream ends (a client that
+left first: 499), or when it is refused; its latency runs from its arrival to that end."""
 
 from __future__ import annotations
 
@@ -107,14 +109,16 @@ class _FrontEndCollector:
         metrics = self._metrics
         requests = CounterMetricFamily(
             "sluice_requests",
-            "Inference requests answered, by model, version, protocol and status code.",
+            "Requests answered (inference and generation), by model, version, protocol and "
+            "status code.",
             labels=["model", "version", "protocol", "status"],
         )
         for (model, version, protocol, status), count in list(metrics.counted.items()):
             requests.add_metric([model, version, protocol, str(status)], count)
         latency = HistogramMetricFamily(
             "sluice_request_duration_seconds",
-            "End-to-end inference latency inside the server (decode to encode).",
+            "End-to-end latency inside the server: inference from decode to encode, a "
+            "generation from its arrival to the end of its last stream.",
             labels=["model", "protocol"],
         )
         for (model, protocol), histogram in list(metrics.timed.items()):

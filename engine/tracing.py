@@ -42,7 +42,8 @@ MAX_TRACEPARENT = 55
 
 
 class RequestSpan:
-    """A request's root span, current in the request's context until `Tracing.end`."""
+    """A request's root span, current in the request's context until `Tracing.end` (or
+    `Tracing.detach`, for a request answered by another task: a stream)."""
 
     __slots__ = ("span", "token")
 
@@ -98,7 +99,14 @@ class Tracing:
         if status >= 500:
             request.span.set_status(self._trace.StatusCode.ERROR)
         request.span.end()
-        self._context.detach(request.token)  # type: ignore[arg-type]
+        self.detach(request)
+
+    def detach(self, request: RequestSpan) -> None:
+        """Make the span no longer current here (in the context that began it), leaving it
+        open: its request is answered by another task (a stream), which ends it."""
+        if request.token is not None:
+            self._context.detach(request.token)  # type: ignore[arg-type]
+            request.token = None
 
     def traceparent(self) -> str | None:
         """The current span as a W3C `traceparent`, for another process to continue its trace

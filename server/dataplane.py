@@ -4,16 +4,17 @@ HTTP (server/http/infer_route.py, server/http/app.py, server/http/triton.py, and
 server/http/openai.py and server/http/triton_generate.py) and gRPC (server/grpc/service.py,
 server/grpc/generate.py) convert wire <-> engine types and nothing else; they call one
 `DataPlane`, which authenticates and authorizes the caller, calls the engine facade (this
-process's `Engine`, or a proxy to the engine process with `--workers`), and for inference times,
-traces, counts and logs the request once. Errors stay typed `EngineError`s here (a bug becomes
+process's `Engine`, or a proxy to the engine process with `--workers`), and times, traces,
+counts and logs each request once (server/ledger.py), a generation when its last stream ends
+(server/generating.py). Errors stay typed `EngineError`s here (a bug becomes
 BackendError(INTERNAL_ERROR), logged with its traceback); each transport renders them through
 the one table in server/errors.py.
 
     plane = DataPlane(engine, settings)
     meta = await plane.model_metadata(headers, "demo", None)  # 401 / 403 / 404 as EngineError
     answer = await plane.infer(call)                          # call: an InferCall of the wire
-    caller = plane.generation_caller(headers, "tiny")         # before the body is parsed
-    tokens = await plane.generate(GenerateRequest("tiny", caller.tenant, "Hello"))
+    call = plane.generation_call(route, "tiny")               # before the body is parsed
+    [tokens] = await call.start([GenerateRequest("tiny", call.tenant, "Hello")])
 
 Everything the engine answers is awaited: with `--workers` it is asked of the engine process,
 and the worker's event loop serves its other requests meanwhile.
@@ -22,48 +23,30 @@ and the worker's event loop serves its other requests meanwhile.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from engine.auth import Principal, admin_action, log_admin_action
-from engine.errors import BackendError, EngineError, ModelNotFound, ShuttingDown
+from engine.errors import BackendError, EngineError, ShuttingDown
 from engine.facade import EngineFacade
-from engine.generation.service import GenerateRequest, TokenStream
-from engine.tracing import RequestSpan, Tracing
 from engine.types import Checked, InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
 from server import shared_tensors
 from server.auth_headers import authenticate_headers
 from server.bind import metrics_need_key
-from server.errors import http_status
-from server.fields import refused
+from server.errors import INTERNAL_ERROR, http_status
+from server.generating import GenerationCall, GenerationRoute
+from server.ledger import CLIENT_GONE, LOGS, Headers, Ledger
 from server.raw_tensors import OFFLOAD_BYTES
 from server.settings import Settings
 
 W = TypeVar("W")
 W_co = TypeVar("W_co", covariant=True)
 
-Metadata = Sequence[tuple[str, str | bytes]]
-"""gRPC invocation metadata: (key, value) pairs, a key possibly more than once."""
-
-Headers = Mapping[str, str] | Metadata
-"""HTTP headers, or gRPC invocation metadata."""
-
 Caller = Headers | Principal
 """Who calls: the headers to authenticate, or a principal the data plane authenticated before
 (a transport that must know the caller before it reads a body; each message of a stream)."""
-
-CLIENT_GONE = 499
-"""The status counted for a request whose caller went away (or was cancelled) before its answer:
-nobody is left to answer, and it was withdrawn, not computed."""
-
-INTERNAL_ERROR = "internal error"
-"""What a caller is told about a bug (the traceback is in the server log)."""
-
-_LOGS = {"http": logging.getLogger("sluice.http"), "grpc": logging.getLogger("sluice.grpc")}
-_GENERATION_LOG = logging.getLogger("sluice.generation")
 
 
 class ClientGone(Exception):
@@ -117,8 +100,8 @@ class InferCall(Protocol[W_co]):
 
 
 class DataPlane:
-    """Authenticate, authorize and call the engine, for tensors and for generation; inference
-    also timed, traced, counted."""
+    """Authenticate, authorize, call the engine, time, trace and count: for tensors and for
+    generation."""
 
     def __init__(self, engine: EngineFacade, settings: Settings) -> None:
         self.engine = engine
@@ -130,6 +113,7 @@ class DataPlane:
             "metrics.port serves them without a key)"
         )
         self._request_bytes = settings.max_request_bytes
+        self.ledger = Ledger(engine)
 
     # -- identity --------------------------------------------------------------------------------
 
@@ -293,37 +277,18 @@ class DataPlane:
         generation = self.engine.generation
         return [] if generation is None else generation.generative_models()
 
-    def generation_caller(self, who: Caller, model: object) -> Principal:
-        """The caller, once it may generate with `model` (ABSENT when the request left it out):
-        `who` is the request's headers, or the principal they were authenticated as already
-        where the model's name is in the body (authentication comes before the body is read, so
-        a stranger's is never parsed); ShuttingDown while draining. Its tenant is the one the
-        GenerateRequest carries."""
-        caller = self.authenticate(who)
-        if not isinstance(model, str) or not model:
-            raise refused("model", "a model name (string)", model)
-        caller.check_model(model)
-        if self.engine.draining:
-            raise ShuttingDown()
-        return caller
-
-    async def generate(self, request: GenerateRequest) -> TokenStream:
-        """Admit and queue a generation `generation_caller` allowed, or raise the EngineError
-        saying why not: a bug is logged here with its traceback and becomes
-        BackendError(INTERNAL_ERROR). The plane is a `Generation` itself (with
-        `generative_models`), so a route starts several choices through it as through one."""
-        generation = self.engine.generation
-        if generation is None:
-            raise ModelNotFound(request.model)
-        try:
-            return await generation.generate(request)
-        except EngineError:
-            raise
-        except Exception as exc:  # a bug: the traceback goes to the log, the caller a 500
-            _GENERATION_LOG.error(
-                "unhandled error in generation", exc_info=exc, extra={"model": request.model}
-            )
-            raise BackendError(INTERNAL_ERROR) from exc
+    def generation_call(self, route: GenerationRoute, model: str | None = None) -> GenerationCall:
+        """A generation request arriving by `route`, its caller authenticated from the route's
+        headers (before any body is read: a stranger's is never parsed); with `model`, chosen
+        (`GenerationCall.choose`; a route that reads the model from the body chooses it then).
+        From here it is timed, traced and counted once (server/generating.py), a refusal here
+        included."""
+        call = GenerationCall(self.ledger, route, time.monotonic())
+        with call.reading():
+            call.caller = self.authenticate(route.headers)
+            if model is not None:
+                call.choose(model)
+        return call
 
     # -- inference -------------------------------------------------------------------------------
 
@@ -336,7 +301,7 @@ class DataPlane:
         BackendError(INTERNAL_ERROR)."""
         started = time.monotonic()
         engine = self.engine
-        span = None if engine.tracing is None else _begin(engine.tracing, call)
+        span = self.ledger.begin(call.span_name, call.protocol, call.model, call.headers)
         status, served = 200, ""
         try:
             if engine.draining:  # refuse before reading and decoding the request
@@ -363,7 +328,7 @@ class DataPlane:
         except EngineError as exc:
             status = http_status(exc)
             if status == 500:
-                _LOGS[call.protocol].error(
+                LOGS[call.protocol].error(
                     "inference failed: %s", exc.message, extra={"model": call.model}
                 )
             raise
@@ -372,10 +337,10 @@ class DataPlane:
             raise
         except Exception as exc:  # a bug: the traceback goes to the log, the caller a 500
             status = 500
-            _LOGS[call.protocol].error("unhandled error in inference", exc_info=exc)
+            LOGS[call.protocol].error("unhandled error in inference", exc_info=exc)
             raise BackendError(INTERNAL_ERROR) from exc
         finally:
-            self._count(call, served, status, time.monotonic() - started, span)
+            self.ledger.count(call, served, status, time.monotonic() - started, span)
 
     async def _decode(self, call: InferCall[W], tenant: str, started: float) -> InferRequest:
         """The call's request, checked by the engine's input check of its model as it is
@@ -400,28 +365,3 @@ class DataPlane:
         self.engine.metrics.encoded(protocol, encoded - started)
         if self.engine.tracing is not None:
             self.engine.tracing.record("encode", started, encoded)
-
-    def _count(
-        self, call: InferCall[W], served: str, status: int, elapsed: float, span: RequestSpan | None
-    ) -> None:
-        """The call's metrics, debug log line and span end, once, whatever became of it."""
-        engine = self.engine
-        engine.metrics.request(engine.label_for(call.model), served, call.protocol, status, elapsed)
-        log = _LOGS[call.protocol]
-        if log.isEnabledFor(logging.DEBUG):
-            duration_ms = round(elapsed * 1e3, 3)
-            fields = {"model": call.model, "status": status, "duration_ms": duration_ms}
-            log.debug("%s -> %d in %.3f ms", call.access, status, duration_ms, extra=fields)
-        if span is not None and engine.tracing is not None:
-            engine.tracing.end(span, status)
-
-
-def _begin(tracing: Tracing, call: InferCall[W]) -> RequestSpan:
-    """The call's root span, continuing the W3C trace context its headers carry."""
-    headers = call.headers
-    carrier = (
-        headers
-        if isinstance(headers, Mapping)
-        else {key: value for key, value in headers if isinstance(value, str)}
-    )
-    return tracing.begin(call.span_name, call.protocol, call.model, carrier)

@@ -6,6 +6,9 @@ import grpc
 
 from engine import errors
 
+INTERNAL_ERROR = "internal error"
+"""What a caller is told about a bug (the traceback is in the server log)."""
+
 # Most specific first: subclasses before their bases.
 _TABLE: tuple[tuple[type[errors.EngineError], int, grpc.StatusCode], ...] = (
     (errors.InvalidInput, 400, grpc.StatusCode.INVALID_ARGUMENT),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.datatypes import past_64_bits, received, shown
-from engine.errors import EngineError, InvalidInput, ModelNotFound, ShuttingDown
+from engine.errors import EngineError, InvalidInput, ModelNotFound
 from engine.generation.context import completion_budget
 from engine.generation.generator import TextGenerator
 from engine.generation.sampling import SamplingParams, sampling_params
@@ -120,8 +120,6 @@ class GenerativeEngine(Protocol):
     """What the service uses of the in-process engine (`engine.engine.Engine`)."""
 
     @property
-    def draining(self) -> bool: ...
-    @property
     def registry(self) -> ModelRegistry: ...
     @property
     def limiter(self) -> Limiter: ...
@@ -142,9 +140,9 @@ class GenerationService:
         return sorted(names)
 
     async def generate(self, request: GenerateRequest) -> LocalStream:
+        """Draining is the data plane's to refuse (server/generating.py): a request it let in
+        is served, as for inference."""
         engine = self._engine
-        if engine.draining:
-            raise ShuttingDown()
         registry, on_demand = engine.registry, engine.registry.on_demand
         if on_demand is None:
             return await self._generate(registry.resolve(request.model, None), request, None)

@@ -11,8 +11,8 @@ from typing import NoReturn, Protocol
 import grpc
 
 from engine.errors import EngineError
-from server.dataplane import Metadata
 from server.errors import error_headers, grpc_code
+from server.ledger import Metadata
 from server.logs import choose_request_id, request_id
 
 Trailing = Sequence[tuple[str, str]]

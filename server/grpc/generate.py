@@ -20,10 +20,12 @@ from engine.generation.service import SAMPLING_KEYS, GenerateRequest
 from engine.types import InferResponse
 from engine.validate import scheduling
 from server.dataplane import DataPlane
+from server.generating import GenerationRoute
 from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.tensors import decode_request, encode_response
 
 Metadata = Iterable[tuple[str, str | bytes]]
+STREAM_SPAN = "inference.GRPCInferenceService/ModelStreamInfer"
 EMPTY_FINAL = "triton_enable_empty_final_response"
 
 
@@ -95,17 +97,22 @@ async def stream_generation(
     """The answers to one generation request on a stream (never raises an EngineError); its
     model is one of `plane.generative_models()`."""
     headers = {str(k): v if isinstance(v, str) else v.decode("latin-1") for k, v in metadata}
+    access = f"gRPC ModelStreamInfer {request.model_name}"
     try:
-        tenant = plane.generation_caller(headers, request.model_name).tenant
-        options = {k: v for k, v in decode_request(request).parameters.items() if v is not None}
-        empty_final = _triton_options(options)
-        unknown = sorted(set(options) - set(SAMPLING_KEYS))
-        if unknown:
-            raise InvalidInput(
-                f"unknown generation parameter '{unknown[0]}'; allowed: {', '.join(SAMPLING_KEYS)}"
-            )
-        generate = GenerateRequest(request.model_name, tenant, _text(request), None, options)
-        tokens = await plane.generate(generate)
+        call = plane.generation_call(GenerationRoute("grpc", STREAM_SPAN, access, headers))
+        with call.reading():
+            call.choose(request.model_name)
+            options = {k: v for k, v in decode_request(request).parameters.items() if v is not None}
+            empty_final = _triton_options(options)
+            unknown = sorted(set(options) - set(SAMPLING_KEYS))
+            if unknown:
+                raise InvalidInput(
+                    f"unknown generation parameter '{unknown[0]}'; allowed: "
+                    + ", ".join(SAMPLING_KEYS)
+                )
+            text = _text(request)
+        generate = GenerateRequest(request.model_name, call.tenant, text, None, options)
+        [tokens] = await call.start([generate])
     except EngineError as exc:
         yield stream_error(request, exc.message)
         return

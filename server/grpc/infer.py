@@ -11,10 +11,10 @@ from engine.errors import DeadlineExceeded
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import raw_tensors
-from server.dataplane import Metadata
 from server.grpc import tensors
 from server.grpc.calls import Context
 from server.grpc.proto import grpc_service_pb2 as pb
+from server.ledger import Metadata
 
 INFER_SPAN = "inference.GRPCInferenceService/ModelInfer"
 

@@ -37,7 +37,8 @@ from google.protobuf.message import Message
 from engine.errors import BackendError, EngineError
 from engine.facade import EngineFacade
 from engine.settings import SettingsError
-from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
+from server.dataplane import DataPlane
+from server.errors import INTERNAL_ERROR
 from server.grpc import tensors
 from server.grpc.calls import Context, abort, bind_request_id, fail, metadata
 from server.grpc.handlers import Malformed, add_service
@@ -46,6 +47,7 @@ from server.grpc.proto import grpc_service_pb2 as pb
 from server.grpc.proto import grpc_service_pb2_grpc as pb_grpc
 from server.grpc.proto import model_config_pb2
 from server.grpc.stream import InferStream
+from server.ledger import Metadata
 from server.logs import request_id
 from server.settings import Settings
 

@@ -38,12 +38,14 @@ from typing import NoReturn
 
 from engine.auth import Principal
 from engine.errors import EngineError
-from server.dataplane import INTERNAL_ERROR, DataPlane, Metadata
+from server.dataplane import DataPlane
+from server.errors import INTERNAL_ERROR
 from server.grpc.calls import Context, abort, bind_request_id, metadata
 from server.grpc.generate import stream_error, stream_generation
 from server.grpc.handlers import Malformed
 from server.grpc.infer import GrpcCall
 from server.grpc.proto import grpc_service_pb2 as pb
+from server.ledger import Metadata
 from server.logs import request_id
 
 log = logging.getLogger("sluice.grpc")

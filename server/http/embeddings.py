@@ -30,9 +30,10 @@ from engine.errors import EngineError, InvalidInput
 from engine.pipeline import TOKENS
 from engine.types import InferRequest, InferResponse, ModelMetadata
 from engine.validate import InputCheck
-from server.dataplane import CLIENT_GONE, DataPlane, Headers
+from server.dataplane import DataPlane
 from server.fields import ABSENT, refused
 from server.http.openai_errors import openai_error
+from server.ledger import CLIENT_GONE, Headers
 
 T = TypeVar("T")
 

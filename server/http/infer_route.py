@@ -21,10 +21,11 @@ from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
 from server import raw_tensors
 from server.auth_headers import UniqueHeaders
-from server.dataplane import ClientGone, DataPlane, Headers
+from server.dataplane import ClientGone, DataPlane
 from server.errors import error_headers, http_status
 from server.http import binary, codec, json_header
 from server.http.cycle import RESPOND, WHEN_GONE
+from server.ledger import Headers
 from server.logs import choose_request_id, request_id
 from server.settings import Settings
 

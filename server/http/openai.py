@@ -29,8 +29,9 @@ from engine.generation.sampling import check_max_tokens
 from engine.generation.service import GUIDANCE, SAMPLING_KEYS, TOOLS, GenerateRequest
 from server.dataplane import DataPlane
 from server.fields import ABSENT, refused
+from server.generating import GenerationRoute
 from server.http.openai_answer import Completion, refused_grammar, stream_events
-from server.http.openai_choices import collect, seeded, start_all
+from server.http.openai_choices import Peeked, collect, seeded
 from server.http.openai_errors import openai_error
 from server.http.openai_tools import (
     ToolPlan,
@@ -223,27 +224,29 @@ def openai_router(plane: DataPlane) -> APIRouter:
     async def complete(request: Request, chat: bool) -> Response:
         named: str | None = None  # the model the request names, for an unknown model's 404
         source = "response_format"
+        path = "POST /v1/chat/completions" if chat else "POST /v1/completions"
         try:
-            principal = plane.authenticate(request.headers)  # before the body is read
-            body = await _body(request)
-            named = body["model"] if isinstance(body.get("model"), str) else None
-            tenant = plane.generation_caller(principal, body.get("model", ABSENT)).tenant
-            options = _options(body)
-            n = _choices(body)
-            prompts, messages = ([None], _messages(body)) if chat else (_prompts(body), None)
-            if len(prompts) * n > MAX_CHOICES:
-                raise InvalidInput(
-                    f"{len(prompts)} prompts with n {n} ask for {len(prompts) * n} choices; "
-                    f"the most is {MAX_CHOICES}",
-                    "n",
-                )
-            stream = _streamed(body)
-            include_usage = _include_usage(body, stream)
-            added, plan, source = _guided(body, chat)
+            call = plane.generation_call(GenerationRoute("http", path, path, request.headers))
+            with call.reading():  # authenticated before the body is read
+                body = await _body(request)
+                named = body["model"] if isinstance(body.get("model"), str) else None
+                call.choose(body.get("model", ABSENT))
+                options = _options(body)
+                n = _choices(body)
+                prompts, messages = ([None], _messages(body)) if chat else (_prompts(body), None)
+                if len(prompts) * n > MAX_CHOICES:
+                    raise InvalidInput(
+                        f"{len(prompts)} prompts with n {n} ask for {len(prompts) * n} choices; "
+                        f"the most is {MAX_CHOICES}",
+                        "n",
+                    )
+                stream = _streamed(body)
+                include_usage = _include_usage(body, stream)
+                added, plan, source = _guided(body, chat)
             requests = [
                 GenerateRequest(
                     body["model"],
-                    tenant,
+                    call.tenant,
                     prompt,
                     messages,
                     seeded(options, k) | added,
@@ -252,7 +255,7 @@ def openai_router(plane: DataPlane) -> APIRouter:
                 for prompt in prompts
                 for k in range(n)
             ]
-            streams = await start_all(plane, requests)
+            streams = [Peeked(tokens) for tokens in await call.start(requests)]
             if stream and GUIDANCE in added:
                 await refused_grammar(streams)
         except EngineError as exc:

@@ -13,7 +13,7 @@ from fastapi import Request
 
 from engine.errors import BackendError, EngineError
 from engine.generation.sequence import Chunk
-from engine.generation.service import GenerateRequest, Generation, TokenStream
+from engine.generation.service import TokenStream
 
 
 class Peeked:
@@ -41,19 +41,6 @@ class Peeked:
 
     def cancel(self) -> None:
         self.stream.cancel()
-
-
-async def start_all(generation: Generation, requests: list[GenerateRequest]) -> list[Peeked]:
-    """Admit and queue every request; when one is refused the ones queued are cancelled."""
-    streams: list[Peeked] = []
-    try:
-        for request in requests:
-            streams.append(Peeked(await generation.generate(request)))
-    except BaseException:
-        for stream in streams:
-            stream.cancel()
-        raise
-    return streams
 
 
 async def collect(request: Request, streams: list[Peeked]) -> list[list[Chunk]]:

@@ -26,8 +26,11 @@ from engine.generation.sequence import Chunk
 from engine.generation.service import GenerateRequest, TokenStream
 from server.dataplane import DataPlane
 from server.errors import error_headers, http_status
+from server.generating import GenerationRoute
 from server.http import sse
 from server.http.generate_inputs import generate_request
+
+GENERATE_SPAN = "POST /v2/models/{name}/generate"
 
 
 def v2_error(exc: EngineError) -> Response:
@@ -62,14 +65,17 @@ def generate_router(plane: DataPlane) -> APIRouter:
     (mounted when the engine serves generation: server/http/app.py)."""
     router = APIRouter()
 
-    async def begin(request: Request, name: str) -> TokenStream:
-        tenant = plane.generation_caller(request.headers, name).tenant  # before the body is read
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            raise InvalidInput(f"the request body is not JSON: {exc}") from exc
-        text, options = _request(body)
-        return await plane.generate(GenerateRequest(name, tenant, text, None, options))
+    async def begin(request: Request, name: str, span_name: str) -> TokenStream:
+        route = GenerationRoute("http", span_name, f"POST {request.url.path}", request.headers)
+        call = plane.generation_call(route, name)  # before the body is read
+        with call.reading():
+            try:
+                body = orjson.loads(await request.body())
+            except orjson.JSONDecodeError as exc:
+                raise InvalidInput(f"the request body is not JSON: {exc}") from exc
+            text, options = _request(body)
+        [tokens] = await call.start([GenerateRequest(name, call.tenant, text, None, options)])
+        return tokens
 
     def answer(name: str, text: str, tokens: TokenStream, final: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"model_name": name, "model_version": "", "text_output": text}
@@ -84,7 +90,7 @@ def generate_router(plane: DataPlane) -> APIRouter:
     @router.post("/v2/models/{name}/generate")
     async def generate(request: Request, name: str) -> Response:
         try:
-            tokens = await begin(request, name)
+            tokens = await begin(request, name, GENERATE_SPAN)
         except EngineError as exc:
             return v2_error(exc)
         chunks = await until_disconnected(request, tokens)
@@ -97,7 +103,7 @@ def generate_router(plane: DataPlane) -> APIRouter:
     @router.post("/v2/models/{name}/generate_stream")
     async def generate_stream(request: Request, name: str) -> Response:
         try:
-            tokens = await begin(request, name)
+            tokens = await begin(request, name, GENERATE_SPAN + "_stream")
         except EngineError as exc:
             return v2_error(exc)
 

@@ -194,9 +194,8 @@ class RemoteEngine(RemoteControl):
         return self
 
     async def generate(self, request: GenerateRequest) -> RemoteStream:
-        """Have the engine process admit and queue `request`; its chunks arrive on the stream."""
-        if self.draining:
-            raise errors.ShuttingDown()
+        """Have the engine process admit and queue `request`; its chunks arrive on the stream.
+        Draining is the data plane's to refuse, as for `infer`."""
         if self.engine_gone.is_set():
             raise errors.ShuttingDown("the engine process is gone")
         assert self._loop is not None

@@ -67,3 +67,33 @@ def test_each_generative_model_has_the_protocols_gauges(server: ServerProcess) -
         assert sample.labels["running_lora_adapters"] == ""
         assert sample.labels["waiting_lora_adapters"] == ""
         assert sample.value > 1.7e9  # a Unix time: the protocol's "last updated" timestamp
+
+
+def requests_total(server: ServerProcess) -> dict[tuple[str, str], float]:
+    """sluice_requests_total of the model "tiny" over HTTP, by (version, status)."""
+    family = scrape(server)["sluice_requests"]
+    return {
+        (s.labels["version"], s.labels["status"]): s.value
+        for s in family.samples
+        if s.name == "sluice_requests_total"
+        and (s.labels["model"], s.labels["protocol"]) == ("tiny", "http")
+    }
+
+
+def test_generation_requests_are_counted_once_by_the_data_plane(server: ServerProcess) -> None:
+    """Each generation request, whichever route, is one count with its status, as inference
+    is: a stream when it ends, a refusal when it is refused."""
+    before = requests_total(server)
+    body = {"model": "tiny", "prompt": "the quick", "max_tokens": 3, "temperature": 0}
+    sent = [
+        ("/v1/completions", body | {"n": 2}, 200),
+        ("/v1/completions", body | {"stream": True}, 200),
+        ("/v1/chat/completions", {"model": "tiny", "messages": []}, 400),
+        ("/v2/models/tiny/generate", {"text_input": "the", "max_tokens": 2}, 200),
+    ]
+    for path, payload, status in sent:
+        reply = httpx.post(f"{server.url}{path}", json=payload, timeout=30)
+        assert reply.status_code == status, reply.text
+    after = requests_total(server)
+    grown = {key: after[key] - before.get(key, 0.0) for key in after}
+    assert {key: n for key, n in grown.items() if n} == {("", "200"): 3.0, ("", "400"): 1.0}

@@ -27,9 +27,11 @@ from engine.generation.service import GenerateRequest
 from engine.settings import ApiKey, AuthSettings
 from engine.types import InferRequest, InferResponse
 from engine.validate import InputCheck
-from server.dataplane import ClientGone, DataPlane, Headers
+from server.dataplane import ClientGone, DataPlane
+from server.generating import GenerationRoute
+from server.ledger import Headers
 from server.settings import MetricsSettings, Settings
-from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
+from tests.unit.server.bodies import WRONG_KINDS, parsed
 from tests.unit.server.fake_engine import FakeEngine
 
 KEYS = [
@@ -244,32 +246,45 @@ async def test_metrics_need_an_admin_key_by_default_off_loopback(engine: FakeEng
 # -- generation ----------------------------------------------------------------------------------
 
 
+def route(headers: Headers = USER) -> GenerationRoute:
+    return GenerationRoute("http", "POST /v1/completions", "POST /v1/completions", headers)
+
+
 @pytest.mark.parametrize(("value", "shown"), WRONG_KINDS)
 def test_a_model_of_the_wrong_kind_is_named_as_sent(
     plane: DataPlane, value: str, shown: str
 ) -> None:
+    call = plane.generation_call(route())
     with pytest.raises(InvalidInput) as caught:
-        plane.generation_caller(ANYONE, parsed(f'{{"model": {value}}}')["model"])
+        call.choose(parsed(f'{{"model": {value}}}')["model"])
     assert caught.value.message == f"model must be a model name (string); got {shown}"
 
 
 def test_a_generation_caller_is_authenticated_authorized_and_refused_while_draining(
     plane: DataPlane, engine: FakeEngine
 ) -> None:
-    assert plane.generation_caller(USER, "double").tenant == "acme"
+    assert plane.generation_call(route(), "double").tenant == "acme"
     with pytest.raises(Unauthenticated):
-        plane.generation_caller({"x-api-key": "nope"}, "double")
+        plane.generation_call(route({"x-api-key": "nope"}), "double")
     with pytest.raises(Forbidden, match="tenant 'acme' may use models \\[double\\]; got 'echo'"):
-        plane.generation_caller(USER, "echo")
+        plane.generation_call(route(), "echo")
     engine.draining = True
     with pytest.raises(ShuttingDown):
-        plane.generation_caller(USER, "double")
+        plane.generation_call(route(), "double")
+    # Each refusal counted once, by the plane (the model of a stranger's request is not named).
+    assert counted(engine) == {
+        ("_unknown", "", "http", "401"): 1.0,
+        ("echo", "", "http", "403"): 1.0,
+        ("double", "", "http", "503"): 1.0,
+    }
 
 
 async def test_an_engine_without_generation_serves_no_generative_model(plane: DataPlane) -> None:
     assert (plane.serves_generation, plane.generative_models()) == (False, [])
     with pytest.raises(ModelNotFound, match="unknown model 'double'"):
-        await plane.generate(GenerateRequest("double", "acme", "hello"))
+        await plane.generation_call(route(), "double").start(
+            [GenerateRequest("double", "acme", "hello")]
+        )
 
 
 async def test_a_refused_generation_keeps_its_error_and_a_bug_is_an_internal_error(
@@ -282,14 +297,18 @@ async def test_a_refused_generation_keeps_its_error_and_a_bug_is_an_internal_err
     engine.generative_models = lambda: ["gen"]  # type: ignore[attr-defined]
     assert (plane.serves_generation, plane.generative_models()) == (True, ["gen"])
     with pytest.raises(RateLimited, match="over its rate limit"):
-        await plane.generate(GenerateRequest("gen", "acme", "hello"))
+        await plane.generation_call(route(ROOT), "gen").start([GenerateRequest("gen", "ops", "hi")])
 
     async def bug(request: GenerateRequest) -> NoReturn:
         raise ZeroDivisionError("secret detail")
 
     engine.generate = bug  # type: ignore[attr-defined]
     with caplog.at_level(logging.ERROR, "sluice.generation"), pytest.raises(BackendError) as caught:
-        await plane.generate(GenerateRequest("gen", "acme", "hello"))
+        await plane.generation_call(route(ROOT), "gen").start([GenerateRequest("gen", "ops", "hi")])
     assert caught.value.message == "internal error"
     assert [r.getMessage() for r in caplog.records] == ["unhandled error in generation"]
     assert caplog.records[0].exc_info is not None
+    assert counted(engine) == {
+        ("_unknown", "", "http", "429"): 1.0,
+        ("_unknown", "", "http", "500"): 1.0,
+    }

@@ -202,6 +202,28 @@ async def test_engine_drain_waits_for_running_generations(tiny: tuple[Path, Path
         await engine.close()
 
 
+async def test_a_generation_the_plane_let_in_is_served_while_the_engine_drains(
+    tiny: tuple[Path, Path],
+) -> None:
+    """Draining is refused once, by the data plane (server/generating.py): the service serves
+    a request the plane let in just before the drain began."""
+    from engine.engine import Engine
+    from engine.generation.service import GenerateRequest
+    from server.settings import load_settings
+
+    engine = Engine(load_settings(model_repository=tiny[1].parent.parent, log_level="error"))
+    await engine.start()
+    try:
+        engine.stop_accepting()
+        assert engine.generation is not None
+        request = GenerateRequest("tiny", "acme", "the", options={"max_tokens": 3})
+        stream = await engine.generation.generate(request)
+        chunks = [chunk async for chunk in stream.chunks()]
+        assert chunks[-1].finish_reason in ("stop", "length")
+    finally:
+        await engine.close()
+
+
 async def test_nan_logits_fail_only_their_sequence() -> None:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -16,7 +16,6 @@ from engine.errors import InvalidInput
 from engine.settings import AuthSettings
 from engine.types import InferResponse, ModelMetadata, TensorSpec
 from server.auth_headers import authenticate_headers
-from server.dataplane import CLIENT_GONE
 from server.http.embeddings import (
     MAX_INPUTS,
     EmbeddingModel,
@@ -26,6 +25,7 @@ from server.http.embeddings import (
     shorten,
     texts_of,
 )
+from server.ledger import CLIENT_GONE
 
 TEXT = TensorSpec("text", "BYTES", (-1,))
 ROWS = TensorSpec("embeddings", "FP32", (-1, 4))

@@ -4,13 +4,14 @@ tests/integration/test_openai_e2e.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import pytest
 
 from engine.errors import InvalidInput
-from server.dataplane import DataPlane
+from server.generating import GenerationCall, GenerationRoute
 from server.http.openai import (
     _choices,
     _include_usage,
@@ -19,11 +20,18 @@ from server.http.openai import (
     _prompts,
     _streamed,
 )
-from server.settings import Settings
+from server.ledger import Ledger
 from tests.unit.server.bodies import ANYONE, WRONG_KINDS, parsed
 
-# The caller is authenticated already (ANYONE): the model's check asks nothing of the engine.
-caller = DataPlane(None, Settings()).generation_caller  # type: ignore[arg-type]
+
+def choose(model: object) -> None:
+    """The route's check of the model its body names; the caller is authenticated already
+    (ANYONE): the check asks nothing of the engine."""
+    ledger = Ledger(SimpleNamespace(tracing=None))  # type: ignore[arg-type]
+    call = GenerationCall(ledger, GenerationRoute("http", "test", "test", {}), 0.0)
+    call.caller = ANYONE
+    call.choose(model)
+
 
 PAST_64_BITS = [(2**64, "2^64 or more"), (2**70, "2^64 or more"), (-(2**64), "below -2^63")]
 
@@ -193,7 +201,7 @@ def test_max_completion_tokens_stands_for_max_tokens() -> None:
          "messages[1].role"),
         (_messages, {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (_streamed, {"stream": "yes"}, "stream"),
-        (lambda body: caller(ANYONE, body["model"]), {"model": 5}, "model"),
+        (lambda body: choose(body["model"]), {"model": 5}, "model"),
     ],
 )  # fmt: skip
 def test_a_refused_field_is_named_in_param(

@@ -11,9 +11,8 @@ import pytest
 
 from engine.errors import InvalidInput
 from engine.generation.sequence import Chunk
-from engine.generation.service import GenerateRequest
 from server.http.openai_answer import Completion, refused_grammar, stream_events
-from server.http.openai_choices import Peeked, merged, seeded, start_all
+from server.http.openai_choices import Peeked, merged, seeded
 from server.http.openai_tools import tool_plan
 
 CLOCK = {"type": "function", "function": {"name": "clock"}}
@@ -40,21 +39,6 @@ class FakeStream:
         self.cancelled = True
 
 
-class FakeGeneration:
-    def __init__(self, refuse_at: int) -> None:
-        self.refuse_at = refuse_at
-        self.started: list[FakeStream] = []
-
-    def generative_models(self) -> list[str]:
-        return ["m"]
-
-    async def generate(self, request: GenerateRequest) -> FakeStream:
-        if len(self.started) == self.refuse_at:
-            raise InvalidInput("refused")
-        self.started.append(FakeStream(["a"]))
-        return self.started[-1]
-
-
 async def test_merged_tags_every_chunk_with_its_choice_until_all_finish() -> None:
     streams = [Peeked(FakeStream(["a", "b", "c"])), Peeked(FakeStream(["x", "y"]))]
     got = [(index, chunk.text) async for index, chunk in merged(streams)]
@@ -68,14 +52,6 @@ async def test_a_peeked_chunk_is_yielded_once() -> None:
     assert (await stream.peek()).text == "a"
     assert (await stream.peek()).text == "a"
     assert [c.text async for c in stream.chunks()] == ["a", "b"]
-
-
-async def test_a_refused_choice_cancels_the_ones_started() -> None:
-    generation = FakeGeneration(refuse_at=2)
-    requests = [GenerateRequest("m", None, "p") for _ in range(4)]
-    with pytest.raises(InvalidInput):
-        await start_all(generation, requests)
-    assert [s.cancelled for s in generation.started] == [True, True]
 
 
 def test_each_choice_after_the_first_takes_the_next_seed() -> None:

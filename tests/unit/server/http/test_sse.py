@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from engine.auth import Authenticator
 from engine.generation.sequence import Chunk
 from engine.generation.service import GenerateRequest
+from engine.metrics import Metrics
 from engine.settings import AuthSettings
 from server.dataplane import DataPlane
 from server.http import sse
@@ -79,6 +80,11 @@ class FakeFrontEnd:
     authenticator = Authenticator(AuthSettings())
     draining = False
     generation = FakeGeneration()
+    tracing = None
+    metrics = Metrics(lambda: {"models": [], "index": [], "in_flight": 0})
+
+    def label_for(self, name: str) -> str:
+        return name
 
 
 def app() -> FastAPI:

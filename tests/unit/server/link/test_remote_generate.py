@@ -205,6 +205,19 @@ async def collect(stream: Any) -> list[Any]:
     return [chunk async for chunk in stream.chunks()]
 
 
+async def test_a_generation_the_plane_let_in_is_relayed_while_the_worker_drains(
+    wired: tuple[RemoteEngine, ScriptedEngine],
+) -> None:
+    """Draining is the data plane's to refuse, as for inference: the relay sends a request
+    the plane let in."""
+    remote, engine = wired
+    remote.stop_accepting()
+    assert remote.draining
+    stream, call_id = await started(remote, engine)
+    assert [m["id"] for m in engine.sent_by_worker(Kind.GENERATE)] == [call_id]
+    stream.cancel()
+
+
 async def test_a_malformed_frame_or_a_lost_engine_ends_the_stream_with_an_error(
     wired: tuple[RemoteEngine, ScriptedEngine],
 ) -> None:
