@@ -43,14 +43,18 @@ class Kind(enum.IntEnum):
     TOKENS = 18  # {"id", "tokens", "text", "finish_reason", "completion_tokens"}
 
 
-INFER_ITEMS = 16
+INFER_ITEMS = 18
 """An INFER frame is a list of requests, every one a side sends in a flush (a frame
 each cost ~0.4 µs a request to frame, split and dispatch), each request itself a list, not an
 object (keys cost ~0.5 µs a request to write and to read): `[id, slot, size, [descriptor...],
 model_name, datatypes, model_version, the request's id, outputs, parameters, priority,
-timeout_s, arrived, tenant, request_id, trace]`, the in-slot and the descriptors its inputs
-(shm/layout.py), then the InferRequest's fields, the worker's request_id (the engine's log
-lines name it too) and traceparent (None when not traced)."""
+timeout_s, arrived, tenant, request_id, trace, checked_version, rows]`, the in-slot and the
+descriptors its inputs (shm/layout.py), then the InferRequest's fields, the worker's request_id
+(the engine's log lines name it too) and traceparent (None when not traced), then what the
+worker's input check established: the engine's id of the model version whose inputs it checked
+the declared shapes against (host_control.py `HostControl.version_id`) and the rows it
+returned, both None when it ran no model check (`unchecked`: an on_demand model never loaded).
+The engine trusts them only while that version serves the request (host.py `_infer`)."""
 
 RESULT_ITEMS = 9
 """A RESULT frame is a list of answers likewise, each `[id, slot, size, [descriptor...],

@@ -180,6 +180,8 @@ class EngineHost(HostControl):
             tenant,
             rid,
             trace,
+            checked_version,
+            rows,
         ) = message
         if type(call_id) is not int:  # a key of peer.tasks: checked before its task exists
             raise ProtocolError(f"call id {call_id!r:.100} is not an integer")
@@ -212,6 +214,8 @@ class EngineHost(HostControl):
             # engine also refuses a time it cannot be (later than now, or an hour old).
             arrived if type(arrived) is float else None,
         )
+        # What the worker's input check established, trusted while its version serves.
+        request.checked = self.checked(checked_version, rows, model_version)
         rid = rid if isinstance(rid, str) else None
         # No done callback (~1 µs a request): _answer forgets its task itself, and cancel_call
         # adds call_finished to a task it cancels.

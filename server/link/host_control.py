@@ -5,12 +5,20 @@ frames (metadata, input specs, readiness, configuration, statistics, the reposit
 loads, usage, the metrics exposition) and adds the front-end counts they send (EVENTS) to the
 engine's metrics, so every worker shows the whole server.
 
+An input spec names the model version it describes by an id (`version_id`); a worker's INFER
+item gives it back with the rows its check of the request returned, and `checked` hands the
+engine that version's check in their place, so the engine checks a request once, as in one
+process, while that version serves. The id, not the state's `generation`: the state is read
+every STATE_INTERVAL_S, so a model changed since its last read has the same generation, where a
+replaced version no longer serves at once (`Engine._checked_model`).
+
 Split from host.py: none of this touches the arenas; `EngineHost` (host.py) builds on it with the
 connections and inference. The worker's side is remote_control.py."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import zlib
 from typing import Any
@@ -19,7 +27,8 @@ import orjson
 
 from engine import errors
 from engine.engine import Engine
-from engine.types import ModelMetadata
+from engine.model import ModelCheck
+from engine.types import Checked, ModelMetadata
 from server.link.frames import Kind, ProtocolError, error_payload
 from server.link.host_peer import Peer
 
@@ -48,6 +57,9 @@ class HostControl:
         self._peers: set[Peer] = set()
         self._state: dict[str, Any] = {}
         self._state_task: asyncio.Task[None] | None = None
+        self._checks: dict[int, ModelCheck] = {}  # by version id (`version_id`)
+        self._version_ids: dict[ModelCheck, int] = {}
+        self._next_id = itertools.count(1)
 
     # -- the state every worker keeps a copy of --------------------------------------------------
 
@@ -106,6 +118,7 @@ class HostControl:
                 "inputs": [[s.name, s.datatype, list(s.shape)] for s in model.backend.inputs],
                 "max_batch_size": model.max_batch_size,
                 "label": model.label,
+                "version_id": self.version_id(model.input_check),
             }
         if method == "ready":
             return engine.ready
@@ -137,6 +150,49 @@ class HostControl:
         if method == "metrics":
             return (await engine.metrics.exposition()).decode()
         raise ProtocolError(f"unknown method {method!r}")
+
+    # -- the versions workers check requests against ---------------------------------------------
+
+    def version_id(self, check: ModelCheck) -> int:
+        """The id by which a worker's INFER items name the model version of `check`, whose
+        inputs (`input_spec`) the worker checked their declared shapes against."""
+        known = self._version_ids.get(check)
+        if known is None:
+            # The versions gone since (unloaded, replaced) are forgotten: one id a version.
+            for gone in [c for c in self._version_ids if c.model is None]:
+                del self._checks[self._version_ids.pop(gone)]
+            known = self._version_ids[check] = next(self._next_id)
+            self._checks[known] = check
+        return known
+
+    def checked(self, version_id: object, rows: object, version: object) -> Checked | None:
+        """What a worker's check of a request established, as one process's data plane hands
+        it to the engine (`InferRequest.checked`): the check of the version `version_id` names
+        and the `rows` it returned; None (the engine checks the request itself) when they are
+        not an id given here and whole rows, or the request names another version.
+
+        The engine then neither resolves the request nor checks its inputs again while that
+        version serves (`Engine._checked_model`, `LoadedModel.rows`): the worker is this
+        server's own process, and what it checked is what the engine reads. It ran the check on
+        the declared shapes and datatypes; every decoder builds each array with exactly its
+        declared shape (`reshape(shape)`: server/raw_tensors.py `tensor_from_buffer`,
+        server/http/json_arrays.py, server/http/codec.py, server/grpc/tensors.py,
+        server/shared_tensors.py; an embeddings request is checked on its arrays), the worker
+        describes those arrays as they are (shm/layout.py), `view_tensors` builds arrays of the
+        described shapes here, and the datatypes travel as the check saw them. A version
+        replaced or unloaded meanwhile no longer serves: the engine resolves and checks the
+        request again, as it does in one process."""
+        if type(version_id) is not int or type(rows) is not int:
+            return None
+        check = self._checks.get(version_id)
+        if check is None:
+            return None
+        model = check.model
+        if model is None or (version is not None and version != "" and version != model.version):
+            return None
+        checked = Checked(check)
+        checked.rows = rows
+        return checked
 
     def _fresh_state(self) -> dict[str, Any]:
         self._state = self.state()

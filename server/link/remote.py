@@ -29,7 +29,7 @@ from engine.tracing import Tracing, build_tracing, request_id
 from engine.types import InferRequest, InferResponse
 from server.link.frames import RESULT_ITEMS, Kind, ProtocolError
 from server.link.remote_channel import INFER_FLUSH_TURNS
-from server.link.remote_control import RemoteControl
+from server.link.remote_control import RemoteCheck, RemoteControl
 from server.link.remote_generate import RemoteStream, rebuild_error
 from server.link.remote_regions import WorkerRegions
 from server.link.shm.allocator import Allocator
@@ -143,6 +143,14 @@ class RemoteEngine(RemoteControl):
     ) -> None:
         """Queue the INFER frame item of a request whose inputs are in the in-slot at `offset`
         (one INFER frame for all of this flush's); a request never sent frees its slot."""
+        # The check the data plane ran as it decoded the inputs: a model version's is trusted
+        # by the engine while that version serves; none, or `unchecked` (on_demand, never
+        # loaded), is not, and the engine checks the inputs itself.
+        checked = request.checked
+        version_id: int | None = None
+        rows: object = None
+        if checked is not None and type(checked.check) is RemoteCheck:
+            version_id, rows = checked.check.version_id, checked.rows
         try:
             message = [  # frames.py INFER_ITEMS
                 call_id,
@@ -162,6 +170,8 @@ class RemoteEngine(RemoteControl):
                 request_id.get(),  # the engine's log lines name it too
                 # The engine's stage spans join this request's trace.
                 None if self.tracing is None else self.tracing.traceparent(),
+                version_id,
+                rows,
             ]
             data = self._encoded(None, message, "the request")
         except BaseException:

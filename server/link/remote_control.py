@@ -4,13 +4,14 @@ engine facade's control members (engine/facade.py) on the worker's connection
 
 Draining and which models are loaded are a copy the engine pushes when they change (within
 STATE_INTERVAL_S); declared-shape checks are cached per model generation (the first request of a
-model asks the engine, once however many arrive meanwhile). Readiness probes ask the engine
-(`ready_now`), so every worker answers what one process would at that moment. Metadata,
-configuration, statistics, the repository index and the metrics exposition are asked of the
-engine too: each a CALL frame on this worker's one connection, its REPLY awaited (never a
-blocking read: the worker's other requests, health probes and streams carry on while the engine
-is slow), given up after CALL_TIMEOUT_S. Front-end request counts are sent to the engine in
-batches, so `/metrics` from any worker shows every worker's requests.
+model asks the engine, once however many arrive meanwhile), each naming the model version it
+checks against, so the engine does not check a request again (`RemoteCheck`). Readiness
+probes ask the engine (`ready_now`), so every worker answers what one process would at that
+moment. Metadata, configuration, statistics, the repository index and the metrics exposition
+are asked of the engine too: each a CALL frame on this worker's one connection, its REPLY
+awaited (never a blocking read: the worker's other requests, health probes and streams carry on
+while the engine is slow), given up after CALL_TIMEOUT_S. Front-end request counts are sent to
+the engine in batches, so `/metrics` from any worker shows every worker's requests.
 
 Split from remote.py: none of this touches the arenas, and each call is a round trip
 off the inference path; `RemoteEngine` (remote.py) adds inference and generation."""
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from engine import errors
@@ -40,6 +41,26 @@ unloads are not bounded: they take as long as the model takes."""
 
 CHECK_TRIES = 3
 """How often an input check is asked for while the loaded models keep changing under the call."""
+
+
+class RemoteCheck:
+    """A model version's input check as the engine described it (`input_spec`): `check_inputs`
+    against that version's inputs, and `version_id`, the engine's id of the version, which an
+    INFER item carries with the rows the check returned (remote.py `_send_infer`), so the
+    engine does not check the inputs again while that version serves (host.py `_infer`)."""
+
+    __slots__ = ("inputs", "label", "max_batch_size", "version_id")
+
+    def __init__(
+        self, inputs: tuple[TensorSpec, ...], max_batch_size: int, label: str, version_id: int
+    ) -> None:
+        self.inputs = inputs
+        self.max_batch_size = max_batch_size
+        self.label = label
+        self.version_id = version_id
+
+    def __call__(self, shapes: Mapping[str, Sequence[int]], datatypes: Mapping[str, str]) -> int:
+        return check_inputs(shapes, datatypes, self.inputs, self.max_batch_size, self.label)
 
 
 def _specs(items: list[Any]) -> tuple[TensorSpec, ...]:
@@ -192,11 +213,8 @@ class RemoteControl(EngineChannel):
             spec = await self.call("input_spec", name, version)
             if spec["inputs"] is None:  # on_demand, never loaded: the engine checks it, later
                 return unchecked
-            check: InputCheck = functools.partial(
-                check_inputs,
-                inputs=_specs(spec["inputs"]),
-                max_batch_size=spec["max_batch_size"],
-                label=spec["label"],
+            check: InputCheck = RemoteCheck(
+                _specs(spec["inputs"]), spec["max_batch_size"], spec["label"], spec["version_id"]
             )
             if self._state.get("generation") == asked_in:
                 self._current_checks()[(name, version)] = check

@@ -29,9 +29,9 @@ def infer_request(
     call_id: int, slot: int, size: int, described: list[Any], datatypes: dict[str, str]
 ) -> list[Any]:
     """A request for the demo model as an INFER frame carries it (server/link/frames.py
-    INFER_ITEMS), as a worker sends it with nothing optional set."""
-    unset = [None, None, None, {}, None, None, None, None, None, None]  # model_version .. trace
-    return [call_id, slot, size, described, "demo", datatypes, *unset]
+    INFER_ITEMS), as a worker sends it with nothing optional set (no input check ran)."""
+    unset: list[Any] = [None, None, None, {}, None, None, None, None, None, None]  # version..trace
+    return [call_id, slot, size, described, "demo", datatypes, *unset, None, None]
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:

@@ -1,23 +1,28 @@
 """The engine process's side of the worker data plane (server/link/host.py), through the rig of
 tests/unit/server/link/rig.py or a raw socket speaking server/link/frames.py frames: worker
-connections (HELLO, a successor, a worker gone), one engine shared by every worker, and frames
-refused."""
+connections (HELLO, a successor, a worker gone), one engine shared by every worker, frames
+refused, and a request's inputs checked once, by the worker, while the version it checked serves."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from engine.demo import mlp_model
 from engine.errors import (
+    InvalidInput,
     Overloaded,
     RateLimited,
 )
-from engine.types import InferRequest, InferResponse
+from engine.types import Checked, InferRequest, InferResponse
+from engine.validate import InputCheck, check_inputs, unchecked
 from server.link.frames import FrameBuffer, Kind, frame
+from tests.models import write_model
 from tests.unit.server.link.rig import Rig, infer_request, request, until
 
 
@@ -199,3 +204,125 @@ async def test_frames_of_a_replaced_worker_connection_are_not_served(rig: Rig) -
     finally:
         old.close()
         new.close()
+
+
+# -- a request's inputs checked once ---------------------------------------------------------------
+
+
+def checked_request(check: InputCheck, x: np.ndarray) -> InferRequest:
+    """A request for the demo model as a worker's data plane hands it over: its declared shapes
+    and datatypes run through `check` as it was decoded (InferRequest.checked)."""
+    checked = Checked(check)
+    checked({"x": x.shape}, {"x": "FP32"})
+    asked = request(x)
+    asked.checked = checked
+    return asked
+
+
+class CountedChecks:
+    """Every input check that runs (engine/validate.py `check_inputs`), the worker's (its copy
+    of the model's inputs) and the engine's (the model's own): the shapes each was given."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.shapes: list[dict[str, tuple[int, ...]]] = []
+        for where in ("server.link.remote_control.check_inputs", "engine.model.check_inputs"):
+            monkeypatch.setattr(where, self)
+
+    def __call__(self, shapes: Any, *args: Any, **kwargs: Any) -> int:
+        self.shapes.append({name: tuple(shape) for name, shape in shapes.items()})
+        return check_inputs(shapes, *args, **kwargs)
+
+
+async def test_a_request_the_worker_checked_is_neither_resolved_nor_checked_again(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's data plane checks a request's declared shapes against the model as it
+    decodes it; the engine process then resolved the model and checked the arrays again, every
+    request twice, where one process checks it once."""
+    checks = CountedChecks(monkeypatch)  # before the worker fetches its check, which binds it
+    remote = await rig.remote()
+    check = await remote.input_check("demo")
+    resolved: list[tuple[str, str | None]] = []
+    resolve = rig.engine.registry.resolve
+
+    def counted_resolve(name: str, version: str | None) -> Any:
+        resolved.append((name, version))
+        return resolve(name, version)
+
+    monkeypatch.setattr(rig.engine.registry, "resolve", counted_resolve)
+    x = np.ones((3, 16), np.float32)
+    answer = await remote.infer(checked_request(check, x))
+    assert answer.outputs["probabilities"].shape == (3, 10)
+    assert checks.shapes == [{"x": (3, 16)}]  # the worker's, on the declared shapes: once
+    assert resolved == []
+    # With no model check (none ran, or `unchecked`: an on_demand model never loaded), the
+    # engine resolves the request and checks its inputs itself.
+    for bare in (request(x), checked_request(unchecked, x)):
+        checks.shapes.clear()
+        assert (await remote.infer(bare)).outputs["probabilities"].shape == (3, 10)
+        assert checks.shapes == [{"x": (3, 16)}]  # the engine's
+    assert resolved == [("demo", None)] * 2
+
+
+async def test_a_version_replaced_after_the_worker_s_check_checks_the_request_again(
+    make_rig: Callable[..., Rig], tmp_path: Path
+) -> None:
+    """The model is reloaded between the worker's check and the engine's receipt of the
+    request: the version the worker checked against no longer serves, so the engine resolves
+    the request and checks it against the new version, which refuses it with the 400 one
+    process gives (trusted, the new version would have run inputs it does not take)."""
+    rig = make_rig(model_control_mode="explicit", load_models=["demo"])
+    await rig.start()
+    try:
+        remote = await rig.remote()
+        x = np.ones((1, 16), np.float32)
+        stale = checked_request(await remote.input_check("demo"), x)  # demo takes 16 columns
+        assert stale.checked is not None
+        assert stale.checked.rows == 1
+        # Kept, as a request still in its batcher keeps it: the engine knows it is replaced
+        # because it no longer serves, not because it is gone.
+        replaced = rig.engine.registry.resolve("demo", None)
+        write_model(tmp_path / "models", "demo", mlp_model((8, 64, 10)), version=2)
+        await rig.engine.load_model("demo")  # now 8
+        with pytest.raises(InvalidInput) as refused:
+            await remote.infer(stale)
+        with pytest.raises(InvalidInput) as in_process:
+            await rig.engine.infer(request(x))
+        expected = "input 'x' has shape [1,16]; model 'demo' version 2 expects [-1,8]"
+        assert refused.value.message == in_process.value.message == expected
+        assert replaced.version == "1"
+    finally:
+        await rig.close()
+
+
+async def test_a_check_the_frame_does_not_carry_as_its_types_is_not_trusted(rig: Rig) -> None:
+    """A worker's frame is untrusted input: a version id or rows of another type, an id the
+    engine never gave, or a version the request does not name, leave the request unchecked
+    (the engine checks it, and refuses its [1,15] input 400), never end the connection."""
+    own = rig.host.version_id(rig.engine.registry.resolve("demo", None).input_check)
+    wrong_rows: list[object] = ["1", 1.0, True, None, [1]]
+    wrong_ids: list[object] = ["1", 1.0, True, [own], {"id": own}, own + 1000, -1, None]
+    wrong = [(own, rows) for rows in wrong_rows] + [(id_, 1) for id_ in wrong_ids]
+    items = []
+    for index, (version_id, rows) in enumerate(wrong):
+        item = infer_request(index, 64 * index, 64, [["x", "<f4", [1, 15], 0, 60]], {"x": "FP32"})
+        item[-2:] = [version_id, rows]
+        items.append(item)
+    other_version = infer_request(99, 64 * len(wrong), 64, items[0][3], {"x": "FP32"})
+    other_version[6], other_version[-2:] = "7", [own, 1]  # model_version: not the one it checked
+    reader, writer = await asyncio.open_unix_connection(rig.path)
+    answers: dict[int, Any] = {}
+    try:
+        writer.write(frame(Kind.HELLO, {"worker": 0}))
+        writer.write(frame(Kind.INFER, [*items, other_version]))
+        frames = FrameBuffer()
+        while len(answers) < len(items) + 1:
+            data = await asyncio.wait_for(reader.read(1 << 16), 5)
+            assert data, "the engine ended the connection"
+            answers.update((m["id"], m) for k, m in frames.feed(data) if k is Kind.ERROR)
+    finally:
+        writer.close()
+    expected = "input 'x' has shape [1,15]; model 'demo' version 1 expects [-1,16]"
+    for index in range(len(wrong)):
+        assert (answers[index]["error"], answers[index]["message"]) == ("InvalidInput", expected)
+    assert answers[99]["error"] == "ModelNotFound"
