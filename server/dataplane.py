@@ -37,7 +37,7 @@ from server.auth_headers import authenticate_headers
 from server.bind import metrics_need_key
 from server.errors import INTERNAL_ERROR, http_status
 from server.generating import GenerationCall, GenerationRoute
-from server.ledger import CLIENT_GONE, LOGS, Headers, Ledger
+from server.ledger import CLIENT_GONE, LOGS, Entry, Headers, Ledger
 from server.raw_tensors import OFFLOAD_BYTES
 from server.settings import Settings
 
@@ -53,18 +53,9 @@ class ClientGone(Exception):
     """The caller disconnected before its answer was ready."""
 
 
-class InferCall(Protocol[W_co]):
-    """One inference call as a transport holds it: where it came from and how to convert it."""
-
-    @property
-    def protocol(self) -> str:
-        """ "http" or "grpc": the metrics label, span attribute and logger."""
-        ...
-
-    @property
-    def model(self) -> str:
-        """The model named on the wire (metrics label, span attribute, authorization)."""
-        ...
+class InferCall(Entry, Protocol[W_co]):
+    """One inference call as a transport holds it: where it came from (its protocol, model and
+    access text: server/ledger.py `Entry`) and how to convert it."""
 
     @property
     def version(self) -> str | None:
@@ -79,11 +70,6 @@ class InferCall(Protocol[W_co]):
     @property
     def span_name(self) -> str:
         """The root span's name."""
-        ...
-
-    @property
-    def access(self) -> str:
-        """What the access log line names: the HTTP path or `gRPC ModelInfer <model>`."""
         ...
 
     async def decode(self, check: InputCheck) -> InferRequest:

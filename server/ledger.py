@@ -42,12 +42,12 @@ class Entry(Protocol):
 
     @property
     def model(self) -> str:
-        """The model named on the wire (metrics label, span attribute)."""
+        """The model named on the wire (metrics label, span attribute, authorization)."""
         ...
 
     @property
     def access(self) -> str:
-        """What the log line names: the HTTP path, or `gRPC ModelInfer <model>`."""
+        """What the access log line names: the HTTP path, or `gRPC ModelInfer <model>`."""
         ...
 
 
