@@ -96,6 +96,8 @@ class GenerationCall:
         EngineError refusing the first refused (the ones queued before it are cancelled): a bug
         is logged here with its traceback and becomes BackendError(INTERNAL_ERROR)."""
         streams: list[TokenStream] = []
+        began = time.monotonic()
+        tracing = self._ledger.engine.tracing
         try:
             for request in requests:
                 streams.append(CountedStream(await self._generate(request), self))
@@ -103,12 +105,13 @@ class GenerationCall:
         except BaseException as exc:
             for stream in streams:
                 stream.cancel()
+            if tracing is not None:
+                tracing.record("start", began, time.monotonic(), exc)
             self.refused(exc)
             raise
-        finally:
-            tracing = self._ledger.engine.tracing
-            if self._span is not None and tracing is not None:
-                tracing.detach(self._span)  # the streams are read by another task
+        if tracing is not None and self._span is not None:
+            tracing.record("start", began, time.monotonic())
+            tracing.detach(self._span)  # the streams are read by another task
         self._started_all = True
         if not streams:  # nothing to wait for
             self._count()

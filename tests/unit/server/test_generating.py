@@ -8,12 +8,14 @@ import asyncio
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine.auth import digest_key
 from engine.errors import InvalidInput, RateLimited
 from engine.generation.sequence import Chunk
 from engine.generation.service import GenerateRequest
-from engine.settings import ApiKey, AuthSettings
+from engine.settings import ApiKey, AuthSettings, TracingSettings
+from engine.tracing import Tracing
 from server.dataplane import DataPlane
 from server.generating import GenerationCall, GenerationRoute
 from server.settings import Settings
@@ -130,3 +132,16 @@ async def test_a_refusal_while_the_route_reads_the_request_is_counted(
     assert counted(engine) == {("echo", "", "grpc", "400"): 1.0}
     call.refused(InvalidInput("again"))  # never counted twice
     assert counted(engine) == {("echo", "", "grpc", "400"): 1.0}
+
+
+async def test_a_generation_is_one_trace_its_start_a_child_of_its_root(engine: FakeEngine) -> None:
+    exporter = InMemorySpanExporter()
+    engine.tracing = Tracing(TracingSettings(), exporter)  # type: ignore[assignment]
+    call = serving(engine, FakeGeneration([FakeStream(["a"]), FakeStream(["b"])]))
+    for stream in await call.start(asked(2)):
+        assert [c.text async for c in stream.chunks()] in (["a"], ["b"])
+    start, root = exporter.get_finished_spans()
+    assert (start.name, root.name) == ("start", "test")
+    assert start.parent is not None
+    assert start.parent.span_id == root.context.span_id
+    assert (root.attributes["sluice.model"], root.attributes["sluice.status"]) == ("echo", 200)
