@@ -7,6 +7,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from converters.cli import convert
+from tests.hf_models import classifier_folder, sentence_transformer_folder
 
 NETS = Path(__file__).parent / "nets.py"
 
@@ -36,3 +37,15 @@ def encoder_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     return repository / "encoder" / "1" / "model.onnx"
+
+
+@pytest.fixture(scope="session")
+def st_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small sentence-transformers folder (built once: torch makes it take seconds)."""
+    return sentence_transformer_folder(tmp_path_factory.mktemp("hf") / "mini-st")
+
+
+@pytest.fixture(scope="session")
+def cls_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small sequence-classification folder (built once)."""
+    return classifier_folder(tmp_path_factory.mktemp("hf") / "mini-cls")

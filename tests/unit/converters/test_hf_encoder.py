@@ -19,7 +19,7 @@ from converters.hf_encoder import is_encoder_folder
 from engine.backends.tokenizer import TokenizerBackend
 from engine.model_config import load_model_config
 from tests.generative import tiny_gpt2
-from tests.hf_models import LABELS, MAX_SEQ_LENGTH, classifier_folder, sentence_transformer_folder
+from tests.hf_models import LABELS, MAX_SEQ_LENGTH, sentence_transformer_folder
 
 Convert = Callable[..., Result]
 TEXTS = [
@@ -29,16 +29,6 @@ TEXTS = [
     "a classifier answers with one label per text",
     " ".join(["every step of the pipeline batches its own requests"] * 6),  # > max length
 ]
-
-
-@pytest.fixture(scope="module")
-def st_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return sentence_transformer_folder(tmp_path_factory.mktemp("hf") / "mini-st")
-
-
-@pytest.fixture(scope="module")
-def cls_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return classifier_folder(tmp_path_factory.mktemp("hf") / "mini-cls")
 
 
 def served(repository: Path, name: str, texts: list[str]) -> dict[str, np.ndarray]:
@@ -142,20 +132,6 @@ def test_a_dense_layer_after_pooling_is_in_the_graph(tmp_path: Path, convert_cli
     assert load_model_config(tmp_path / "repo" / "d").pipeline is not None
 
 
-def test_an_existing_version_is_refused_before_anything_is_written(
-    st_folder: Path, tmp_path: Path, convert_cli: Convert
-) -> None:
-    (tmp_path / "emb-encoder" / "1").mkdir(parents=True)
-    result = convert_cli(
-        str(st_folder), "--name", "emb", "--version", "1", "--repository", tmp_path,
-        "--measure-iterations", "0",
-    )  # fmt: skip
-    assert result.exit_code == 1
-    assert "version 1 of model 'emb-encoder' already exists" in result.output
-    assert not (tmp_path / "emb-tokenizer").exists()  # the step before it was not written either
-    assert not (tmp_path / "emb").exists()
-
-
 def test_a_legacy_lowercasing_folder_is_served_lowercasing(
     tmp_path: Path, convert_cli: Convert
 ) -> None:
@@ -229,16 +205,6 @@ def test_failed_validation_publishes_nothing(
     assert result.exit_code == 3, result.output
     assert "Validation failed" in result.output
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
-
-
-def test_options_of_other_sources_are_refused_naming_them(
-    st_folder: Path, tmp_path: Path, convert_cli: Convert
-) -> None:
-    result = convert_cli(
-        str(st_folder), "--input", "x:FP32:-1,4", "--pad", "x:1:0", "--repository", tmp_path
-    )
-    assert result.exit_code == 1
-    assert "--input, --pad do not apply to a Hugging Face encoder folder" in result.output
 
 
 def test_a_folder_without_tokenizer_json_is_refused(

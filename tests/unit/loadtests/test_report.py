@@ -115,14 +115,3 @@ def test_a_cpu_bound_load_generator_is_called_out(tmp_path: Path) -> None:
     run.best_step = 1
     markdown = write_report(run, tmp_path).markdown.read_text()
     assert "**Warning**: locust ran above 90% CPU at 64 users" in markdown
-
-
-def test_zero_cache_counters_are_no_lookups_not_unexported() -> None:
-    from loadtests.plots import cache_note
-
-    run = result([step(0, 8, 50.0, 9.0, server=ServerMetrics(cache_hits=0.0, cache_misses=0.0))])
-    assert cache_note(run) == "no cache lookups (is the model's result cache enabled?)"
-    run.steps[0].server = ServerMetrics()
-    assert cache_note(run) == "cache counters not exported by the server"
-    run.steps[0].server = ServerMetrics(cache_hits=1.0, cache_misses=3.0)
-    assert cache_note(run) is None

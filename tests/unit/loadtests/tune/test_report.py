@@ -1,12 +1,11 @@
 """The tune report folder: the winner's config.yaml (a config sluice accepts), a table of every
-candidate in report.md and report.html (plots inlined), and results.json that a resumed run reads
-back, refusing one measured with other settings."""
+candidate in report.md and report.html (plots inlined), and results.json (test_results.py reads
+it back)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -14,46 +13,14 @@ import yaml
 from engine.model_config import ModelConfig
 from loadtests.tune.report import front, write_report
 from loadtests.tune.results import ResumeError, TuneRun, load_saved
-from loadtests.tune.search import StepPoint, Trial
-from loadtests.tune.server import Original
+from loadtests.tune.search import Trial
 from loadtests.tune.space import Candidate
-
-SETTINGS: dict[str, Any] = {
-    "url": "http://127.0.0.1:8000", "model": "demo", "protocol": "http", "slo_p99_ms": 20.0,
-    "budget_s": 60.0, "users": [1, 4], "trial_s": 2, "cores": 2, "batch_size": 1,
-}  # fmt: skip
-ORIGINAL = {"max_batch_size": 64, "dynamic_batching": {"max_queue_delay_s": 0.002}}
-
-
-def trial(index: int, phase: str, batch: int, rps: float, p99: float) -> Trial:
-    candidate = Candidate(batch, 0.002, "original", 1, 1)
-    config = {**ORIGINAL, "max_batch_size": batch}
-    steps = [
-        StepPoint(1, rps / 3, p99 / 2, 0.0, True),
-        StepPoint(4, rps, p99, 0.0, p99 <= 20),
-    ]
-    return Trial(index, phase, candidate, config, rps if p99 <= 20 else 0.0, p99, 4, steps)
+from tests.unit.loadtests.tune.runs import ORIGINAL, SETTINGS, tune_run
 
 
 @pytest.fixture
 def run() -> TuneRun:
-    trials = [
-        trial(1, "search", 64, 900.0, 9.0),
-        trial(2, "search", 32, 1000.0, 8.0),
-        trial(3, "search", 128, 400.0, 35.0),
-        trial(4, "final", 64, 880.0, 9.5),
-        trial(5, "final", 32, 990.0, 8.2),
-    ]
-    return TuneRun(
-        settings=SETTINGS,
-        original=Original(ORIGINAL, "repository"),
-        space={"grid_size": 1234},
-        trials=trials,
-        winner=trials[1].candidate.key,
-        winner_config=trials[1].config,
-        baseline=trials[0].candidate.key,
-        finished=True,
-    )
+    return tune_run()
 
 
 def test_the_winner_is_written_ready_for_the_repository(run: TuneRun, tmp_path: Path) -> None:
@@ -80,28 +47,6 @@ def test_every_candidate_is_in_the_report_and_the_plots_are_inlined(
     assert page.count("data:image/png;base64,") == 2
     for name in ("candidates.png", "front.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
-
-
-def test_results_round_trip_for_a_resume(run: TuneRun, tmp_path: Path) -> None:
-    write_report(run, tmp_path)
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved["winner"] == "b32-d2ms-poriginal-i1-t1"
-    original, trials = load_saved(tmp_path, SETTINGS) or (None, [])
-    assert original == run.original
-    assert [t.to_dict() for t in trials] == [t.to_dict() for t in run.trials]
-
-
-def test_a_folder_of_other_settings_is_not_resumed(run: TuneRun, tmp_path: Path) -> None:
-    write_report(run, tmp_path)
-    with pytest.raises(ResumeError, match=r"slo_p99_ms 20\.0 there, 10\.0 now"):
-        load_saved(tmp_path, {**SETTINGS, "slo_p99_ms": 10.0})
-    (tmp_path / "results.json").write_text("{half")
-    with pytest.raises(ResumeError, match="cannot be resumed"):
-        load_saved(tmp_path, SETTINGS)
-
-
-def test_no_earlier_run_is_nothing_to_resume(tmp_path: Path) -> None:
-    assert load_saved(tmp_path, SETTINGS) is None
 
 
 def test_no_winner_writes_no_config(run: TuneRun, tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from loadtests.benchmarks.models import write_repository
 
 
 def test_the_base_server_runs_the_code_of_its_own_checkout(tmp_path: Path) -> None:
-    here = Path(__file__).resolve().parents[3]
+    here = Path(__file__).resolve().parents[4]
     base = tmp_path / "base"
     subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), "HEAD"], cwd=here,
                    check=True)  # fmt: skip

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from loadtests.tune.cli import tune
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 
 
 def test_without_the_loadtest_extra_tune_names_it_and_exits_2() -> None:
