@@ -11,6 +11,7 @@ metrics); it reads the YAML file, the `SLUICE_*` environment and the CLI flags. 
 from __future__ import annotations
 
 import os
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -137,13 +138,18 @@ def describe(exc: ValidationError, model: type[BaseModel], source: str) -> str:
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The keys allowed at `loc` (a field path whose parts below a `dict[str, Model]` field
+    include the dict's own key, a tenant's name: skipped, it names no field)."""
     current: Any = model
-    for part in loc:
+    parts = iter(loc)
+    for part in parts:
         field = getattr(current, "model_fields", {}).get(part)
         if field is None:
             return []
         current = field.annotation
         args = getattr(current, "__args__", ())
+        if typing.get_origin(current) is dict:
+            next(parts, None)  # the dict's key
         if args:  # dict[str, X] / X | None: descend into the model argument
             current = next(
                 (a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), current

@@ -71,10 +71,6 @@ def test_an_unknown_key_lists_the_keys_allowed_in_its_section() -> None:
     assert top.startswith("  drain_timeout: unknown key; allowed keys here: allow_python_models,")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="describe() walks a dict's key (the tenant name) as a field name and lists no keys",
-)
 def test_an_unknown_key_under_a_named_tenant_lists_the_tenant_keys() -> None:
     line = error_of(rate_limit={"tenants": {"acme": {"rate": 5}}}).splitlines()[1]
     assert line.startswith("  rate_limit.tenants.acme.rate: unknown key; allowed keys here: burst,")
