@@ -23,20 +23,20 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 from engine.budget import Cost, MemoryBudget
 from engine.errors import EngineError, ModelNotFound, ModelNotReady, Overloaded, ShuttingDown
-from engine.kv_budget import GenerativeScan, generating, is_generative, kv_estimate
+from engine.kv_budget import GenerativeScan, generating, is_generative
 from engine.memory import release_free_memory
+from engine.model_books import ModelBooks
 from engine.on_demand_answers import NotResidentAnswers
-from engine.repository import MODEL_FILES, check_name
+from engine.repository import check_name
 from engine.settings import ModelMemorySettings
 
 if TYPE_CHECKING:
     from engine.model import LoadedModel
-    from engine.registry import ModelRegistry
 
 log = logging.getLogger("sluice.on_demand")
 
@@ -48,16 +48,21 @@ EVICTED = {
 
 
 class OnDemandLoader(NotResidentAnswers):
-    """Loads, evicts and pins for one registry in `on_demand` mode."""
+    """Loads, evicts and pins for one registry in `on_demand` mode: reads its books, and loads
+    and retires versions through the `load` and `retire` it hands over (engine.registry)."""
 
     def __init__(
         self,
-        registry: ModelRegistry,
+        books: ModelBooks,
+        load: Callable[[str], Awaitable[None]],
+        retire: Callable[[list[LoadedModel]], Awaitable[None]],
         memory: ModelMemorySettings,
         budget: MemoryBudget,
         check_files_s: float,
     ) -> None:
-        self._registry = registry
+        self._books = books
+        self._load_model = load
+        self._retire = retire
         self._memory = memory
         self.budget = budget
         self._slots = asyncio.Semaphore(memory.max_concurrent_loads)
@@ -67,7 +72,7 @@ class OnDemandLoader(NotResidentAnswers):
         self._loaded_files: dict[str, object] = {}  # name -> its files when its last load began
         self.generative: frozenset[str] = frozenset()
         """The repository's generative models, resident or not (rescanned with the files)."""
-        self._generative = GenerativeScan(registry.repository, self._entry)
+        self._generative = GenerativeScan(books.repository, self._entry)
         self.pinned = set(memory.pinned)
         """Never evicted: `model_memory.pinned`, and models loaded by API until unloaded."""
         self.evicted: dict[str, str] = {}
@@ -146,19 +151,19 @@ class OnDemandLoader(NotResidentAnswers):
         """None for a model that is in the repository (to be loaded), else ModelNotFound (or
         InvalidInput for a name that is not one)."""
         check_name("model", name)
-        if not (self._registry.repository.root / name).is_dir():
+        if not (self._books.repository.root / name).is_dir():
             raise ModelNotFound(name)
 
     async def serve(self, name: str, version: str | None, wait_s: float) -> LoadedModel:
         """The version to serve, loading the model first if it is not resident: waits at most
         `wait_s`, sharing the load with the other requests for it."""
-        registry = self._registry
+        books = self._books
         self.exists(name)
         task = self._loads.get(name)
         if task is None:
-            failed = any(n == name for n, _ in registry._failed)  # (a load by API clears it)
+            failed = books.failed(name)  # (a load by API clears it)
             if failed and self._failed_files.get(name) == self._files(name):
-                return registry.resolve(name, version)  # the failure, until its files change
+                return books.resolve(name, version)  # the failure, until its files change
             self._failed_files.pop(name, None)
             task = self._start(name)
         usage = self.budget.of(name)
@@ -184,7 +189,7 @@ class OnDemandLoader(NotResidentAnswers):
             ) from None
         finally:
             usage.waiting -= 1
-        return registry.resolve(name, version)
+        return books.resolve(name, version)
 
     def _start(self, name: str, reload: bool = False) -> asyncio.Task[None]:
         kind = "reload" if reload else "load"
@@ -200,7 +205,7 @@ class OnDemandLoader(NotResidentAnswers):
         if task.cancelled():
             return
         task.exception()  # retrieved: its waiters raised it (or none waited)
-        if any(n == name for n, _ in self._registry._failed):
+        if self._books.failed(name):
             self._failed_files[name] = self._files(name)  # retried once its files change
 
     def _retry_after(self, name: str) -> float:
@@ -217,11 +222,11 @@ class OnDemandLoader(NotResidentAnswers):
             except EngineError:
                 self.budget.of(name).load_failures += 1
                 raise  # (a reload: tried again at the next check, its files noted unchanged)
-            await self._registry._load(name)
+            await self._load_model(name)
             await self.settle(name)
             usage = self.budget.of(name)
-            failed = any(n == name for n, _ in self._registry._failed)
-            if name in self._registry._models and not (reload and failed):
+            failed = self._books.failed(name)
+            if name in self._books._models and not (reload and failed):
                 usage.loads += 1
                 usage.last_used = time.monotonic()
                 self.evicted.pop(name, None)
@@ -244,7 +249,7 @@ class OnDemandLoader(NotResidentAnswers):
         """After `name` loaded: its measured cost becomes its estimate, and if the measurement
         passes the budget, idle others go; if it cannot fit even alone, it is unloaded."""
         cost = self.budget.model_cost(name)
-        if name not in self._registry._models:
+        if name not in self._books._models:
             return
         self.budget.measured[name] = cost
         too_large = self.budget.too_large(cost)
@@ -257,7 +262,7 @@ class OnDemandLoader(NotResidentAnswers):
         """A model too large for the budget even alone: its status says so until its files (or
         the budget) change."""
         reason = f"it cannot fit in the memory budget even alone: it needs {why}"
-        self._registry._failed[(name, "")] = reason
+        self._books._failed[(name, "")] = reason
         return ModelNotReady(name, "latest", reason)
 
     async def _evict_until(self, need: Cost, keep: str) -> None:
@@ -286,7 +291,7 @@ class OnDemandLoader(NotResidentAnswers):
 
     def _idle(self, keep: str | None, pinned: bool = False) -> list[str]:
         """Resident models that may be evicted now (with `pinned`, pinned ones too)."""
-        models = self._registry._models
+        models = self._books._models
         steps = {
             step.model
             for versions in models.values()
@@ -301,7 +306,7 @@ class OnDemandLoader(NotResidentAnswers):
                 continue
             if name in self._loads:
                 continue
-            if usage.in_use or usage.waiting or name in self._registry._loading:
+            if usage.in_use or usage.waiting or name in self._books._loading:
                 continue
             if any(generating(m) or m.batcher.queue.requests for m in versions.values()):
                 continue
@@ -311,14 +316,14 @@ class OnDemandLoader(NotResidentAnswers):
     async def evict(self, name: str, reason: str) -> None:
         """Unload `name` now: new requests load it again; its bytes leave the books once its
         sessions are closed and the allocator handed the free pages back."""
-        versions = self._registry._models.pop(name, {})
+        versions = self._books._models.pop(name, {})
         if not versions:
             return
         usage = self.budget.of(name)
         usage.evictions[reason] = usage.evictions.get(reason, 0) + 1
         self.evicted[name] = EVICTED[reason]
         log.info("evicting model '%s' (%s)", name, EVICTED[reason])
-        await self._registry._retire(list(versions.values()))
+        await self._retire(list(versions.values()))
         self.budget.forget(name)
         await asyncio.to_thread(release_free_memory)
 
@@ -343,19 +348,9 @@ class OnDemandLoader(NotResidentAnswers):
 
     def _files(self, name: str) -> object:
         try:
-            return self._registry.repository.files(name)
+            return self._books.repository.files(name)
         except OSError:
             return None
-
-    def _estimate(self, name: str) -> int:
-        """The host bytes of a model never loaded (its measured cost replaces it after its
-        first load): the size of the files of the versions its policy serves, plus the
-        key/value cache of a generative one (blocking)."""
-        entry = self._entry(name)  # None: the load reports why
-        if entry is None or entry.config.backend not in MODEL_FILES:
-            return 0
-        files = [p for path in entry.versions.values() for p in path.parent.rglob("*")]
-        return sum(p.stat().st_size for p in files if p.is_file()) + kv_estimate(entry)
 
     async def _check_files(self) -> None:
         while True:
@@ -371,15 +366,15 @@ class OnDemandLoader(NotResidentAnswers):
         the last load of an evicted one whose files changed (its metadata and cached answers
         were the old files'), so its next request loads the new ones. Also rescans which
         models are generative. Only loaded models' files are read: bounded by what is loaded."""
-        registry = self._registry
-        names = sorted(registry._known)
+        books = self._books
+        names = sorted(books._known)
         now = await asyncio.to_thread(lambda: {name: self._files(name) for name in names})
         self.generative = await asyncio.to_thread(self._generative.scan)
         for name in names:
             if name in self._loads or now[name] == self._loaded_files.setdefault(name, now[name]):
                 continue  # loading (it reads the files itself), or unchanged
-            if name not in registry._models:
-                registry._known.pop(name, None)
+            if name not in books._models:
+                books._known.pop(name, None)
                 self._loaded_files.pop(name, None)
                 continue
             cost = self.budget.model_cost(name)
@@ -390,6 +385,6 @@ class OnDemandLoader(NotResidentAnswers):
                 # Not beside its old version: unloaded, and loaded anew by its next request
                 # (a pinned one at once). In use, it is tried again at the next check.
                 await self.evict(name, "changed")
-                registry._known.pop(name, None)
+                books._known.pop(name, None)
                 if name in self.pinned:
                     self._start(name)

@@ -1,20 +1,18 @@
 """What `on_demand` mode answers for a model that is not resident, without loading it:
-readiness (a request would load it), why it is not loaded, and an ONNX model's metadata from its
-file's declared inputs and outputs."""
+readiness (a request would load it), why it is not loaded, an ONNX model's metadata from its
+file's declared inputs and outputs, and the bytes a first load is expected to take."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 from engine.errors import EngineError, ModelNotFound, ModelNotReady
+from engine.kv_budget import kv_estimate
+from engine.model_books import ModelBooks
 from engine.model_file import declared_specs
-from engine.repository import ModelEntry, check_name
+from engine.repository import MODEL_FILES, ModelEntry, check_name
 from engine.settings import SettingsError
 from engine.types import ModelMetadata
-
-if TYPE_CHECKING:
-    from engine.registry import ModelRegistry
 
 NOT_LOADED = "not loaded; loads on its first inference request (on_demand)"
 
@@ -22,12 +20,12 @@ NOT_LOADED = "not loaded; loads on its first inference request (on_demand)"
 class NotResidentAnswers:
     """The answers of engine.on_demand.OnDemandLoader for models not resident."""
 
-    _registry: ModelRegistry
+    _books: ModelBooks
 
     def loadable(self, name: str, version: str | None) -> bool:
         """Readiness of a model not resident: its folder serves the version asked for (any,
         without one) and its last load did not fail; a request would load it."""
-        if any(n == name for n, _ in self._registry._failed):
+        if self._books.failed(name):
             return False
         entry = self._entry(name)
         if entry is None or not entry.versions:
@@ -36,7 +34,7 @@ class NotResidentAnswers:
 
     def not_loaded(self, name: str, version: str | None) -> ModelNotReady:
         """What a config request for a model never loaded answers: why it is not."""
-        failed = [r for (n, _), r in sorted(self._registry._failed.items()) if n == name]
+        failed = [r for (n, _), r in sorted(self._books._failed.items()) if n == name]
         return ModelNotReady(
             name, version or "latest", f"failed to load: {failed[0]}" if failed else NOT_LOADED
         )
@@ -63,8 +61,18 @@ class NotResidentAnswers:
         versions = tuple(str(v) for v in served)
         return ModelMetadata(name, versions, "onnxruntime_onnx", inputs, outputs)
 
+    def _estimate(self, name: str) -> int:
+        """The host bytes of a model never loaded (its measured cost replaces it after its
+        first load): the size of the files of the versions its policy serves, plus the
+        key/value cache of a generative one (blocking)."""
+        entry = self._entry(name)  # None: the load reports why
+        if entry is None or entry.config.backend not in MODEL_FILES:
+            return 0
+        files = [p for path in entry.versions.values() for p in path.parent.rglob("*")]
+        return sum(p.stat().st_size for p in files if p.is_file()) + kv_estimate(entry)
+
     def _entry(self, name: str) -> ModelEntry | None:
         try:
-            return self._registry.repository.entry(name, self._registry._configs.get(name))
+            return self._books.repository.entry(name, self._books._configs.get(name))
         except (SettingsError, EngineError, OSError):
             return None

@@ -1,5 +1,8 @@
-"""The loaded models: which versions serve, which failed and why, loading, unloading and polling
-the repository. The engine resolves every request through `ModelRegistry.resolve`."""
+"""The loaded models: loading, unloading and polling the repository, over the books of which
+versions serve and which failed and why (engine.model_books). The registry is the upper layer of
+the two: in `on_demand` mode it makes the loader (engine.on_demand), hands it itself as the books
+and its own load and retire, and routes requests for models not resident to it. The engine
+resolves every request through `ModelRegistry.resolve`."""
 
 from __future__ import annotations
 
@@ -11,9 +14,10 @@ from collections.abc import Callable
 from engine import memory
 from engine.backends.python_model import refuse
 from engine.budget import Cost, MemoryBudget
-from engine.errors import InvalidInput, ModelNotFound, ModelNotReady
+from engine.errors import InvalidInput, ModelNotFound
 from engine.kv_budget import kv_cost
 from engine.model import LoadedModel, load_model
+from engine.model_books import ModelBooks
 from engine.model_config import ModelConfig, load_model_config
 from engine.on_demand import OnDemandLoader
 from engine.on_demand_answers import NOT_LOADED
@@ -29,36 +33,30 @@ NO_VERSION = (
 )
 
 
-class ModelRegistry:
-    """Model versions by name, kept in line with the repository folder."""
+class ModelRegistry(ModelBooks):
+    """Model versions by name, kept in line with the repository folder: the books
+    (engine.model_books) and what loads, unloads and polls them."""
 
     def __init__(
         self, settings: EngineSettings, repository: Repository, tenant_share: Callable[[str], float]
     ) -> None:
+        super().__init__(repository)
         self.settings = settings
-        self.repository = repository
         self._tenant_share = tenant_share
-        self._models: dict[str, dict[str, LoadedModel]] = {}
-        self._failed: dict[tuple[str, str], str] = {}  # (name, version) -> reason
-        self._loading: set[str] = set()
         self._locks: dict[str, asyncio.Lock] = {}
-        # Configs that load requests carried: each replaces the folder's config.yaml until a
-        # load without one or an unload.
-        self._configs: dict[str, ModelConfig] = {}
         self._poller: asyncio.Task[None] | None = None
         budget = settings.model_memory
         self.budget = MemoryBudget(budget.host_bytes, budget.gpu_bytes, budget.max_models)
         """Every loaded version's measured bytes (in every mode; a budget only in on_demand)."""
         self._gpu = memory.GpuMemory() if budget.gpu_bytes is not None else None
         self.on_demand = (
-            OnDemandLoader(self, budget, self.budget, settings.poll_interval_s)
+            OnDemandLoader(
+                self, self._load, self._retire, budget, self.budget, settings.poll_interval_s
+            )
             if settings.model_control_mode == "on_demand"
             else None
         )
         self._stats: dict[tuple[str, str], ModelStats] = {}  # on_demand: kept across evictions
-        self._known: dict[str, dict[str, LoadedModel]] = {}
-        """The versions each model last loaded, kept (closed) after an eviction: metadata and
-        config answer from them without loading the model again."""
 
     async def start(self) -> None:
         """Load what the model control mode says; in `poll` mode, start watching the folder."""
@@ -104,11 +102,6 @@ class ModelRegistry:
             asked = self.on_demand.pinned & asked
         return all(name in self._models for name in asked)
 
-    def all(self, known: bool = False) -> list[LoadedModel]:
-        """Every loaded model version; with `known`, also those evicted (on_demand mode)."""
-        models = {**self._known, **self._models} if known else self._models
-        return [m for versions in models.values() for m in versions.values()]
-
     def versions(self, name: str) -> list[LoadedModel]:
         """The loaded (or, on_demand, last loaded) versions of `name` (ModelNotFound if none)."""
         self.describe(name, None)
@@ -124,21 +117,6 @@ class ModelRegistry:
             "budget": self.budget,
             "queued": self.on_demand.queued() if self.on_demand is not None else {},
         }
-
-    def version_names(self, name: str) -> tuple[str, ...]:
-        return tuple(sorted(self._models.get(name, {}), key=int))
-
-    def has(self, name: str) -> bool:
-        return name in self._models
-
-    def serves(self, model: LoadedModel) -> bool:
-        """Whether `model` is still loaded (not retired by a reload or an unload since)."""
-        versions = self._models.get(model.name)
-        return versions is not None and versions.get(model.version) is model
-
-    def config_loaded(self, name: str) -> bool:
-        """Whether a load request's config replaces the folder's config.yaml of `name`."""
-        return name in self._configs
 
     async def acquire(self, name: str, version: str | None, wait_s: float) -> LoadedModel:
         """`resolve`, except that in `on_demand` mode a model not resident is loaded first (the
@@ -163,32 +141,6 @@ class ModelRegistry:
         if version not in versions:
             raise ModelNotFound(name, version, available=sorted(versions, key=int))
         return versions[version]
-
-    def known(self, name: str) -> bool:
-        """Loaded now or, in `on_demand` mode, loaded before."""
-        return name in self._models or name in self._known
-
-    def resolve(self, name: str, version: str | None) -> LoadedModel:
-        """The version a request goes to: the one named, or the highest loaded."""
-        versions = self._models.get(name)  # loaded names are valid: check only the others
-        if not versions:
-            check_name("model", name)
-            if name in self._loading:
-                raise ModelNotReady(name, version or "latest", "loading")
-            failed = [reason for (n, _), reason in sorted(self._failed.items()) if n == name]
-            if failed:
-                raise ModelNotReady(name, version or "latest", f"failed to load: {failed[0]}")
-            raise ModelNotFound(name, available=sorted(self._models))
-        if version is None or version == "":
-            return versions[max(versions, key=int)]
-        model = versions.get(version)
-        if model is None:
-            check_name("version", version)
-            reason = self._failed.get((name, version))
-            if reason is not None:  # its folder is there; it failed to load
-                raise ModelNotReady(name, version, f"failed to load: {reason}")
-            raise ModelNotFound(name, version, available=sorted(versions, key=int))
-        return model
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Triton's repository index: every model folder and the state of its versions."""
@@ -279,10 +231,6 @@ class ModelRegistry:
 
     def _lock(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
-
-    def _clear_failed(self, name: str) -> None:
-        for key in [key for key in self._failed if key[0] == name]:
-            del self._failed[key]
 
     async def _load(self, name: str) -> None:
         """Bring the model's served versions in line with its folder: load new or changed

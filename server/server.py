@@ -35,7 +35,8 @@ from engine.facade import EngineFacade
 from engine.keys_file import KeyFileWatcher
 from server.bind import ensure_safe_bind, listen_socket, note_metrics_key, warn_plaintext_bind
 from server.http.app import create_app
-from server.http.connection import ConnectionPolicy, HttpProtocol
+from server.http.connection import HttpProtocol
+from server.http.connection_policy import ConnectionPolicy
 from server.http.uvicorn_server import MetricsServer, UvicornServer
 from server.logs import effective_settings, start_summary
 from server.settings import Settings

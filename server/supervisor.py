@@ -1,15 +1,9 @@
 """`sluice serve --workers N`: the supervisor process.
 
-It binds one HTTP listening socket per worker slot, all on the HTTP port with SO_REUSEPORT (each
-worker inherits its slot's), and reserves the gRPC port (every worker binds it again with
-SO_REUSEPORT), creates two shared-memory arenas per worker slot (server/link/shm/arena.py), then
-forks the engine process, waits for it to be ready, and forks the workers (server/workers.py).
-
-The kernel gives each new HTTP connection to one of the slots' sockets by a hash of its
-addresses, so connections opened together spread evenly whichever worker runs first. (One
-socket shared by all the workers had let the first worker woken take nearly all of them: its
-event loop accepts until the queue is empty, and 32 keep-alive connections of wrk left the
-other worker idle.) Each socket wakes only its own worker.
+It binds one HTTP listening socket per worker slot and reserves the gRPC port
+(server/slot_sockets.py), creates two shared-memory arenas per worker slot
+(server/link/shm/arena.py), then forks (server/children.py) the engine process, waits for it to
+be ready, and forks the workers (server/workers.py).
 
 - A worker that dies is forked again in its slot (after a back-off while it keeps dying): the
   engine withdraws the requests it had in flight; the other workers are unaffected. The slot's
@@ -30,18 +24,14 @@ import logging
 import os
 import selectors
 import signal
-import socket
-import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 
-from engine.settings import SettingsError
-from server.bind import ensure_safe_bind, listen_socket
+from server.bind import ensure_safe_bind
+from server.children import Child, fork_child, reap
 from server.link.shm.arena import Arena
 from server.settings import Settings
+from server.slot_sockets import listen_http, reserve_grpc
 
 log = logging.getLogger("sluice.supervisor")
 
@@ -59,43 +49,6 @@ def worker_count(settings: Settings) -> int:
     return settings.workers
 
 
-@dataclass
-class _Child:
-    pid: int
-    orders: int  # the write end of the child's order pipe
-
-
-def _fork(target: Callable[[], int], keep: set[int]) -> int:
-    """Fork a child that runs `target` and exits with its status; fds it does not need closed."""
-    pid = os.fork()
-    if pid:
-        return pid
-    code = 1
-    try:
-        signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
-            signal.signal(sig, signal.SIG_DFL)
-        for fd in _open_fds() - keep - {0, 1, 2}:  # another child's pipes, the wake-up pipe
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        code = target()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except SettingsError as exc:  # a setting the child found unusable: said as the CLI says it
-        print(f"Error: {exc}", file=sys.stderr, flush=True)
-        code = 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        logging.shutdown()
-        os._exit(code)
-
-
-def _open_fds() -> set[int]:
-    return {int(name) for name in os.listdir("/proc/self/fd")}
-
-
 class Supervisor:
     """Starts, watches and stops the engine process and the workers."""
 
@@ -104,8 +57,8 @@ class Supervisor:
         self.count = worker_count(settings)
         self._stopping = False
         self._signals = 0
-        self._engine: _Child | None = None
-        self._workers: dict[int, _Child] = {}
+        self._engine: Child | None = None
+        self._workers: dict[int, Child] = {}
         self._deaths: dict[int, list[float]] = {i: [] for i in range(self.count)}
         self._restart_at: dict[int, float] = {}
         self._engine_failed = False
@@ -118,8 +71,10 @@ class Supervisor:
             from server.tls import ServerTls  # not each worker, again and again
 
             ServerTls(settings.tls)
-        http = self._listen_http()
-        grpc_reserve = self._reserve_grpc() if settings.grpc_enabled else None
+        http = listen_http(settings.host, settings.http_port, self.count)
+        grpc_reserve = (
+            reserve_grpc(settings.host, settings.grpc_port) if settings.grpc_enabled else None
+        )
         update = {
             "http_port": http[0].getsockname()[1],
             "grpc_port": grpc_reserve.getsockname()[1] if grpc_reserve else settings.grpc_port,
@@ -178,40 +133,6 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.rmdir(self._dir)
 
-    def _listen_http(self) -> list[socket.socket]:
-        """One socket per worker slot bound to the HTTP port (port 0: the one the probe got).
-        The port is first bound without SO_REUSEPORT, so that a port another program (or another
-        sluice) listens on fails the start here rather than being shared with it."""
-        host = self.settings.host
-        probe = listen_socket(host, self.settings.http_port)
-        port = probe.getsockname()[1]
-        probe.close()
-        sockets: list[socket.socket] = []
-        try:
-            for _ in range(self.count):  # listening once the engine serves (run)
-                sockets.append(listen_socket(host, port, reuse_port=True))
-        except BaseException:
-            for sock in sockets:
-                sock.close()
-            raise
-        return sockets
-
-    def _reserve_grpc(self) -> socket.socket:
-        """Bind (not listen) the gRPC port with SO_REUSEPORT: port 0 picks one for every worker,
-        and a port taken by another program fails the start here, once."""
-
-        host = self.settings.host
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind((host, self.settings.grpc_port))
-        except OSError as exc:
-            sock.close()
-            raise SettingsError(
-                f"cannot listen on {host}:{self.settings.grpc_port} for gRPC: {exc.strerror}"
-            ) from exc
-        return sock
-
     # -- children --------------------------------------------------------------------------------
 
     def _arena_fds(self) -> set[int]:
@@ -226,13 +147,13 @@ class Supervisor:
         ready_r, ready_w = os.pipe()
         orders_r, orders_w = os.pipe()
         fds = [(i.fd, o.fd) for i, o in self.arenas]
-        pid = _fork(
+        pid = fork_child(
             lambda: engine_main(self.engine_settings, fds, self.path, ready_w, orders_r),
             {ready_w, orders_r, *self._arena_fds()},
         )
         os.close(ready_w)
         os.close(orders_r)
-        self._engine = _Child(pid, orders_w)
+        self._engine = Child(pid, orders_w)
         ready = b""
         selector = selectors.DefaultSelector()
         selector.register(ready_r, selectors.EVENT_READ)
@@ -251,11 +172,11 @@ class Supervisor:
             log.info("stopped while the engine was loading its models: exiting without serving")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            self._reap(pid)
+            reap(pid)
             self._engine = None
             return False
         if ready != b"R":
-            code = self._reap(pid)
+            code = reap(pid)
             log.error("the engine process failed to start (exit status %s)", code)
             self._engine = None
             return False
@@ -266,7 +187,7 @@ class Supervisor:
 
         orders_r, orders_w = os.pipe()
         inputs, outputs = self.arenas[index]
-        pid = _fork(
+        pid = fork_child(
             lambda: worker_main(
                 self.worker_settings,
                 index,
@@ -278,18 +199,8 @@ class Supervisor:
             {orders_r, inputs.fd, outputs.fd, self.http[index].fileno()},
         )
         os.close(orders_r)
-        self._workers[index] = _Child(pid, orders_w)
+        self._workers[index] = Child(pid, orders_w)
         log.info("worker %d started (pid %d)", index, pid)
-
-    def _order_stop(self, child: _Child, order: bytes = b"S") -> None:
-        """S: stop (drained). D, to the engine: start draining now, while the workers finish."""
-        with contextlib.suppress(OSError):
-            os.write(child.orders, order)
-
-    @staticmethod
-    def _reap(pid: int) -> int:
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
 
     # -- watching --------------------------------------------------------------------------------
 
@@ -317,9 +228,9 @@ class Supervisor:
                 for sock in self.http:  # each worker's copy stays open until it has drained
                     sock.close()
                 for child in self._workers.values():
-                    self._order_stop(child)
+                    child.order()
                 if self._engine is not None:  # its drain bound starts now, as the workers' do:
-                    self._order_stop(self._engine, b"D")  # left work is answered 503 in time
+                    self._engine.order(b"D")  # left work is answered 503 in time
             code = self._collect()
             if code is not None:
                 return code
@@ -381,7 +292,7 @@ class Supervisor:
             if not self._engine_ordered:
                 self._engine_ordered = True
                 log.info("workers stopped: draining the engine")
-                self._order_stop(self._engine)
+                self._engine.order()
         return None
 
     def _schedule_restart(self, index: int, code: int) -> None:

@@ -4,15 +4,13 @@ WHEN_GONE scope extension), and a close that waits for the request's body."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
-
-if TYPE_CHECKING:
-    from server.http.connection import HttpProtocol
 
 WHEN_GONE = "sluice.when_gone"
 """The scope extension of each request: a function taking the callback to call (or None, to stop
@@ -29,6 +27,17 @@ the benchmark MLP's ~80 in process."""
 _BAD_VALUE = re.compile(b"[\x00-\x08\x0a-\x1f\x7f]")  # uvicorn's: no control characters
 
 
+class Connection(Protocol):
+    """What a request's transport uses of its connection (server.http.connection.HttpProtocol,
+    which installs it: the connection knows the cycle, the cycle only this)."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+
+    def close_after_body(self) -> None:
+        """Close now, or once the request's body has been read."""
+
+
 class CycleTransport:
     """The transport as a request's cycle sees it.
 
@@ -41,7 +50,7 @@ class CycleTransport:
 
     __slots__ = ("_cycle", "_gone", "_head", "_holding", "_left", "_protocol", "_transport")
 
-    def __init__(self, protocol: HttpProtocol, cycle: RequestResponseCycle) -> None:
+    def __init__(self, protocol: Connection, cycle: RequestResponseCycle) -> None:
         self._protocol = protocol
         # Weak: the cycle holds this transport, and a cycle of the two per request would wait
         # for the cyclic collector, which the server runs seldom (server.tune_gc).

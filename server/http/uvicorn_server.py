@@ -16,7 +16,8 @@ from typing import Any
 import uvicorn
 
 from server.bind import listen_socket
-from server.http.connection import ConnectionPolicy, HttpProtocol, accept_pending
+from server.http.connection import HttpProtocol, accept_pending
+from server.http.connection_policy import ConnectionPolicy
 from server.settings import Settings
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from server.http.connection import FEED_BYTES
+from server.http.pipelining import FEED_BYTES
 from tests.servers import ServerProcess
 
 
