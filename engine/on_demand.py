@@ -226,7 +226,7 @@ class OnDemandLoader(NotResidentAnswers):
             await self.settle(name)
             usage = self.budget.of(name)
             failed = self._books.failed(name)
-            if name in self._books._models and not (reload and failed):
+            if name in self._books.serving and not (reload and failed):
                 usage.loads += 1
                 usage.last_used = time.monotonic()
                 self.evicted.pop(name, None)
@@ -249,7 +249,7 @@ class OnDemandLoader(NotResidentAnswers):
         """After `name` loaded: its measured cost becomes its estimate, and if the measurement
         passes the budget, idle others go; if it cannot fit even alone, it is unloaded."""
         cost = self.budget.model_cost(name)
-        if name not in self._books._models:
+        if name not in self._books.serving:
             return
         self.budget.measured[name] = cost
         too_large = self.budget.too_large(cost)
@@ -262,7 +262,7 @@ class OnDemandLoader(NotResidentAnswers):
         """A model too large for the budget even alone: its status says so until its files (or
         the budget) change."""
         reason = f"it cannot fit in the memory budget even alone: it needs {why}"
-        self._books._failed[(name, "")] = reason
+        self._books.failures[(name, "")] = reason
         return ModelNotReady(name, "latest", reason)
 
     async def _evict_until(self, need: Cost, keep: str) -> None:
@@ -291,7 +291,7 @@ class OnDemandLoader(NotResidentAnswers):
 
     def _idle(self, keep: str | None, pinned: bool = False) -> list[str]:
         """Resident models that may be evicted now (with `pinned`, pinned ones too)."""
-        models = self._books._models
+        models = self._books.serving
         steps = {
             step.model
             for versions in models.values()
@@ -306,7 +306,7 @@ class OnDemandLoader(NotResidentAnswers):
                 continue
             if name in self._loads:
                 continue
-            if usage.in_use or usage.waiting or name in self._books._loading:
+            if usage.in_use or usage.waiting or name in self._books.loading:
                 continue
             if any(generating(m) or m.batcher.queue.requests for m in versions.values()):
                 continue
@@ -316,7 +316,7 @@ class OnDemandLoader(NotResidentAnswers):
     async def evict(self, name: str, reason: str) -> None:
         """Unload `name` now: new requests load it again; its bytes leave the books once its
         sessions are closed and the allocator handed the free pages back."""
-        versions = self._books._models.pop(name, {})
+        versions = self._books.serving.pop(name, {})
         if not versions:
             return
         usage = self.budget.of(name)
@@ -367,14 +367,14 @@ class OnDemandLoader(NotResidentAnswers):
         were the old files'), so its next request loads the new ones. Also rescans which
         models are generative. Only loaded models' files are read: bounded by what is loaded."""
         books = self._books
-        names = sorted(books._known)
+        names = sorted(books.last_loaded)
         now = await asyncio.to_thread(lambda: {name: self._files(name) for name in names})
         self.generative = await asyncio.to_thread(self._generative.scan)
         for name in names:
             if name in self._loads or now[name] == self._loaded_files.setdefault(name, now[name]):
                 continue  # loading (it reads the files itself), or unchanged
-            if name not in books._models:
-                books._known.pop(name, None)
+            if name not in books.serving:
+                books.last_loaded.pop(name, None)
                 self._loaded_files.pop(name, None)
                 continue
             cost = self.budget.model_cost(name)
@@ -385,6 +385,6 @@ class OnDemandLoader(NotResidentAnswers):
                 # Not beside its old version: unloaded, and loaded anew by its next request
                 # (a pinned one at once). In use, it is tried again at the next check.
                 await self.evict(name, "changed")
-                books._known.pop(name, None)
+                books.last_loaded.pop(name, None)
                 if name in self.pinned:
                     self._start(name)

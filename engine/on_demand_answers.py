@@ -34,7 +34,7 @@ class NotResidentAnswers:
 
     def not_loaded(self, name: str, version: str | None) -> ModelNotReady:
         """What a config request for a model never loaded answers: why it is not."""
-        failed = [r for (n, _), r in sorted(self._books._failed.items()) if n == name]
+        failed = [r for (n, _), r in sorted(self._books.failures.items()) if n == name]
         return ModelNotReady(
             name, version or "latest", f"failed to load: {failed[0]}" if failed else NOT_LOADED
         )
@@ -73,6 +73,6 @@ class NotResidentAnswers:
 
     def _entry(self, name: str) -> ModelEntry | None:
         try:
-            return self._books.repository.entry(name, self._books._configs.get(name))
+            return self._books.repository.entry(name, self._books.load_configs.get(name))
         except (SettingsError, EngineError, OSError):
             return None

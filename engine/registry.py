@@ -91,21 +91,21 @@ class ModelRegistry(ModelBooks):
             self.on_demand.close()
         for model in self.all():
             await model.close()
-        self._models.clear()
+        self.serving.clear()
 
     def serving_all(self) -> bool:
         """Every model asked for serves: none is loading or failed without a version serving.
         A reload (or a failed reload) of a model whose old version still serves counts as
         serving: readiness does not flap while a repository changes."""
-        asked = self._loading | {name for name, _ in self._failed}
+        asked = self.loading | {name for name, _ in self.failures}
         if self.on_demand is not None:  # a model loaded on demand is not asked for: pinned are
             asked = self.on_demand.pinned & asked
-        return all(name in self._models for name in asked)
+        return all(name in self.serving for name in asked)
 
     def versions(self, name: str) -> list[LoadedModel]:
         """The loaded (or, on_demand, last loaded) versions of `name` (ModelNotFound if none)."""
         self.describe(name, None)
-        return list((self._models.get(name) or self._known[name]).values())
+        return list((self.serving.get(name) or self.last_loaded[name]).values())
 
     def memory_of(self, name: str, version: str) -> dict[str, int]:
         """The statistics' memory fields of one version."""
@@ -121,21 +121,21 @@ class ModelRegistry(ModelBooks):
     async def acquire(self, name: str, version: str | None, wait_s: float) -> LoadedModel:
         """`resolve`, except that in `on_demand` mode a model not resident is loaded first (the
         caller waits at most `wait_s`)."""
-        if self.on_demand is None or name in self._models:
+        if self.on_demand is None or name in self.serving:
             return self.resolve(name, version)
         return await self.on_demand.serve(name, version, wait_s)
 
     def describe(self, name: str, version: str | None) -> LoadedModel:
         """The version whose metadata and config answer for (name, version): the loaded one, or
         in `on_demand` mode the one last loaded (closed since), without loading anything."""
-        if self.on_demand is None or name in self._models:
+        if self.on_demand is None or name in self.serving:
             return self.resolve(name, version)
-        if name not in self._known:
+        if name not in self.last_loaded:
             check_name("model", name)
-            if name in self._loading or not (self.repository.root / name).is_dir():
+            if name in self.loading or not (self.repository.root / name).is_dir():
                 return self.resolve(name, version)  # loading, or no such model
             raise self.on_demand.not_loaded(name, version)
-        versions = self._known[name]
+        versions = self.last_loaded[name]
         if version is None or version == "":
             return versions[max(versions, key=int)]
         if version not in versions:
@@ -151,16 +151,16 @@ class ModelRegistry(ModelBooks):
                 if self.on_demand is not None:
                     reason = f"resident: {self.budget.resident_bytes(name, version)} bytes"
                 rows.append({"name": name, "version": version, "state": "READY", "reason": reason})
-            failed = sorted((v, r) for (n, v), r in self._failed.items() if n == name)
+            failed = sorted((v, r) for (n, v), r in self.failures.items() if n == name)
             for version, reason in failed:
                 rows.append(
                     {"name": name, "version": version, "state": "UNAVAILABLE", "reason": reason}
                 )
             on_demand = self.on_demand
-            if name in self._loading or (on_demand is not None and on_demand.loading(name)):
+            if name in self.loading or (on_demand is not None and on_demand.loading(name)):
                 why = on_demand.waiting_for_room.get(name, "") if on_demand is not None else ""
                 rows.append({"name": name, "version": "", "state": "LOADING", "reason": why})
-            elif name not in self._models and not failed:
+            elif name not in self.serving and not failed:
                 rows.append(
                     {"name": name, "version": "", "state": "UNAVAILABLE", "reason": self._why(name)}
                 )
@@ -181,41 +181,41 @@ class ModelRegistry(ModelBooks):
         check_name("model", name)
         if self.on_demand is not None:
             await self.on_demand.make_room(name)
-        if config is not None and name in self._models:
+        if config is not None and name in self.serving:
             # A config that serves nothing (its backend's file or its version_policy's versions
             # are not in the folder) would retire the serving versions: refused before that.
             entry = self.repository.entry(name, config)
             if entry is None or not entry.versions:
                 raise InvalidInput(f"failed to load model '{name}': {NO_VERSION}")
-        before = self._configs.pop(name, None)
+        before = self.load_configs.pop(name, None)
         if config is not None:
-            self._configs[name] = config
+            self.load_configs[name] = config
         await self._load(name)
-        if self.on_demand is not None and name in self._models:
+        if self.on_demand is not None and name in self.serving:
             self.on_demand.pinned.add(name)
             await self.on_demand.settle(name)
-        failed = [reason for (n, _), reason in self._failed.items() if n == name]
+        failed = [reason for (n, _), reason in self.failures.items() if n == name]
         if failed:
-            self._configs.pop(name, None)
+            self.load_configs.pop(name, None)
             if before is not None:
-                self._configs[name] = before
+                self.load_configs[name] = before
             raise InvalidInput(f"failed to load model '{name}': {failed[0]}")
-        if name not in self._models:
+        if name not in self.serving:
             raise ModelNotFound(name, available=self.repository.names())
 
     async def unload(self, name: str) -> None:
         """Unload every version of a model once its queued requests are answered."""
         self._require_control()
         check_name("model", name)
-        if name not in self._models and name not in self.repository.names():
+        if name not in self.serving and name not in self.repository.names():
             raise ModelNotFound(name, available=self.repository.names())
         async with self._lock(name):
             # Forgotten with the versions, not after their drain: meanwhile a new request is
             # told the model is unknown, not that a reload that changed nothing failed.
-            self._clear_failed(name)
-            await self._retire(list(self._models.pop(name, {}).values()))
-            self._configs.pop(name, None)
-            self._known.pop(name, None)
+            self.clear_failures(name)
+            await self._retire(list(self.serving.pop(name, {}).values()))
+            self.load_configs.pop(name, None)
+            self.last_loaded.pop(name, None)
             self.budget.forget(name)
             if self.on_demand is not None:
                 self.on_demand.pinned.discard(name)
@@ -236,44 +236,45 @@ class ModelRegistry(ModelBooks):
         """Bring the model's served versions in line with its folder: load new or changed
         versions, retire versions no longer served (after their in-flight requests finish)."""
         async with self._lock(name):
-            self._loading.add(name)
+            self.loading.add(name)
             try:
                 if self.on_demand is not None:  # what its check for changed files compares
                     await self.on_demand.note_files(name)
                 try:
-                    entry = self.repository.entry(name, self._configs.get(name))
+                    entry = self.repository.entry(name, self.load_configs.get(name))
                 except SettingsError as exc:  # e.g. a config.yaml saved half-edited
                     log.error("model '%s' cannot be loaded: %s", name, exc)
-                    self._clear_failed(name)
-                    self._failed[(name, "")] = str(exc)
+                    self.clear_failures(name)
+                    self.failures[(name, "")] = str(exc)
                     return
                 if entry is None or not entry.versions:
-                    self._clear_failed(name)
-                    await self._retire(list(self._models.pop(name, {}).values()))
+                    self.clear_failures(name)
+                    await self._retire(list(self.serving.pop(name, {}).values()))
                     self.budget.forget(name)
                     if entry is not None:
-                        self._failed[(name, "")] = NO_VERSION
+                        self.failures[(name, "")] = NO_VERSION
                     return
                 await self._load_entry(entry)
             finally:
-                self._loading.discard(name)
+                self.loading.discard(name)
         if self.has(name):  # outside its lock: a pipeline's load may be waiting on this one
             await self._retry_pipelines(name)
 
     async def _retry_pipelines(self, step: str) -> None:
         """Pipelines that failed to load while `step` was missing or broken load once it
         serves: their own files did not change, so nothing else would retry them."""
-        for name in sorted({n for n, _ in self._failed} - {step}):
+        for name in sorted({n for n, _ in self.failures} - {step}):
             try:
-                config = self._configs.get(name) or load_model_config(self.repository.root / name)
+                folder = self.repository.root / name
+                config = self.load_configs.get(name) or load_model_config(folder)
             except SettingsError:
                 continue
             if config.pipeline is not None and step in {s.model for s in config.pipeline.steps}:
                 await self._load(name)
 
     async def _load_entry(self, entry: ModelEntry) -> None:
-        self._clear_failed(entry.name)
-        current = self._models.get(entry.name, {})
+        self.clear_failures(entry.name)
+        current = self.serving.get(entry.name, {})
         fresh: dict[str, LoadedModel] = {}
         pipeline = entry.config.pipeline
         for step in pipeline.steps if pipeline is not None else ():
@@ -316,16 +317,16 @@ class ModelRegistry(ModelBooks):
                 )
             except Exception as exc:
                 log.error("failed to load model '%s' version %d: %s", entry.name, version, exc)
-                self._failed[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
+                self.failures[(entry.name, str(version))] = f"{type(exc).__name__}: {exc}"
         if current and len(fresh) < len(entry.versions):
             # A failed reload changes nothing that serves: the versions serving now stay (also
             # when a new version's file is broken or half-written), next to those that loaded.
             fresh = {**current, **fresh}
         if fresh:
-            self._models[entry.name] = fresh
-            self._known[entry.name] = fresh
+            self.serving[entry.name] = fresh
+            self.last_loaded[entry.name] = fresh
         else:
-            self._models.pop(entry.name, None)
+            self.serving.pop(entry.name, None)
         for gone in set(current) - set(fresh):
             self.budget.costs.pop((entry.name, gone), None)
         await self._retire([m for v, m in current.items() if fresh.get(v) is not m])
@@ -359,7 +360,7 @@ class ModelRegistry(ModelBooks):
                         await self._load(name)
                     except Exception as exc:  # one model's failure leaves the others' reloads
                         log.exception("model '%s' could not be reloaded", name)
-                        self._failed[(name, "")] = f"{type(exc).__name__}: {exc}"
+                        self.failures[(name, "")] = f"{type(exc).__name__}: {exc}"
             seen = now
 
     def _fingerprints(self) -> dict[str, tuple[tuple[str, int, int], ...]]:

@@ -23,17 +23,17 @@ def version(name: str, number: str) -> Any:
 @pytest.fixture
 def books(tmp_path: Path) -> ModelBooks:
     books = ModelBooks(Repository(tmp_path))
-    books._models["demo"] = {"1": version("demo", "1"), "2": version("demo", "2")}
-    books._failed[("demo", "3")] = "InvalidGraph: half a model"
-    books._failed[("broken", "1")] = "InvalidGraph: not an onnx model"
-    books._loading.add("cold")
+    books.serving["demo"] = {"1": version("demo", "1"), "2": version("demo", "2")}
+    books.failures[("demo", "3")] = "InvalidGraph: half a model"
+    books.failures[("broken", "1")] = "InvalidGraph: not an onnx model"
+    books.loading.add("cold")
     return books
 
 
 def test_no_version_named_is_the_highest_loaded(books: ModelBooks) -> None:
-    assert books.resolve("demo", None) is books._models["demo"]["2"]
-    assert books.resolve("demo", "") is books._models["demo"]["2"]
-    assert books.resolve("demo", "1") is books._models["demo"]["1"]
+    assert books.resolve("demo", None) is books.serving["demo"]["2"]
+    assert books.resolve("demo", "") is books.serving["demo"]["2"]
+    assert books.resolve("demo", "1") is books.serving["demo"]["1"]
 
 
 def test_a_model_loading_or_failed_is_not_ready_saying_which(books: ModelBooks) -> None:
@@ -66,7 +66,7 @@ def test_a_name_that_is_no_name_is_invalid_input(
 
 
 def test_the_books_lookups(books: ModelBooks) -> None:
-    serving = books._models["demo"]["1"]
+    serving = books.serving["demo"]["1"]
     assert (books.has("demo"), books.has("broken")) == (True, False)
     assert books.version_names("demo") == ("1", "2")
     assert (books.failed("broken"), books.failed("demo"), books.failed("cold")) == (
@@ -76,9 +76,9 @@ def test_the_books_lookups(books: ModelBooks) -> None:
     )
     assert books.serves(serving) is True
     assert books.serves(version("demo", "1")) is False  # another load of the same version
-    books._known["gone"] = {"1": version("gone", "1")}
+    books.last_loaded["gone"] = {"1": version("gone", "1")}
     assert (books.known("demo"), books.known("gone"), books.known("cold")) == (True, True, False)
     assert [m.version for m in books.all()] == ["1", "2"]
     assert [m.name for m in books.all(known=True)] == ["gone", "demo", "demo"]
-    books._clear_failed("demo")
+    books.clear_failures("demo")
     assert (books.failed("demo"), books.failed("broken")) == (False, True)

@@ -58,7 +58,7 @@ def test_a_model_whose_last_load_failed_is_not_loadable_and_says_why(repo: Path)
     answers = answers_for(repo)
     assert str(answers.not_loaded("a", None)) == str(ModelNotReady("a", "latest", NOT_LOADED))
     # The registry records a failed load under (name, version): what the answers read.
-    answers._books._failed[("a", "3")] = "InvalidProtobuf: truncated"
+    answers._books.failures[("a", "3")] = "InvalidProtobuf: truncated"
     assert answers.loadable("a", "1") is False
     message = str(answers.not_loaded("a", "1"))
     assert message == str(ModelNotReady("a", "1", "failed to load: InvalidProtobuf: truncated"))
