@@ -303,9 +303,12 @@ async def load_model(
     the counters of an earlier load of the same version (reloaded after an eviction)."""
     label = f"model '{name}' version {version}"
     started = time.monotonic()
+    stats = stats if stats is not None else ModelStats()
     genai: GenaiGenerator | None = None
     if is_genai_folder(path.parent):  # onnxruntime-genai's model builder wrote this version
-        genai = await asyncio.to_thread(GenaiGenerator, path.parent, config.generative, label)
+        genai = await asyncio.to_thread(
+            GenaiGenerator, path.parent, config.generative, label, stats.generation
+        )
         backend: Backend = genai.backend
     else:
         backend = await asyncio.to_thread(open_backend, config, path, label)
@@ -341,7 +344,6 @@ async def load_model(
     executor = ThreadPoolExecutor(
         config.instance_count, thread_name_prefix=f"infer-{name}-{version}"
     )
-    stats = stats if stats is not None else ModelStats()
     # Only a run that computes in the calling thread may go inline: its CPU time is its cost.
     # Python steps may block however fast they were so far, a GPU run waits on the device and
     # a tokenizer spreads a batch over its own threads: they always run in the pool.
@@ -369,7 +371,9 @@ async def load_model(
     generator: TextGenerator | None = genai
     if genai is None and config.generative is not None:
         try:
-            generator = Generator(backend, config.generative, path.parent, executor, label)
+            generator = Generator(
+                backend, config.generative, path.parent, executor, label, stats.generation
+            )
         except BaseException:
             executor.shutdown(wait=False)
             backend.close()

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batching.batcher import BatchTimings
+from engine.generation.stats import GenerationStats
 
 # Seconds: 100 µs to 30 s.
 LATENCY_BUCKETS_S = (
@@ -105,6 +106,9 @@ class ModelStats:
         self.compute = Histogram(LATENCY_BUCKETS_S)  # a batch's model run (infer stage)
         self.batch_rows = Histogram(BATCH_BUCKETS)
         self.batch_requests = Histogram(BATCH_BUCKETS)
+        self.generation = GenerationStats()
+        """A generative version's tokens and latencies (its scheduler counts into them): kept
+        with the rest across an on_demand eviction."""
 
     def request_dequeued(self, queue_s: float) -> None:
         self.queue.add(queue_s)

@@ -21,6 +21,7 @@ from engine.errors import InvalidInput
 from engine.generation.config import GenerativeOptions
 from engine.generation.genai_scheduler import GenaiScheduler
 from engine.generation.generator import TextGenerator
+from engine.generation.stats import GenerationStats
 from engine.generation.text import ModelText
 from engine.types import TensorSpec
 
@@ -63,7 +64,13 @@ class GenaiGenerator(TextGenerator):
 
     guided = True  # the Engine's guided decoding (llguidance) per turn
 
-    def __init__(self, folder: Path, section: GenerativeOptions | None, label: str) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        section: GenerativeOptions | None,
+        label: str,
+        stats: GenerationStats | None = None,
+    ) -> None:
         import onnxruntime_genai as og
 
         genai = json.loads((folder / GENAI_CONFIG).read_text())
@@ -78,7 +85,12 @@ class GenaiGenerator(TextGenerator):
         provider = CPU_PROVIDER if device.upper() == "CPU" else f"{device}ExecutionProvider"
         self.backend = GenaiBackend(provider, label)
         self.scheduler: GenaiScheduler = GenaiScheduler(
-            model, self.options, batch, sequence_bytes(folder, genai["model"], context), label
+            model,
+            self.options,
+            batch,
+            sequence_bytes(folder, genai["model"], context),
+            label,
+            stats,
         )
 
 

@@ -81,6 +81,7 @@ class GenaiScheduler(TokenSink):
         batch: int,
         sequence_bytes: int,
         label: str,
+        stats: GenerationStats | None = None,
     ) -> None:
         import onnxruntime_genai as og
 
@@ -91,7 +92,7 @@ class GenaiScheduler(TokenSink):
         self.batch = batch
         self.label = label
         self.sequence_bytes = sequence_bytes
-        self.stats = GenerationStats()
+        self.stats = stats or GenerationStats()  # the version's, kept across evictions
         self.prefix = None  # prefix reuse is the Engine's own, with a paged cache only
         self.live: list[GenSequence] = []  # admitted, not finished (loop side)
         self._commands: queue.SimpleQueue[tuple[str, GenSequence | None]] = queue.SimpleQueue()

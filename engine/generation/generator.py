@@ -16,6 +16,7 @@ from engine.generation.kv_cache import CacheLayout
 from engine.generation.sampling import SamplingParams
 from engine.generation.scheduler import GenerationScheduler
 from engine.generation.sequence import GenSequence
+from engine.generation.stats import GenerationStats
 from engine.generation.text import Detokenizer, ModelText
 
 _PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$")
@@ -112,6 +113,7 @@ class Generator(TextGenerator):
         folder: Path,
         executor: Executor,
         label: str,
+        stats: GenerationStats | None = None,
     ) -> None:
         if options.context_length < 2:
             raise ValueError(
@@ -121,5 +123,5 @@ class Generator(TextGenerator):
         self.options = options
         self.text = ModelText(folder)
         self.scheduler: GenerationScheduler = GenerationScheduler(
-            backend.run, cache_layout(backend, label), options, executor, label
+            backend.run, cache_layout(backend, label), options, executor, label, stats
         )

@@ -54,6 +54,7 @@ class GenerationScheduler(TokenSink):
         options: GenerativeOptions,
         executor: Executor,
         label: str,
+        stats: GenerationStats | None = None,
     ) -> None:
         self._decoder = SlotDecoder(run, layout)
         self.layout = layout
@@ -64,7 +65,7 @@ class GenerationScheduler(TokenSink):
         self.prefix = (
             PrefixCache(self.cache, options.prefix_block_tokens) if options.prefix_caching else None
         )
-        self.stats = GenerationStats()
+        self.stats = stats or GenerationStats()  # the version's, kept across evictions
         self.waiting: deque[GenSequence] = deque()
         self.running: list[GenSequence] = []
         self._wake = asyncio.Event()

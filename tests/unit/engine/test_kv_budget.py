@@ -139,6 +139,22 @@ async def test_a_streaming_model_is_never_evicted_and_an_idle_one_is(start: Star
     assert engine.registry.budget.of("a").evictions == {"budget": 1}
 
 
+async def test_a_generative_models_statistics_outlive_its_eviction(start: StartEngine) -> None:
+    """An eviction is not a reload: the version's generation counters carry on, as its
+    inference statistics do (ModelStats.generation)."""
+    engine = await start(max_models=1)
+    first = len(await tokens(await generate(engine, max_tokens=4)))
+    x = np.ones((1, 64), np.float32)
+    await engine.infer(InferRequest("a", {"x": x}, {"x": "FP32"}, timeout_s=10))
+    assert not engine.registry.has("tiny")  # evicted for a
+    second = len(await tokens(await generate(engine, max_tokens=3)))
+    generator = engine.registry.resolve("tiny", None).generator
+    assert generator is not None
+    stats = generator.scheduler.stats
+    assert stats.generated_tokens == first + second
+    assert sum(stats.e2e.counts) == 2  # both sequences' end-to-end times
+
+
 async def test_an_onnxruntime_genai_model_loads_on_demand_with_its_computed_kv_budget(
     start: StartEngine, tmp_path: Path, tiny_genai_built: tuple[Path, Path]
 ) -> None:
