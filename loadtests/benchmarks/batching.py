@@ -105,31 +105,42 @@ def wrk(
         script.write_text(
             LUA.format(body=body_path, content_type="application/json", extra_headers=extra)
         )
-        out = subprocess.run(
-            [
-                *(pinned(core, "wrk") if core else ["wrk"]),
-                "-t1",
-                f"-c{concurrency}",
-                f"-d{max(1, round(seconds))}s",
-                "--timeout",
-                "10s",
-                "-s",
-                str(script),
-                url,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        return run_wrk(script, url, concurrency, seconds, core)
+
+
+def run_wrk(
+    script: Path, url: str, concurrency: int, seconds: float, core: str | None = CLIENT_CORE
+) -> dict[str, Any]:
+    """wrk with one thread and a Lua `script` whose `done` prints `RESULT <json>` (pinned to
+    `core`, or anywhere when None): its result, with the answered requests per second."""
+    out = subprocess.run(
+        [
+            *(pinned(core, "wrk") if core else ["wrk"]),
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     result: dict[str, Any] = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
     result["throughput"] = (result["requests"] - result["non2xx"]) / (result["duration_us"] / 1e6)
     return result
 
 
-def grpc_load(target: str, model: str, concurrency: int, seconds: float) -> dict[str, Any]:
+def grpc_load(
+    target: str, model: str, concurrency: int, seconds: float, core: str = CLIENT_CORE
+) -> dict[str, Any]:
+    """The grpc.aio load generator (loadtests/benchmarks/grpc_load.py), pinned to `core`."""
     out = subprocess.run(
         pinned(
-            CLIENT_CORE,
+            core,
             sys.executable,
             "-m",
             "loadtests.benchmarks.grpc_load",

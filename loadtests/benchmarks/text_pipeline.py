@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from loadtests.benchmarks.batching import CLIENT_CORE, SERVER_CORE, machine, pinned, server
+from loadtests.benchmarks.batching import CLIENT_CORE, SERVER_CORE, machine, pinned, run_wrk, server
 from loadtests.benchmarks.harness import write_results
 
 CONCURRENCY = 32
@@ -129,26 +129,7 @@ def wrk_texts(url: str, texts: list[str], seconds: float) -> dict[str, Any]:
         bodies.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
         script = Path(tmp) / "post.lua"
         script.write_text(LUA.format(bodies=bodies))
-        out = subprocess.run(
-            pinned(
-                CLIENT_CORE,
-                "wrk",
-                "-t1",
-                f"-c{CONCURRENCY}",
-                f"-d{max(1, round(seconds))}s",
-                "--timeout",
-                "10s",
-                "-s",
-                str(script),
-                url,
-            ),
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    result: dict[str, Any] = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
-    result["throughput"] = (result["requests"] - result["non2xx"]) / (result["duration_us"] / 1e6)
-    return result
+        return run_wrk(script, url, CONCURRENCY, seconds)
 
 
 def step_stats(url: str) -> dict[str, dict[str, float]]:

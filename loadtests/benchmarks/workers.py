@@ -27,7 +27,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -37,7 +36,7 @@ from typing import Any
 import httpx
 import psutil
 
-from loadtests.benchmarks.batching import binary_body, json_body, machine, wrk
+from loadtests.benchmarks.batching import binary_body, grpc_load, json_body, machine, wrk
 from loadtests.benchmarks.harness import (
     free_port,
     http_ready,
@@ -133,27 +132,6 @@ def process_cpu_s(proc: psutil.Process | None) -> float:
     except psutil.NoSuchProcess:
         return 0.0
     return times.user + times.system
-
-
-def grpc_load(target: str, model: str, concurrency: int, seconds: float, core: str) -> Any:
-    out = subprocess.run(
-        [
-            "taskset",
-            "-c",
-            core,
-            sys.executable,
-            "-m",
-            "loadtests.benchmarks.grpc_load",
-            target,
-            model,
-            str(concurrency),
-            str(seconds),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def stats(url: str, model: str) -> tuple[int, int]:
