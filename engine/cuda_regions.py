@@ -32,14 +32,15 @@ import asyncio
 import ctypes
 import logging
 import threading
-from collections.abc import Callable, Collection, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from engine.backends.cuda import IPC_HANDLE_BYTES, Cuda, allocation_range, load_driver
 from engine.backends.cuda import load_runtime as _load_runtime
-from engine.errors import BackendError, InvalidInput, RegionNotFound
+from engine.errors import BackendError, InvalidInput
+from engine.region_table import RegionTable
 from engine.types import SharedTensor
 
 log = logging.getLogger("sluice.engine")
@@ -52,37 +53,6 @@ MAX_NAME_CHARS = 256
 Room = Callable[[str, str, int], None]
 """`(tenant, name, byte_size)`: raises InvalidInput unless the tenant may hold one more region
 of that name and size (called under the registry's lock)."""
-
-
-class _Leased(Protocol):
-    byte_size: int
-    users: int
-
-
-L = TypeVar("L", bound=_Leased)
-
-
-def lease(
-    lock: threading.Lock,
-    regions: Mapping[tuple[str, str], L],
-    tenant: str,
-    ref: SharedTensor,
-    nbytes: int,
-    what: str,
-) -> L:
-    """The tenant's region `ref` names, its use counted, once `nbytes` from `ref.offset` lie
-    within the region as registered (system and CUDA regions alike)."""
-    with lock:
-        region = regions.get((tenant, ref.region))
-        if region is None:
-            raise RegionNotFound(ref.region)
-        if ref.offset + nbytes > region.byte_size:
-            raise InvalidInput(
-                f"{what}: {nbytes} bytes at shared_memory_offset {ref.offset} pass the end "
-                f"of region '{ref.region}' ({region.byte_size} bytes)"
-            )
-        region.users += 1
-        return region
 
 
 class _Mapping:
@@ -109,7 +79,7 @@ class CudaRegion:
         return {"name": self.name, "device_id": self.mapping.device, "byte_size": self.byte_size}
 
 
-class CudaRegions:
+class CudaRegions(RegionTable[CudaRegion]):
     """Every tenant's CUDA regions, in this process. `lock` is the system regions' (one lock
     for both kinds, so their shared names and bounds are checked at once); `room` checks them;
     `require_enabled` raises while the extensions are off (engine/regions.py owns all three).
@@ -124,7 +94,7 @@ class CudaRegions:
         load_runtime: Callable[[], Any] = _load_runtime,
     ) -> None:
         self._lock, self._room, self._refusal = lock, room, refusal
-        self.require_enabled = require_enabled
+        self._require_enabled = require_enabled
         self._load_runtime = load_runtime
         self._regions: dict[tuple[str, str], CudaRegion] = {}
         self._mappings: dict[tuple[int, bytes], _Mapping] = {}
@@ -132,6 +102,9 @@ class CudaRegions:
         self._cuda: Cuda | None = None
         self._driver: Any = None
         self._devices = 0
+
+    def require_enabled(self) -> None:
+        self._require_enabled()
 
     # -- registration ----------------------------------------------------------------------------
 
@@ -256,44 +229,6 @@ class CudaRegions:
             raise InvalidInput(f"region '{name}': {exc.message}") from None
         return _Mapping(device, handle, ptr, base + size - ptr)
 
-    async def unregister(self, tenant: str, name: str | None) -> None:
-        """Drop `tenant`'s region `name`, or all its CUDA regions when `name` is None or empty."""
-        self.require_enabled()
-        with self._lock:
-            if name:
-                region = self._regions.pop((tenant, name), None)
-                if region is None:
-                    raise RegionNotFound(name)
-                gone = [region]
-            else:
-                gone = [self._regions.pop(key) for key in list(self._regions) if key[0] == tenant]
-        self._drop(gone)
-
-    async def status(self, tenant: str, name: str | None) -> list[dict[str, Any]]:
-        """`tenant`'s CUDA regions (its region `name` only, when given), as Triton lists them."""
-        self.require_enabled()
-        with self._lock:
-            if name:
-                region = self._regions.get((tenant, name))
-                if region is None:
-                    raise RegionNotFound(name)
-                return [region.status()]
-            return [r.status() for (owner, _), r in self._regions.items() if owner == tenant]
-
-    def keep_keys(self, key_names: Collection[str | None]) -> None:
-        """Drop the regions registered by a key not in `key_names` (it was revoked)."""
-        with self._lock:
-            keys = [k for k, r in self._regions.items() if r.key_name not in key_names]
-            gone = [self._regions.pop(key) for key in keys]
-        self._drop(gone)
-
-    def close(self) -> None:
-        """Drop every region (at shutdown)."""
-        with self._lock:
-            gone = list(self._regions.values())
-            self._regions.clear()
-        self._drop(gone)
-
     def held(self, tenant: str) -> dict[str, int]:
         """`tenant`'s regions: name -> byte_size (under the lock)."""
         return {n: r.byte_size for (owner, n), r in self._regions.items() if owner == tenant}
@@ -301,10 +236,6 @@ class CudaRegions:
     def holds(self, tenant: str, name: str) -> bool:
         with self._lock:
             return (tenant, name) in self._regions
-
-    def count(self, tenant: str | None = None) -> int:
-        with self._lock:
-            return sum(1 for owner, _ in self._regions if tenant in (None, owner))
 
     def _drop(self, regions: list[CudaRegion]) -> None:
         for region in regions:
@@ -330,10 +261,6 @@ class CudaRegions:
             log.error("closing a CUDA shared-memory mapping failed: %s", exc.message)
 
     # -- tensors ---------------------------------------------------------------------------------
-
-    def _lease(self, tenant: str, ref: SharedTensor, nbytes: int, what: str) -> CudaRegion:
-        self.require_enabled()
-        return lease(self._lock, self._regions, tenant, ref, nbytes, what)
 
     def _release(self, region: CudaRegion) -> None:
         with self._lock:

@@ -40,8 +40,9 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.cuda_regions import CudaRegions, lease
-from engine.errors import Forbidden, InvalidInput, RegionNotFound
+from engine.cuda_regions import CudaRegions
+from engine.errors import Forbidden, InvalidInput
+from engine.region_table import RegionTable
 from engine.settings import SharedMemorySettings
 from engine.types import SharedTensor
 
@@ -109,7 +110,7 @@ class Region:
         }
 
 
-class SystemRegions:
+class SystemRegions(RegionTable[Region]):
     """The registered regions of every tenant, in this process. Thread-safe: tensors are read
     and written in worker threads when large."""
 
@@ -229,44 +230,12 @@ class SystemRegions:
                 )
         self._regions[tenant, region.name] = region
 
-    async def unregister(self, tenant: str, name: str | None) -> None:
-        """Drop `tenant`'s region `name`, or all its regions when `name` is None or empty."""
-        self.require_enabled()
-        with self._lock:
-            if name:
-                region = self._regions.pop((tenant, name), None)
-                if region is None:
-                    raise RegionNotFound(name)
-                self._drop(region)
-            else:
-                for key in [key for key in self._regions if key[0] == tenant]:
-                    self._drop(self._regions.pop(key))
-
-    async def status(self, tenant: str, name: str | None) -> list[dict[str, Any]]:
-        """`tenant`'s regions (its region `name` only, when given), as Triton lists them."""
-        self.require_enabled()
-        with self._lock:
-            if name:
-                region = self._regions.get((tenant, name))
-                if region is None:
-                    raise RegionNotFound(name)
-                return [region.status()]
-            return [r.status() for (owner, _), r in self._regions.items() if owner == tenant]
-
     def keep_keys(self, key_names: Collection[str | None]) -> None:
-        """Drop the regions registered by a key not in `key_names` (it was revoked)."""
-        with self._lock:
-            for key, region in list(self._regions.items()):
-                if region.key_name not in key_names:
-                    self._drop(self._regions.pop(key))
+        super().keep_keys(key_names)
         self.cuda.keep_keys(key_names)
 
     def close(self) -> None:
-        """Drop every region (at shutdown)."""
-        with self._lock:
-            for region in self._regions.values():
-                self._drop(region)
-            self._regions.clear()
+        super().close()
         self.cuda.close()
 
     def table(self) -> list[list[Any]]:
@@ -278,23 +247,12 @@ class SystemRegions:
                 for r in self._regions.values()
             ]
 
-    def count(self, tenant: str | None = None) -> int:
-        """Regions registered (by `tenant`, when given)."""
-        with self._lock:
-            return sum(1 for owner, _ in self._regions if tenant in (None, owner))
-
-    def _drop(self, region: Region) -> None:
-        region.dropped = True
-        if region.users == 0:
-            os.close(region.fd)
-
-    # -- tensors ---------------------------------------------------------------------------------
-
-    def _lease(self, tenant: str, ref: SharedTensor, nbytes: int, what: str) -> Region:
-        """The region `ref` names, its use counted, once `nbytes` from `ref.offset` lie within
-        the region as registered."""
-        self.require_enabled()
-        return lease(self._lock, self._regions, tenant, ref, nbytes, what)
+    def _drop(self, regions: list[Region]) -> None:
+        with self._lock:  # a read's release may close the file too: one of them does
+            for region in regions:
+                region.dropped = True
+                if region.users == 0:
+                    os.close(region.fd)
 
     def _release(self, region: Region) -> None:
         with self._lock:

@@ -112,11 +112,10 @@ class WorkerRegions(SystemRegions):
     def _follow_table(self, table: list[list[Any]]) -> None:
         wanted = {(row[0], row[2]): row for row in table}
         with self._lock:
-            for key, region in list(self._regions.items()):
-                row = wanted.get(key)
-                if row is None or _record(region) != row:
-                    self._drop(self._regions.pop(key))
+            stale = [k for k, r in self._regions.items() if _record(r) != wanted.get(k)]
+            gone = [self._regions.pop(key) for key in stale]
             self._broken = {key: why for key, why in self._broken.items() if key in wanted}
+        self._drop(gone)
         for key, row in wanted.items():
             if key not in self._regions and key not in self._broken:
                 self._mirror(row)
