@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.benchmarks.batching import CLIENT_CORE, SERVER_CORE
-from loadtests.benchmarks.harness import free_port, pinned
+from loadtests.benchmarks.harness import free_port, http_ready, pinned, sluice_command
 from loadtests.benchmarks.models import MAX_BATCH, write_repository
 from loadtests.benchmarks.tune_auto import (
     AUTO_INSTANCES,
@@ -56,41 +56,18 @@ CONFIRM_ROUNDS = 5
 
 def start_server(repo: Path, log: Path, cores: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "server",
-        "serve",
-        "--model-repository",
-        str(repo),
-        "--http-port",
-        str(port),
-        "--grpc-port",
-        str(free_port()),
-        "--log-level",
-        "warning",
-        "--model-control-mode",
-        "explicit",
-        "--load-model",
-        "cnn",
-        "--load-model",
-        "mlp",
-    ]
+    models = ("--model-control-mode", "explicit", "--load-model", "cnn", "--load-model", "mlp")
+    command = sluice_command(repo, port, free_port(), *models)
     with log.open("wb") as out:
         process = subprocess.Popen(pinned(cores, *command), stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
-    import httpx
-
+    ready = http_ready(url + "/v2/health/ready")
     deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200:
-                return process, url
-        except httpx.TransportError:
-            pass
+    while not ready():
         if time.monotonic() > deadline or process.poll() is not None:
             raise RuntimeError(f"sluice did not start; see {log}")
         time.sleep(0.2)
+    return process, url
 
 
 def tune_model(
